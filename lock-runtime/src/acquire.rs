@@ -1,0 +1,192 @@
+//! Taking a lock within a wait budget.
+//!
+//! Every attempt of one acquisition uses the same holder id, and the acquire
+//! script treats "already mine" as success, so retrying after an attempt whose
+//! reply never came is safe. What is not safe is walking away from such an
+//! attempt: it may have been applied. Those attempts leave the acquisition
+//! *in doubt*, and an acquisition that ends in doubt (timed out, failed, or
+//! dropped by its caller) sends an owner-checked release. The release goes on
+//! the same multiplexed connection as the attempts, after them, so the server
+//! applies it after any late attempt (TCP keeps their order).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+use crate::backend::{AcquireReply, AcquireRequest, Backend};
+use crate::client::ClientInner;
+use crate::key::LockKey;
+use crate::lease::{Lease, LeaseState, millis, validity_deadline};
+use crate::spec::LockOptions;
+use crate::{LockError, holder};
+
+pub(crate) async fn acquire(
+    client: &Arc<ClientInner>,
+    key: LockKey,
+    opts: &LockOptions,
+) -> Result<Lease, LockError> {
+    let started = Instant::now();
+    let give_up_at = started + opts.wait;
+    let mut pending = Pending {
+        client: Arc::clone(client),
+        key,
+        holder: holder::new_holder_id(),
+        in_doubt: false,
+    };
+    let config = &client.config;
+    let mut backoff = config.retry_min;
+    let mut attempts = 0u32;
+
+    loop {
+        attempts += 1;
+        let sent = Instant::now();
+        let request = AcquireRequest {
+            key: &pending.key,
+            holder: &pending.holder,
+            ttl: opts.ttl,
+            fencing: opts.fencing,
+        };
+        // In doubt from the moment the request may be on the wire: if the
+        // caller drops us now, Drop must give back what it may have taken.
+        let doubt_before = std::mem::replace(&mut pending.in_doubt, true);
+        let attempt = tokio::time::timeout(config.command_timeout, client.backend.acquire(&request))
+            .await
+            .unwrap_or_else(|_| Err(client.timed_out(&pending.key, "acquire")));
+
+        let mut sleep_cap = None;
+        let outcome = match attempt {
+            Ok(AcquireReply::Acquired { token }) => {
+                let deadline = validity_deadline(sent, opts.ttl);
+                if Instant::now() < deadline {
+                    let (key, holder) = pending.take();
+                    tracing::debug!(key = %key.name, waited_ms = millis(started.elapsed()), attempts, "lock acquired");
+                    let state = LeaseState::new(Arc::clone(client), key, holder, token, opts.ttl, sent);
+                    return Ok(Lease::new(Arc::new(state)));
+                }
+                // The reply came back after the lease could already have
+                // expired on the server, so the lock is useless: give it back.
+                pending.settle().await;
+                Outcome::Failed(LockError::backend(
+                    &client.node,
+                    Some(&pending.key.name),
+                    format!(
+                        "the server granted the lock after {}ms, past the {}ms lease; retrying",
+                        millis(sent.elapsed()),
+                        millis(opts.ttl)
+                    ),
+                ))
+            }
+            Ok(AcquireReply::Held { pttl }) => {
+                // Attempts are applied in the order sent, and a later one would
+                // have found an earlier success ("already mine"): so no attempt
+                // holds the lock.
+                pending.in_doubt = false;
+                sleep_cap = pttl;
+                Outcome::Held {
+                    no_expiry: pttl.is_none(),
+                }
+            }
+            Err(failure) if failure.transient => Outcome::Failed(failure.error),
+            Err(failure) => {
+                // Refused outright (a foreign value, a bad argument): this
+                // attempt wrote nothing, but an earlier one may have.
+                pending.in_doubt = doubt_before;
+                pending.settle().await;
+                tracing::debug!(key = %pending.key.name, error = %failure.error, "lock not acquired");
+                return Err(failure.error);
+            }
+        };
+
+        let now = Instant::now();
+        // A first attempt that hit a dropped connection is not a real try:
+        // the connection manager reconnects on that error, so try once more.
+        let retry_now = attempts == 1 && matches!(outcome, Outcome::Failed(_));
+        if now >= give_up_at && !retry_now {
+            pending.settle().await;
+            let error = match outcome {
+                Outcome::Held { no_expiry } => LockError::Timeout {
+                    key: pending.key.name.clone(),
+                    waited: now - started,
+                    no_expiry,
+                },
+                Outcome::Failed(error) => error,
+            };
+            tracing::debug!(key = %pending.key.name, waited_ms = millis(now - started), error = %error, "lock not acquired");
+            return Err(error);
+        }
+
+        if !retry_now {
+            let mut pause = jitter(backoff).min(give_up_at.saturating_duration_since(now));
+            if let Some(pttl) = sleep_cap {
+                pause = pause.min(pttl.max(Duration::from_millis(1)));
+            }
+            tokio::time::sleep(pause).await;
+        }
+        backoff = (backoff * 2).min(config.retry_max);
+    }
+}
+
+enum Outcome {
+    Held { no_expiry: bool },
+    Failed(LockError),
+}
+
+/// A random pause in `[d/2, d]`, so waiters released together do not retry in
+/// lockstep.
+fn jitter(d: Duration) -> Duration {
+    let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    if nanos < 2 {
+        return d;
+    }
+    Duration::from_nanos(rand::rng().random_range(nanos / 2..=nanos))
+}
+
+/// An acquisition under way. `in_doubt` is set once an attempt may have been
+/// applied without our seeing the reply; an acquisition that ends that way
+/// gives the lock back, and one that is dropped mid-flight does so from a
+/// spawned task.
+#[derive(Debug)]
+struct Pending {
+    client: Arc<ClientInner>,
+    key: LockKey,
+    holder: String,
+    in_doubt: bool,
+}
+
+impl Pending {
+    /// Hands key and holder over to the lease; nothing is left in doubt.
+    fn take(&mut self) -> (LockKey, String) {
+        self.in_doubt = false;
+        (std::mem::take(&mut self.key), std::mem::take(&mut self.holder))
+    }
+
+    /// Ends the acquisition without the lock. The release is awaited here so
+    /// that the caller's next acquisition cannot overtake it.
+    async fn settle(&mut self) {
+        if !self.in_doubt {
+            return;
+        }
+        let release = self.client.backend.release(&self.key, &self.holder);
+        if let Ok(Ok(_)) = tokio::time::timeout(self.client.config.command_timeout, release).await {
+            self.in_doubt = false;
+        }
+        // Otherwise still unanswered: Drop retries it in the background.
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.in_doubt {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = Arc::clone(&self.client);
+        let (key, holder) = self.take();
+        runtime.spawn(async move {
+            let _ = client.backend.release(&key, &holder).await;
+        });
+    }
+}

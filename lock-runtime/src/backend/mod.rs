@@ -1,0 +1,109 @@
+//! Where locks live. Each backend implements [`Backend`]; [`AnyBackend`]
+//! dispatches to the one a client was built with, statically, so a lock
+//! operation costs no allocation for a boxed future.
+
+use std::time::Duration;
+
+use crate::LockError;
+use crate::key::LockKey;
+
+pub(crate) mod redis;
+
+/// One acquisition attempt.
+#[derive(Debug)]
+pub(crate) struct AcquireRequest<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) holder: &'a str,
+    pub(crate) ttl: Duration,
+    pub(crate) fencing: bool,
+}
+
+/// What an acquisition attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    /// The lock is ours, with a fencing token when one was asked for.
+    Acquired { token: Option<u64> },
+    /// Another holder has it; `pttl` is what is left of its lease, `None`
+    /// when the key has no expiry at all.
+    Held { pttl: Option<Duration> },
+}
+
+/// A backend failure, classified for the retry loop.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) error: LockError,
+    /// Worth retrying within the caller's wait (connection trouble, a busy or
+    /// loading server). A transient failure is also *ambiguous*: the command
+    /// may have been applied even though no reply arrived.
+    pub(crate) transient: bool,
+}
+
+impl Failure {
+    pub(crate) fn permanent(error: LockError) -> Self {
+        Failure {
+            error,
+            transient: false,
+        }
+    }
+}
+
+impl From<Failure> for LockError {
+    fn from(f: Failure) -> Self {
+        f.error
+    }
+}
+
+/// The operations a lock needs from wherever it lives. Every operation is
+/// owner-checked on the server side: a holder can only ever touch its own
+/// lock.
+pub(crate) trait Backend {
+    /// Takes the lock if it is free (or already this holder's, when an
+    /// earlier attempt's reply was lost), setting its lease in the same step.
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure>;
+
+    /// Deletes the lock if this holder has it and announces the release.
+    /// `Ok(false)`: it was no longer this holder's.
+    async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure>;
+
+    /// Sets the lease to `ttl` from now (or only lengthens it, with
+    /// `extend_only`) if this holder still has the lock.
+    async fn renew(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        ttl: Duration,
+        extend_only: bool,
+    ) -> Result<bool, Failure>;
+}
+
+/// The backend a [`crate::LockClient`] was built with.
+#[derive(Debug)]
+pub(crate) enum AnyBackend {
+    Redis(redis::RedisBackend),
+}
+
+impl Backend for AnyBackend {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        match self {
+            AnyBackend::Redis(b) => b.acquire(req).await,
+        }
+    }
+
+    async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        match self {
+            AnyBackend::Redis(b) => b.release(key, holder).await,
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        ttl: Duration,
+        extend_only: bool,
+    ) -> Result<bool, Failure> {
+        match self {
+            AnyBackend::Redis(b) => b.renew(key, holder, ttl, extend_only).await,
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! One Redis node, reached over a single multiplexed connection.
+//!
+//! One connection, not a pool, on purpose: every command of one acquisition
+//! and its compensating release then travel in order on the same socket, so
+//! a release can never overtake the acquire it undoes.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+
+use super::{AcquireReply, AcquireRequest, Backend, Failure};
+use crate::LockError;
+use crate::client::ClientConfig;
+use crate::key::LockKey;
+use crate::lease::millis;
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/renew.lua")));
+
+pub(crate) struct RedisBackend {
+    conn: ConnectionManager,
+    node: String,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    pub(crate) async fn connect(url: &str, config: &ClientConfig) -> Result<Self, LockError> {
+        let client = redis::Client::open(url).map_err(|e| LockError::InvalidConfig {
+            node: redact_url(url),
+            reason: redact_secrets(&e.to_string(), url),
+        })?;
+        let node = client.get_connection_info().addr().to_string();
+        let manager_config = ConnectionManagerConfig::new()
+            // Our own loops retry within the caller's wait; a reconnect that
+            // retried on its own would hold every caller hostage to its backoff.
+            .set_number_of_retries(0)
+            .set_connection_timeout(Some(config.command_timeout))
+            .set_response_timeout(Some(config.command_timeout));
+        let conn = ConnectionManager::new_with_config(client, manager_config)
+            .await
+            .map_err(|e| LockError::backend(&node, None, redact_error(e, url)))?;
+        Ok(RedisBackend { conn, node })
+    }
+
+    pub(crate) fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn failure(&self, key: &LockKey, e: RedisError) -> Failure {
+        let transient = e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || matches!(
+                e.kind(),
+                ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                )
+            )
+            || e.code() == Some("BUSY");
+        Failure {
+            error: LockError::backend(&self.node, Some(&key.name), e),
+            transient,
+        }
+    }
+
+    fn unexpected(&self, key: &LockKey, what: &str, reply: &Value) -> Failure {
+        Failure::permanent(LockError::backend(
+            &self.node,
+            Some(&key.name),
+            format!("unexpected reply to {what}: {reply:?}"),
+        ))
+    }
+}
+
+impl Backend for RedisBackend {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        let key = req.key;
+        let reply: Value = ACQUIRE
+            .key(&key.redis_key)
+            .key(&key.fence_key)
+            .arg(req.holder)
+            .arg(millis(req.ttl))
+            .arg(if req.fencing { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        match reply.as_sequence() {
+            Some([Value::Int(1), Value::Int(token)]) => Ok(AcquireReply::Acquired {
+                token: req.fencing.then(|| u64::try_from(*token).unwrap_or(0)),
+            }),
+            Some([Value::Int(0), Value::Int(pttl)]) => Ok(AcquireReply::Held {
+                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            }),
+            Some([Value::Int(-1), found]) => Err(Failure::permanent(LockError::KeyConflict {
+                key: key.name.clone(),
+                redis_key: key.redis_key.clone(),
+                found_type: redis::from_redis_value_ref::<String>(found).unwrap_or_else(|_| "unknown".into()),
+            })),
+            _ => Err(self.unexpected(key, "acquire", &reply)),
+        }
+    }
+
+    async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        let released: i64 = RELEASE
+            .key(&key.redis_key)
+            .key(&key.channel)
+            .arg(holder)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        Ok(released == 1)
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        ttl: Duration,
+        extend_only: bool,
+    ) -> Result<bool, Failure> {
+        let renewed: i64 = RENEW
+            .key(&key.redis_key)
+            .arg(holder)
+            .arg(millis(ttl))
+            .arg(if extend_only { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        Ok(renewed == 1)
+    }
+}
+
+/// The URL with any password replaced by `***`, for messages. Handles URLs
+/// that do not parse, since those are exactly the ones that end up in errors.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        // Malformed: no telling where the authority ends, so keep only what
+        // follows the last `@`.
+        return match url.rfind('@') {
+            Some(at) => format!("***{}", &url[at..]),
+            None => url.to_owned(),
+        };
+    };
+    let (head, rest) = url.split_at(scheme_end + 3);
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rfind('@') {
+        Some(at) => format!("***{}", &authority[at..]),
+        None => authority.to_owned(),
+    };
+    // `redis+unix:///sock?pass=secret` carries the password in the query.
+    let tail = match tail.find('?') {
+        Some(q) if tail[q..].contains("pass") => format!("{}?***", &tail[..q]),
+        _ => tail.to_owned(),
+    };
+    format!("{head}{authority}{tail}")
+}
+
+/// Removes the URL's secrets from a message that may quote the URL.
+fn redact_secrets(message: &str, url: &str) -> String {
+    let redacted = redact_url(url);
+    let mut out = message.replace(url, &redacted);
+    for secret in secrets_of(url) {
+        out = out.replace(secret, "***");
+    }
+    out
+}
+
+fn secrets_of(url: &str) -> Vec<&str> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let mut found = Vec::new();
+    if let Some((userinfo, _)) = rest.rsplit_once('@')
+        && let Some((_, password)) = userinfo.split_once(':')
+        && !password.is_empty()
+    {
+        found.push(password);
+    }
+    if let Some((_, query)) = rest.split_once('?') {
+        found.extend(
+            query
+                .split('&')
+                .filter_map(|kv| kv.split_once('='))
+                .filter(|(k, v)| k.contains("pass") && !v.is_empty())
+                .map(|(_, v)| v),
+        );
+    }
+    found
+}
+
+fn redact_error(e: RedisError, url: &str) -> String {
+    redact_secrets(&e.to_string(), url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_survive_redaction() {
+        assert_eq!(redact_url("redis://:hunter2@db:6379/0"), "redis://***@db:6379/0");
+        assert_eq!(redact_url("redis://app:hunter2@db"), "redis://***@db");
+        assert_eq!(redact_url("redis://db:6379"), "redis://db:6379");
+        assert_eq!(redact_url("redis//app:hunter2@db"), "***@db");
+        assert_eq!(
+            redact_url("redis+unix:///tmp/r.sock?pass=hunter2"),
+            "redis+unix:///tmp/r.sock?***"
+        );
+        let msg = redact_secrets("bad url redis://u:hunter2@x: hunter2", "redis://u:hunter2@x");
+        assert!(!msg.contains("hunter2"), "{msg}");
+    }
+}

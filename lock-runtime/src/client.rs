@@ -1,0 +1,201 @@
+//! The lock client, its builder, and the process-wide client the attribute
+//! uses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use once_cell::sync::OnceCell;
+
+use crate::LockError;
+use crate::backend::redis::RedisBackend;
+use crate::backend::{AnyBackend, Failure};
+use crate::guard::LockRequest;
+use crate::key::{LockKey, validate_prefix};
+
+/// A handle to one lock backend. Cheap to clone; clones share connections.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_runtime::LockError> {
+/// use lock_runtime::LockClient;
+/// let client = LockClient::connect("redis://127.0.0.1/").await?;
+/// let guard = client.lock("report:daily").acquire().await?;
+/// // ... only one holder at a time runs here ...
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ClientInner {
+    pub(crate) backend: AnyBackend,
+    pub(crate) config: ClientConfig,
+    /// The node(s) this client talks to, for messages; never with a password.
+    pub(crate) node: String,
+}
+
+impl ClientInner {
+    /// The failure recorded when an attempt got no answer in time. It is
+    /// transient, hence in doubt: the command may still be applied.
+    pub(crate) fn timed_out(&self, key: &LockKey, what: &str) -> Failure {
+        Failure {
+            error: LockError::backend(
+                &self.node,
+                Some(&key.name),
+                format!(
+                    "{what} got no reply within the {}ms command timeout",
+                    self.config.command_timeout.as_millis()
+                ),
+            ),
+            transient: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ClientConfig {
+    pub(crate) prefix: String,
+    pub(crate) default_ttl: Duration,
+    pub(crate) default_wait: Duration,
+    pub(crate) retry_min: Duration,
+    pub(crate) retry_max: Duration,
+    pub(crate) command_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            prefix: "lock:".into(),
+            default_ttl: Duration::from_secs(30),
+            default_wait: Duration::ZERO,
+            retry_min: Duration::from_millis(2),
+            retry_max: Duration::from_millis(50),
+            command_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl LockClient {
+    /// Connects to one Redis node: `redis://[user:password@]host[:port][/db]`
+    /// or `redis+unix:///path/to/socket`. The connection re-establishes
+    /// itself after the server restarts.
+    ///
+    /// An unparsable URL or an unreachable server is an error that names the
+    /// node, with any password redacted.
+    pub async fn connect(url: &str) -> Result<LockClient, LockError> {
+        LockClient::builder().connect(url).await
+    }
+
+    /// Options: key prefix, default ttl and wait, retry backoff, command
+    /// timeout.
+    pub fn builder() -> LockClientBuilder {
+        LockClientBuilder {
+            config: ClientConfig::default(),
+        }
+    }
+
+    /// Starts a lock request for `key` (the name without prefix, as the
+    /// attribute would render it).
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest<'_> {
+        LockRequest::new(self, key.into())
+    }
+}
+
+/// Builds a [`LockClient`] with non-default options.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct LockClientBuilder {
+    config: ClientConfig,
+}
+
+impl LockClientBuilder {
+    /// The prefix of every Redis key this client writes (default `lock:`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.prefix = prefix.into();
+        self
+    }
+
+    /// The lease length when a call does not give one (default 30 s).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.config.default_ttl = ttl;
+        self
+    }
+
+    /// How long to wait for a held lock when a call does not say (default 0:
+    /// try once).
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.config.default_wait = wait;
+        self
+    }
+
+    /// The pause between attempts on a held lock starts at `min` and doubles
+    /// up to `max`; each pause is jittered and never outlasts the holder's
+    /// remaining lease (defaults 2 ms and 50 ms).
+    pub fn retry_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.config.retry_min = min;
+        self.config.retry_max = max;
+        self
+    }
+
+    /// How long one command may go unanswered before the attempt counts as
+    /// failed (default 1 s). Waiting for a lock never overruns its `wait` by
+    /// more than this.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.config.command_timeout = timeout;
+        self
+    }
+
+    fn check(&self, node: &str) -> Result<(), LockError> {
+        let invalid = |reason: String| LockError::InvalidConfig {
+            node: node.to_owned(),
+            reason,
+        };
+        validate_prefix(&self.config.prefix).map_err(invalid)?;
+        let c = &self.config;
+        if c.default_ttl.is_zero() {
+            return Err(invalid("the default ttl must be at least 1ms".into()));
+        }
+        if c.command_timeout.is_zero() {
+            return Err(invalid("the command timeout must be at least 1ms".into()));
+        }
+        if c.retry_min.is_zero() || c.retry_min > c.retry_max {
+            return Err(invalid(format!(
+                "retry backoff needs 0 < min <= max, got min {:?} and max {:?}",
+                c.retry_min, c.retry_max
+            )));
+        }
+        Ok(())
+    }
+
+    /// Connects to one Redis node; see [`LockClient::connect`].
+    pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
+        self.check(&crate::backend::redis::redact_url(url))?;
+        let backend = RedisBackend::connect(url, &self.config).await?;
+        let node = backend.node().to_owned();
+        Ok(self.build(AnyBackend::Redis(backend), node))
+    }
+
+    fn build(self, backend: AnyBackend, node: String) -> LockClient {
+        LockClient {
+            inner: Arc::new(ClientInner {
+                backend,
+                config: self.config,
+                node,
+            }),
+        }
+    }
+}
+
+static GLOBAL: OnceCell<LockClient> = OnceCell::new();
+
+/// Installs the client that `#[distributed_lock]` functions use. Call it once
+/// at start-up; a second call fails with [`LockError::AlreadyInitialized`].
+pub fn init(client: LockClient) -> Result<(), LockError> {
+    GLOBAL.set(client).map_err(|_| LockError::AlreadyInitialized)
+}
+
+pub(crate) fn global() -> Result<&'static LockClient, LockError> {
+    GLOBAL.get().ok_or(LockError::NotInitialized)
+}

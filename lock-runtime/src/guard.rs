@@ -1,0 +1,124 @@
+//! The programmatic API: `client.lock(key)...acquire().await` and
+//! `client.lock(key)...run(body).await`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::client::LockClient;
+use crate::key::LockKey;
+use crate::lease::{Lease, LeaseState};
+use crate::spec::LockSpec;
+use crate::{LockError, acquire, holder, with_lock};
+
+/// A lock request being configured. Nothing is sent until
+/// [`acquire`](Self::acquire) or [`run`](Self::run).
+#[derive(Debug)]
+#[must_use = "a lock request does nothing until `.acquire().await` or `.run(body).await`"]
+pub struct LockRequest<'c> {
+    client: &'c LockClient,
+    key: String,
+    spec: LockSpec,
+}
+
+impl<'c> LockRequest<'c> {
+    pub(crate) fn new(client: &'c LockClient, key: String) -> Self {
+        LockRequest {
+            client,
+            key,
+            spec: LockSpec::DEFAULT,
+        }
+    }
+
+    /// The lease length (default: the client's, 30 s unless configured).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.spec = self.spec.ttl(ttl);
+        self
+    }
+
+    /// How long to wait for a held lock (default: the client's, 0 unless
+    /// configured, which tries once).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.spec = self.spec.wait(wait);
+        self
+    }
+
+    /// Whether the lease is renewed while held (default `true`).
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.spec = self.spec.renew(renew);
+        self
+    }
+
+    /// Whether to issue a fencing token (default `false`).
+    pub fn fencing(mut self, fencing: bool) -> Self {
+        self.spec = self.spec.fencing(fencing);
+        self
+    }
+
+    /// Runs `body` with the lock held, exactly as `#[distributed_lock]` does:
+    /// structural re-entry, release on every exit path, cancellation when the
+    /// lease is lost.
+    pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
+        let inner = &self.client.inner;
+        with_lock::run_with(inner, self.key, self.spec.resolve(&inner.config), body).await
+    }
+
+    /// Takes the lock and returns a guard that holds it until
+    /// [`LockGuard::release`] or drop. Called inside a body that already holds
+    /// this lock, it returns a re-entrant guard whose release leaves the lock
+    /// to the enclosing holder.
+    pub async fn acquire(self) -> Result<LockGuard, LockError> {
+        let inner = &self.client.inner;
+        let opts = self.spec.resolve(&inner.config);
+        let key = LockKey::new(&inner.config.prefix, self.key)?;
+        if let Some(held) = holder::find(inner, &key) {
+            held.extend_to(opts.ttl).await?;
+            return Ok(LockGuard {
+                state: held,
+                lease: None,
+            });
+        }
+        let lease = acquire::acquire(inner, key, &opts).await?;
+        Ok(LockGuard {
+            state: Arc::clone(lease.state()),
+            lease: Some(lease),
+        })
+    }
+}
+
+/// A held lock. Release it with [`release`](Self::release) to learn whether
+/// the release succeeded; dropping it releases in the background.
+#[derive(Debug)]
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    state: Arc<LeaseState>,
+    /// `None` for a re-entrant guard: the enclosing holder owns the release.
+    lease: Option<Lease>,
+}
+
+impl LockGuard {
+    /// The lock's key, as requested.
+    pub fn key(&self) -> &str {
+        &self.state.key.name
+    }
+
+    /// The fencing token issued with this lock, if one was requested.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.state.token
+    }
+
+    /// Whether the lease is still valid by the local clock: not released and
+    /// its validity deadline not passed.
+    pub fn is_held(&self) -> bool {
+        self.state.is_held()
+    }
+
+    /// Releases the lock. `Err(NotHeld)` when it had already expired or been
+    /// taken over; a re-entrant guard's release is a no-op.
+    pub async fn release(self) -> Result<(), LockError> {
+        match self.lease {
+            Some(lease) => lease.release().await,
+            None => Ok(()),
+        }
+    }
+}

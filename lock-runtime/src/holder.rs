@@ -1,0 +1,93 @@
+//! Who holds a lock, and which locks the running code is nested inside.
+//!
+//! A holder id names one outermost acquisition: a random per-process prefix
+//! (so ids from different processes and hosts never collide) and a counter.
+//! Re-entry is structural (DESIGN §2): a body runs inside a task-local scope
+//! that lists the leases held around it, so only code polled *inside* that
+//! body sees them. Sibling branches of one task (`join!`, `select!`) are polled
+//! outside each other's scopes and therefore exclude each other, and a spawned
+//! task starts with no scope at all.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+
+use crate::client::ClientInner;
+use crate::key::LockKey;
+use crate::lease::LeaseState;
+
+/// 128 random bits from the OS: the chance that two processes share a prefix
+/// is negligible, and sharing one would let them release each other's locks.
+static PROCESS_PREFIX: LazyLock<String> = LazyLock::new(|| format!("{:032x}", rand::random::<u128>()));
+static NEXT_HOLDER: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh holder id, `<32 hex digits>:<counter>`; the acquire script checks
+/// this shape to tell our values from foreign ones.
+pub(crate) fn new_holder_id() -> String {
+    let n = NEXT_HOLDER.fetch_add(1, Ordering::Relaxed);
+    format!("{}:{n}", *PROCESS_PREFIX)
+}
+
+tokio::task_local! {
+    static HELD: Held;
+}
+
+/// The leases held around the code being polled, innermost first. An
+/// immutable list: entering a body pushes by sharing the parent, so no scope
+/// ever sees a sibling's entries.
+#[derive(Clone)]
+struct Held(Arc<HeldNode>);
+
+struct HeldNode {
+    lease: Arc<LeaseState>,
+    parent: Option<Held>,
+}
+
+impl Held {
+    fn iter(&self) -> impl Iterator<Item = &Arc<LeaseState>> {
+        std::iter::successors(Some(self), |h| h.0.parent.as_ref()).map(|h| &h.0.lease)
+    }
+}
+
+fn current() -> Option<Held> {
+    HELD.try_with(Held::clone).ok()
+}
+
+/// The lease on `key` from `client` that the running code is nested inside,
+/// if any. Read at poll time, so it reflects where the caller really runs.
+pub(crate) fn find(client: &Arc<ClientInner>, key: &LockKey) -> Option<Arc<LeaseState>> {
+    HELD.try_with(|held| {
+        held.iter()
+            .find(|l| Arc::ptr_eq(&l.client, client) && l.key.redis_key == key.redis_key)
+            .cloned()
+    })
+    .ok()
+    .flatten()
+}
+
+/// The fencing token of the innermost lock held around the running code.
+pub(crate) fn innermost_token() -> Option<u64> {
+    HELD.try_with(|held| held.0.lease.token).ok().flatten()
+}
+
+/// Runs `body` with `lease` added to the leases held around it.
+pub(crate) fn scope<F: Future>(lease: Arc<LeaseState>, body: F) -> impl Future<Output = F::Output> {
+    let parent = current();
+    HELD.scope(Held(Arc::new(HeldNode { lease, parent })), body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holder_ids_are_unique_and_well_formed() {
+        let a = new_holder_id();
+        let b = new_holder_id();
+        assert_ne!(a, b);
+        let (prefix, counter) = a.split_once(':').expect("prefix:counter");
+        assert_eq!(prefix.len(), 32);
+        assert!(prefix.chars().all(|c| c.is_ascii_hexdigit()));
+        assert!(counter.parse::<u64>().is_ok());
+    }
+}

@@ -1,0 +1,151 @@
+//! Lock names and the Redis keys derived from them (DESIGN §5).
+
+use crate::LockError;
+
+/// The longest key a caller may render. Redis would take 512 MB; a lock name
+/// that long is a bug, and it would be copied into every log line.
+pub(crate) const MAX_KEY_BYTES: usize = 1024;
+
+/// A validated lock name with the Redis names derived from it.
+///
+/// The user's key is wrapped in a hash tag so that the lock, its fence
+/// counter and its release channel always land in one Cluster slot. That is
+/// why braces are refused in user keys: they would move or break the tag.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct LockKey {
+    /// The key as the caller rendered it: what errors and traces show.
+    pub(crate) name: String,
+    /// `P{K}`: a string holding the holder id, with a PTTL.
+    pub(crate) redis_key: String,
+    /// `P{K}:fence`: the fencing counter, without TTL.
+    pub(crate) fence_key: String,
+    /// `P{K}:released`: where releases are announced.
+    pub(crate) channel: String,
+}
+
+impl LockKey {
+    pub(crate) fn new(prefix: &str, name: String) -> Result<Self, LockError> {
+        validate(&name)?;
+        let redis_key = format!("{prefix}{{{name}}}");
+        Ok(LockKey {
+            fence_key: format!("{redis_key}:fence"),
+            channel: format!("{redis_key}:released"),
+            redis_key,
+            name,
+        })
+    }
+}
+
+fn validate(name: &str) -> Result<(), LockError> {
+    let reject = |reason: String| {
+        Err(LockError::InvalidKey {
+            key: printable(name),
+            reason,
+        })
+    };
+    if name.trim().is_empty() {
+        return reject("the key is empty after rendering".into());
+    }
+    if name.len() > MAX_KEY_BYTES {
+        return reject(format!(
+            "the key is {} bytes long; the limit is {MAX_KEY_BYTES}",
+            name.len()
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| matches!(c, '{' | '}')) {
+        return reject(format!(
+            "it contains `{c}`; braces are reserved for the Redis Cluster hash tag the library adds"
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return reject(format!(
+            "it contains the control character {}; keys are names, so newlines and NULs are refused",
+            c.escape_default()
+        ));
+    }
+    Ok(())
+}
+
+/// Keys go into error messages and logs: escape what would break a line, and
+/// shorten what would flood it.
+fn printable(name: &str) -> String {
+    const SHOWN: usize = 80;
+    let escaped: String = name
+        .chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect();
+    match escaped.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &escaped[..cut]),
+        None => escaped,
+    }
+}
+
+/// Checks a configured key prefix: it becomes part of every Redis key, so it
+/// must not carry its own hash tag or control characters.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.contains(['{', '}']) {
+        return Err(format!(
+            "key prefix `{prefix}` contains a brace; the library owns the hash tag"
+        ));
+    }
+    if prefix.chars().any(char::is_control) {
+        return Err("key prefix contains a control character".into());
+    }
+    if prefix.len() > MAX_KEY_BYTES {
+        return Err(format!("key prefix is longer than {MAX_KEY_BYTES} bytes"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(name: &str) -> String {
+        match LockKey::new("lock:", name.to_owned()) {
+            Err(LockError::InvalidKey { reason, .. }) => reason,
+            other => panic!("expected InvalidKey for {name:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn layout_shares_one_hash_tag() {
+        let k = LockKey::new("lock:", "stock:42".into()).expect("valid key");
+        assert_eq!(k.redis_key, "lock:{stock:42}");
+        assert_eq!(k.fence_key, "lock:{stock:42}:fence");
+        assert_eq!(k.channel, "lock:{stock:42}:released");
+    }
+
+    #[test]
+    fn bad_keys_say_why() {
+        assert!(reason("").contains("empty"));
+        assert!(reason("  ").contains("empty"));
+        assert!(reason("a{b").contains("`{`"));
+        assert!(reason("a}b").contains("`}`"));
+        assert!(reason("a\nb").contains("\\n"));
+        assert!(reason("a\0b").contains("\\u{0}"));
+        assert!(reason(&"x".repeat(1025)).contains("1025 bytes"));
+        assert!(LockKey::new("lock:", "x".repeat(1024)).is_ok());
+        assert!(LockKey::new("lock:", "ünï:cödé ok".into()).is_ok());
+    }
+
+    #[test]
+    fn printable_escapes_and_truncates() {
+        assert_eq!(printable("a\nb"), "a\\nb");
+        let long = printable(&"y".repeat(500));
+        assert!(long.ends_with('…') && long.chars().count() == 81);
+    }
+
+    #[test]
+    fn prefixes_without_tags_only() {
+        assert!(validate_prefix("lock:").is_ok());
+        assert!(validate_prefix("").is_ok());
+        assert!(validate_prefix("{x}").is_err());
+    }
+}

@@ -1,0 +1,198 @@
+//! One held acquisition: its identity, its validity deadline, and the release
+//! that must happen on every exit path.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::backend::Backend;
+use crate::client::ClientInner;
+use crate::key::LockKey;
+use crate::{LockError, LostReason};
+
+/// The allowance for clock-rate differences between this process and the
+/// server: 1% of the lease plus 2 ms for Redis's millisecond expiry precision
+/// (RELIABILITY §1.1).
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    Duration::from_millis(millis(ttl) / 100 + 2)
+}
+
+/// The state of one acquisition, shared between its owner ([`Lease`]) and the
+/// scopes nested inside its body.
+#[derive(Debug)]
+pub(crate) struct LeaseState {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) key: LockKey,
+    pub(crate) holder: String,
+    pub(crate) token: Option<u64>,
+    ttl_ms: AtomicU64,
+    /// After this instant the server may already have expired the key.
+    deadline: Mutex<Instant>,
+    ended: AtomicBool,
+}
+
+impl LeaseState {
+    pub(crate) fn new(
+        client: Arc<ClientInner>,
+        key: LockKey,
+        holder: String,
+        token: Option<u64>,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Self {
+        LeaseState {
+            client,
+            key,
+            holder,
+            token,
+            ttl_ms: AtomicU64::new(millis(ttl)),
+            deadline: Mutex::new(validity_deadline(sent, ttl)),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Moves the deadline later only: a confirmation that was sent earlier
+    /// than one already counted must not shorten it.
+    fn confirm(&self, sent: Instant, ttl: Duration) {
+        let mut d = self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
+        *d = (*d).max(validity_deadline(sent, ttl));
+    }
+
+    /// Whether this holder may still act as the lock's owner.
+    pub(crate) fn is_held(&self) -> bool {
+        !self.ended.load(Ordering::Acquire) && Instant::now() < self.deadline()
+    }
+
+    /// Resolves once the lease can no longer be trusted. The deadline can
+    /// move while this waits (an extension), so it is re-read after waking.
+    pub(crate) async fn lost(&self) -> LostReason {
+        loop {
+            let deadline = self.deadline();
+            tokio::time::sleep_until(deadline.into()).await;
+            if Instant::now() >= self.deadline() {
+                return LostReason::Expired;
+            }
+        }
+    }
+
+    /// A nested call asked for `ttl`: lengthen the lease if that outlasts the
+    /// one it has, never shorten it. Costs a round trip only when it extends.
+    pub(crate) async fn extend_to(&self, ttl: Duration) -> Result<(), LockError> {
+        if millis(ttl) <= self.ttl_ms.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let sent = Instant::now();
+        let renewed = self
+            .client
+            .backend
+            .renew(&self.key, &self.holder, ttl, true)
+            .await?;
+        if !renewed {
+            return Err(LockError::Lost {
+                key: self.key.name.clone(),
+                reason: LostReason::TakenOver,
+            });
+        }
+        self.ttl_ms.fetch_max(millis(ttl), Ordering::AcqRel);
+        self.confirm(sent, ttl);
+        Ok(())
+    }
+
+    async fn send_release(&self) -> Result<(), LockError> {
+        self.ended.store(true, Ordering::Release);
+        match self.client.backend.release(&self.key, &self.holder).await {
+            Ok(true) => {
+                tracing::debug!(key = %self.key.name, "lock released");
+                Ok(())
+            }
+            Ok(false) => Err(LockError::NotHeld {
+                key: self.key.name.clone(),
+            }),
+            Err(failure) => Err(failure.error),
+        }
+    }
+}
+
+pub(crate) fn validity_deadline(sent: Instant, ttl: Duration) -> Instant {
+    sent + ttl.saturating_sub(drift(ttl))
+}
+
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The owner of an acquisition. Releasing consumes it; dropping it without a
+/// release (a cancelled future, an early drop of a guard) sends the release
+/// from a task spawned on the runtime the lock was taken on, because `Drop`
+/// cannot await and must not block.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    state: Arc<LeaseState>,
+    /// `None` outside a Tokio runtime: then a dropped lease frees by TTL.
+    runtime: Option<tokio::runtime::Handle>,
+    armed: bool,
+}
+
+impl Lease {
+    pub(crate) fn new(state: Arc<LeaseState>) -> Self {
+        Lease {
+            state,
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            armed: true,
+        }
+    }
+
+    pub(crate) fn state(&self) -> &Arc<LeaseState> {
+        &self.state
+    }
+
+    /// Releases the lock and reports how that went. If this future is itself
+    /// dropped before the server answered, `Drop` sends the release again
+    /// (it is owner-checked, so a duplicate is harmless).
+    pub(crate) async fn release(mut self) -> Result<(), LockError> {
+        let result = self.state.send_release().await;
+        self.armed = false;
+        result
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let Some(runtime) = self.runtime.as_ref().filter(|_| self.armed) else {
+            return;
+        };
+        let state = Arc::clone(&self.state);
+        // A runtime that is shutting down drops the task unrun; the key then
+        // frees itself when its TTL runs out, which is the documented floor.
+        runtime.spawn(async move {
+            if let Err(e) = state.send_release().await {
+                tracing::warn!(key = %state.key.name, error = %e, "background release failed; the lock will expire by its TTL");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_is_one_percent_plus_two_ms() {
+        assert_eq!(drift(Duration::from_secs(30)), Duration::from_millis(302));
+        assert_eq!(drift(Duration::from_millis(1)), Duration::from_millis(2));
+    }
+
+    #[test]
+    fn deadline_never_precedes_sending() {
+        let now = Instant::now();
+        assert_eq!(validity_deadline(now, Duration::from_millis(1)), now);
+        assert_eq!(
+            validity_deadline(now, Duration::from_millis(1000)),
+            now + Duration::from_millis(988)
+        );
+    }
+}

@@ -1,0 +1,53 @@
+-- Take the lock for one holder, in one round trip.
+--
+-- KEYS[1]  the lock key `P{K}`: a string holding the holder id, with a PTTL
+-- KEYS[2]  the fence counter `P{K}:fence` (written only when ARGV[3] == '1')
+-- ARGV[1]  holder id, `<hex>:<decimal>`
+-- ARGV[2]  lease length in milliseconds, an integer >= 1
+-- ARGV[3]  '1' to issue a fencing token, '0' not to
+--
+-- Returns one of
+--   {1, token}      acquired (token 0 when ARGV[3] is '0')
+--   {0, pttl}       held by another holder; pttl is -1 when the key has no expiry
+--   {-1, type}      a value this library did not write sits at KEYS[1]
+--
+-- Every argument is checked before the first write: a script that fails
+-- midway keeps the writes it already made.
+
+local holder = ARGV[1]
+local ttl = tonumber(ARGV[2])
+if type(holder) ~= 'string' or not string.match(holder, '^%x+:%d+$') then
+  return redis.error_reply('ERR bad holder id')
+end
+if not ttl or ttl < 1 or ttl > 1e12 or ttl ~= math.floor(ttl) then
+  return redis.error_reply('ERR bad ttl')
+end
+if ARGV[3] ~= '0' and ARGV[3] ~= '1' then
+  return redis.error_reply('ERR bad fencing flag')
+end
+
+if redis.call('SET', KEYS[1], holder, 'NX', 'PX', ttl) then
+  if ARGV[3] == '1' then
+    return {1, redis.call('INCR', KEYS[2])}
+  end
+  return {1, 0}
+end
+
+local found = redis.call('TYPE', KEYS[1])['ok']
+if found ~= 'string' then
+  return {-1, found}
+end
+local current = redis.call('GET', KEYS[1])
+if current == holder then
+  -- An earlier attempt of this same acquisition was applied but its reply was
+  -- lost (timeout, dropped connection): the lock is ours; restart its lease.
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  if ARGV[3] == '1' then
+    return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+  end
+  return {1, 0}
+end
+if not string.match(current, '^%x+:%d+$') then
+  return {-1, 'string'}
+end
+return {0, redis.call('PTTL', KEYS[1])}

@@ -1,0 +1,19 @@
+-- Release the lock if, and only if, this holder still has it.
+--
+-- KEYS[1]  the lock key `P{K}`
+-- KEYS[2]  the release channel `P{K}:released`
+-- ARGV[1]  holder id
+--
+-- Returns 1 when released, 0 when the key is gone or held by someone else.
+--
+-- DEL comes first and nothing here allocates before it, so a release still
+-- succeeds when the server is out of memory (DEL and PUBLISH are not refused
+-- under OOM); the lock must free even when nothing else can be written.
+
+local current = redis.pcall('GET', KEYS[1])
+if current ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', KEYS[2], ARGV[1])
+return 1

@@ -1,0 +1,25 @@
+-- Renew (or extend) the lease of a lock this holder still has.
+--
+-- KEYS[1]  the lock key `P{K}`
+-- ARGV[1]  holder id
+-- ARGV[2]  new lease length in milliseconds, an integer >= 1
+-- ARGV[3]  '1' to only ever lengthen the remaining lease, '0' to set it
+--
+-- Returns 1 when the lease is (at least) ARGV[2] long now, 0 when the key is
+-- gone or held by someone else.
+
+local ttl = tonumber(ARGV[2])
+if not ttl or ttl < 1 or ttl > 1e12 or ttl ~= math.floor(ttl) then
+  return redis.error_reply('ERR bad ttl')
+end
+if ARGV[3] ~= '0' and ARGV[3] ~= '1' then
+  return redis.error_reply('ERR bad extend flag')
+end
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if ARGV[3] == '1' and redis.call('PTTL', KEYS[1]) >= ttl then
+  return 1
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+return 1

@@ -1,0 +1,94 @@
+//! What a lock call asks for: the static spec the macro emits, and the
+//! options resolved against the client's defaults.
+
+use std::time::Duration;
+
+use crate::LockError;
+use crate::client::ClientConfig;
+
+/// The attribute's arguments, fixed at compile time. Emitted by
+/// `#[distributed_lock]` as a `static`; `None` means "the client's default".
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct LockSpec {
+    ttl: Option<Duration>,
+    wait: Option<Duration>,
+    renew: bool,
+    fencing: bool,
+}
+
+impl LockSpec {
+    /// The defaults: client ttl and wait, renewal on, no fencing.
+    pub const DEFAULT: LockSpec = LockSpec {
+        ttl: None,
+        wait: None,
+        renew: true,
+        fencing: false,
+    };
+
+    /// Sets the lease length.
+    #[must_use]
+    pub const fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Sets how long to wait for a held lock.
+    #[must_use]
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Turns the watchdog on or off.
+    #[must_use]
+    pub const fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// Asks for a fencing token.
+    #[must_use]
+    pub const fn fencing(mut self, fencing: bool) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    pub(crate) fn resolve(&self, config: &ClientConfig) -> LockOptions {
+        LockOptions {
+            ttl: self.ttl.unwrap_or(config.default_ttl),
+            wait: self.wait.unwrap_or(config.default_wait),
+            renew: self.renew,
+            fencing: self.fencing,
+        }
+    }
+}
+
+/// One call's options with every default filled in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LockOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Duration,
+    #[allow(dead_code, reason = "read by the watchdog")]
+    pub(crate) renew: bool,
+    pub(crate) fencing: bool,
+}
+
+/// What an annotated function may return: something that can carry a
+/// [`LockError`] when the body never ran or was cancelled.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` requires the function to return `Result<T, E>` where `E: From<LockError>`, found `{Self}`",
+    label = "this return type cannot carry a `LockError`",
+    note = "return `Result<T, E>` and add `impl From<lock_runtime::LockError> for E`, or use `Result<T, lock_runtime::LockError>`"
+)]
+pub trait LockOutput {
+    /// Wraps a lock failure in the function's return type.
+    fn from_lock_error(error: LockError) -> Self;
+}
+
+impl<T, E: From<LockError>> LockOutput for Result<T, E> {
+    fn from_lock_error(error: LockError) -> Self {
+        Err(E::from(error))
+    }
+}

@@ -1,0 +1,267 @@
+//! Mutual exclusion, structural re-entry and waiting, against a real
+//! `redis-server` started by the test.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError};
+use lock_tests::{RedisServer, commands_between, eventually};
+use redis::AsyncCommands;
+
+async fn client(server: &RedisServer) -> LockClient {
+    LockClient::connect(&server.url()).await.expect("connect")
+}
+
+async fn data_conn(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("data connection")
+}
+
+/// A read-modify-write that loses updates unless callers exclude each other:
+/// GET, yield, SET.
+async fn increment(data: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
+    let value: Option<u64> = data.get("counter").await?;
+    tokio::task::yield_now().await;
+    data.set("counter", value.unwrap_or(0) + 1).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_tasks_never_lose_an_update() {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let locks = locks.clone();
+        let inside = Arc::clone(&inside);
+        let mut data = data_conn(&server).await;
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..200 {
+                let data = &mut data;
+                let inside = &inside;
+                locks
+                    .lock("counter")
+                    .wait(Duration::from_secs(30))
+                    .run(async move {
+                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                        let result = increment(data).await;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        result
+                    })
+                    .await
+                    .expect("lock")
+                    .expect("increment");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let total: u64 = server.query(redis::cmd("GET").arg("counter"));
+    assert_eq!(total, 3200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_never_lose_an_update() {
+    let server = RedisServer::start();
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_lock-worker"))
+                .args(["count", &server.url(), "shared", "counter", "200"])
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn worker")
+        })
+        .collect();
+    for mut w in workers {
+        assert!(w.wait().expect("worker exit").success(), "worker failed");
+    }
+    let total: u64 = server.query(redis::cmd("GET").arg("counter"));
+    assert_eq!(total, 600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_siblings_on_one_task_exclude_each_other() {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    let inside = AtomicUsize::new(0);
+    let overlaps = AtomicUsize::new(0);
+    let branch = || async {
+        for _ in 0..50 {
+            locks
+                .lock("siblings")
+                .wait(Duration::from_secs(10))
+                .run(async {
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // Give the sibling every chance to get in.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                })
+                .await
+                .expect("lock");
+        }
+    };
+    tokio::join!(branch(), branch(), branch());
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentry_five_deep_costs_no_command_and_never_shortens() {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    let redis_key = "lock:{order:7}";
+
+    async fn nest<'a>(locks: &'a LockClient, server: &'a RedisServer, depth: u32) -> Result<(), LockError> {
+        if depth == 0 {
+            return Ok(());
+        }
+        // Each level asks for a shorter lease than the one it is nested in.
+        let ttl = Duration::from_millis(1000 * u64::from(depth));
+        Box::pin(locks.lock("order:7").ttl(ttl).run(async move {
+            assert_eq!(server.query::<i64>(redis::cmd("EXISTS").arg("lock:{order:7}")), 1);
+            nest(locks, server, depth - 1).await
+        }))
+        .await?
+    }
+
+    locks
+        .lock("order:7")
+        .ttl(Duration::from_secs(10))
+        .run(async {
+            let pttl_before: i64 = server.query(redis::cmd("PTTL").arg(redis_key));
+            let before = server.command_calls();
+            nest(&locks, &server, 5).await.expect("nested");
+            let mut sent = commands_between(&before, &server.command_calls());
+            // The test's own probes, one per level:
+            assert_eq!(sent.remove("exists"), Some(5));
+            assert!(sent.is_empty(), "nested acquires sent {sent:?}");
+            let pttl_after: i64 = server.query(redis::cmd("PTTL").arg(redis_key));
+            assert!(
+                pttl_after > 9000 && pttl_after <= pttl_before,
+                "pttl {pttl_before} -> {pttl_after}"
+            );
+
+            // A nested call asking for a longer lease extends it.
+            locks
+                .lock("order:7")
+                .ttl(Duration::from_secs(60))
+                .run(async {})
+                .await
+                .expect("nested extend");
+            let pttl_extended: i64 = server.query(redis::cmd("PTTL").arg(redis_key));
+            assert!(pttl_extended > 50_000, "pttl after extension {pttl_extended}");
+            // ... and the outer lock is still held.
+            assert_eq!(server.query::<i64>(redis::cmd("EXISTS").arg(redis_key)), 1);
+        })
+        .await
+        .expect("outer");
+    assert_eq!(server.query::<i64>(redis::cmd("EXISTS").arg(redis_key)), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spawned_task_is_a_new_holder() {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    locks
+        .lock("parent")
+        .run(async {
+            let child_locks = locks.clone();
+            let child = tokio::spawn(async move {
+                child_locks
+                    .lock("parent")
+                    .wait(Duration::from_millis(100))
+                    .run(async {})
+                    .await
+            });
+            let err = child.await.expect("join").expect_err("child must not re-enter");
+            assert!(
+                matches!(err, LockError::Timeout { ref key, .. } if key == "parent"),
+                "{err}"
+            );
+        })
+        .await
+        .expect("parent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_gives_up_after_wait() {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    let held = locks.lock("busy").acquire().await.expect("first holder");
+    let start = Instant::now();
+    let err = locks
+        .lock("busy")
+        .wait(Duration::from_millis(200))
+        .acquire()
+        .await
+        .expect_err("lock is held");
+    let waited = start.elapsed();
+    assert!(
+        matches!(err, LockError::Timeout { ref key, no_expiry: false, .. } if key == "busy"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("`busy`"), "{err}");
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_millis(400),
+        "waited {waited:?}"
+    );
+    // wait = 0 tries exactly once.
+    let err = locks.lock("busy").acquire().await.expect_err("held");
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    held.release().await.expect("release");
+    locks
+        .lock("busy")
+        .acquire()
+        .await
+        .expect("free again")
+        .release()
+        .await
+        .expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_frees_the_lock_at_its_ttl() {
+    let server = RedisServer::start();
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
+        .args(["hold", &server.url(), "crashy", "700"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn worker");
+    let mut line = String::new();
+    BufReader::new(worker.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("worker output");
+    assert_eq!(line.trim(), "HELD");
+    worker.kill().expect("SIGKILL worker");
+    worker.wait().expect("reap worker");
+
+    let locks = client(&server).await;
+    let start = Instant::now();
+    let guard = locks
+        .lock("crashy")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("acquire after the dead holder's TTL");
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "took {:?}",
+        start.elapsed()
+    );
+    guard.release().await.expect("release");
+    assert!(
+        eventually(Duration::from_millis(100), || server
+            .query::<i64>(redis::cmd("EXISTS").arg("lock:{crashy}"))
+            == 0)
+        .await
+        .is_some()
+    );
+}

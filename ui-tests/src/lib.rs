@@ -1,0 +1,1 @@
+//! Holds the trybuild ui tests of `#[distributed_lock]` under `tests/`.
