@@ -1,16 +1,19 @@
 //! The `#[distributed_lock]` attribute. Depend on `lock-runtime`, which
-//! re-exports it; this crate is an implementation detail.
+//! re-exports it and documents it; this crate is an implementation detail.
 
-use proc_macro::TokenStream;
+mod args;
+mod duration;
+mod errors;
+mod expand;
+mod item;
+mod key;
 
-/// Runs the annotated `async fn`'s body with a distributed lock held.
+/// Runs the annotated `async fn`'s body with a distributed lock held. See
+/// `lock_runtime::distributed_lock` for the arguments.
 #[proc_macro_attribute]
-pub fn distributed_lock(_args: TokenStream, item: TokenStream) -> TokenStream {
-    let mut out: proc_macro2::TokenStream = syn::Error::new(
-        proc_macro2::Span::call_site(),
-        "`#[distributed_lock]` is not implemented yet",
-    )
-    .to_compile_error();
-    out.extend(proc_macro2::TokenStream::from(item));
-    out.into()
+pub fn distributed_lock(
+    args: proc_macro::TokenStream,
+    item: proc_macro::TokenStream,
+) -> proc_macro::TokenStream {
+    expand::expand(args.into(), item.into()).into()
 }

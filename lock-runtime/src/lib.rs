@@ -53,8 +53,8 @@ pub fn fencing_token() -> Option<u64> {
 pub mod __private {
     use std::future::Future;
 
-    pub use crate::spec::{LockOutput, LockSpec};
-    pub use core;
+    pub use crate::spec::{KeyArg, KeyPart, LockOutput, LockSpec, key_part};
+    pub use std::format;
 
     /// The single entry point of the attribute's expansion.
     pub async fn run_locked<F>(spec: &LockSpec, key: String, body: F) -> F::Output
@@ -73,3 +73,8 @@ pub mod __private {
         }
     }
 }
+
+/// Compiles (and, where marked, runs) every example in the README.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

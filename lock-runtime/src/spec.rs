@@ -92,3 +92,45 @@ impl<T, E: From<LockError>> LockOutput for Result<T, E> {
         Err(E::from(error))
     }
 }
+
+/// What a key placeholder may name: anything `Display`.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used in a lock key because it does not implement `Display`",
+    label = "used in this key template",
+    note = "implement `std::fmt::Display` for it, or name a field that does, e.g. `<order.id>`"
+)]
+pub trait KeyPart {
+    /// The value as it is rendered into the key.
+    fn as_key_part(&self) -> &dyn std::fmt::Display;
+}
+
+impl<T: std::fmt::Display> KeyPart for T {
+    fn as_key_part(&self) -> &dyn std::fmt::Display {
+        self
+    }
+}
+
+/// A placeholder's value, ready for `format!`. Always `Display`, so a
+/// placeholder of the wrong type is reported once, by `KeyPart`.
+#[doc(hidden)]
+#[derive(Clone, Copy)]
+pub struct KeyArg<'a>(&'a dyn std::fmt::Display);
+
+impl std::fmt::Debug for KeyArg<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("KeyArg").field(&self.0.to_string()).finish()
+    }
+}
+
+impl std::fmt::Display for KeyArg<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Checks a placeholder's type and borrows it for rendering.
+#[doc(hidden)]
+pub fn key_part<T: KeyPart>(value: &T) -> KeyArg<'_> {
+    KeyArg(value.as_key_part())
+}

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -75,7 +76,9 @@ impl RedisServer {
             "redis.log",
         ];
         args.extend(self.extra.iter().map(String::as_str));
-        let child = Command::new(redis_server_binary())
+        let mut command = Command::new(redis_server_binary());
+        die_with_parent(&mut command);
+        let child = command
             .args(&args)
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
@@ -219,6 +222,49 @@ impl Drop for RedisServer {
         }
         self.kill();
     }
+}
+
+/// Makes the child die when the thread that spawned it ends, so that no
+/// server outlives its test, even when the test process is killed.
+#[allow(unsafe_code)]
+fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec, where only
+    // async-signal-safe calls are allowed; prctl(PR_SET_PDEATHSIG) is a plain
+    // system call and allocates nothing.
+    unsafe {
+        command.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from));
+    }
+}
+
+/// The `redis-server` behind the process-wide client that
+/// `#[distributed_lock]` functions use in tests: started once, on a thread
+/// that lives as long as the process (so the server dies with the process).
+pub fn install_global_client() -> &'static RedisServer {
+    static GLOBAL: OnceLock<&'static RedisServer> = OnceLock::new();
+    GLOBAL.get_or_init(|| {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("global-lock-client".into())
+            .spawn(move || {
+                let server: &'static RedisServer = Box::leak(Box::new(RedisServer::start()));
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime for the global client");
+                runtime.block_on(async move {
+                    let client = lock_runtime::LockClient::connect(&server.url())
+                        .await
+                        .expect("connect");
+                    lock_runtime::init(client).expect("the global client is installed once");
+                    ready_tx.send(server).expect("installer waits");
+                    // Drive the client's connection for the rest of the process.
+                    std::future::pending::<()>().await;
+                });
+            })
+            .expect("spawn the global client thread");
+        ready_rx.recv().expect("global client installed")
+    })
 }
 
 /// A loopback port that was free a moment ago.

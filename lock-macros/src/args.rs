@@ -1,0 +1,186 @@
+//! The attribute's arguments: `key = "..."`, `ttl = "30s"`, `wait = "5s"`,
+//! `renew = false`, `fencing = true`.
+
+use proc_macro2::Span;
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{Expr, ExprLit, Ident, Lit, LitBool, LitStr, Token};
+
+use crate::duration;
+use crate::errors::{Errors, backticked, closest};
+
+const ARGUMENTS: [&str; 5] = ["key", "ttl", "wait", "renew", "fencing"];
+
+/// The longest `wait` accepted: a longer one is almost always a unit typo
+/// (`"5000s"` for `"5000ms"`), and a caller stuck that long is an outage.
+pub(crate) const MAX_WAIT_MS: u64 = 3_600_000;
+/// The longest lease accepted: past a day, a renewed lease gains nothing and
+/// a fixed one outlives any crash it should cover.
+pub(crate) const MAX_TTL_MS: u64 = 86_400_000;
+
+/// A duration argument: its value and the literal it came from.
+#[derive(Debug, Clone)]
+pub(crate) struct DurationArg {
+    pub(crate) millis: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Args {
+    pub(crate) key: Option<LitStr>,
+    pub(crate) ttl: Option<DurationArg>,
+    pub(crate) wait: Option<DurationArg>,
+    pub(crate) renew: Option<bool>,
+    pub(crate) fencing: Option<bool>,
+}
+
+/// `name = value`, before its meaning is checked.
+struct RawArg {
+    name: Ident,
+    value: Expr,
+}
+
+impl Parse for RawArg {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let name = Ident::parse_any(input).map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                format!("expected an argument name: {}", backticked(ARGUMENTS)),
+            )
+        })?;
+        input.parse::<Token![=]>().map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                format!("expected `=` after `{name}`: write `{name} = ...`"),
+            )
+        })?;
+        Ok(RawArg {
+            name,
+            value: input.parse()?,
+        })
+    }
+}
+
+impl Args {
+    /// Parses and checks the arguments into `errors`, returning what was
+    /// valid so that the rest of the attribute can still be checked.
+    pub(crate) fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Args {
+        let mut args = Args::default();
+        let raw = match syn::parse::Parser::parse2(Punctuated::<RawArg, Token![,]>::parse_terminated, tokens)
+        {
+            Ok(raw) => raw,
+            Err(error) => {
+                errors.push(error);
+                return args;
+            }
+        };
+        let mut seen: Vec<String> = Vec::new();
+        for RawArg { name, value } in raw {
+            let label = name.to_string();
+            if seen.contains(&label) {
+                errors.push_at(name.span(), format!("duplicate `{label}` argument: give it once"));
+                continue;
+            }
+            seen.push(label.clone());
+            match label.as_str() {
+                "key" => args.key = string_arg(&label, &value, errors),
+                "ttl" => args.ttl = duration_arg(&label, &value, errors),
+                "wait" => args.wait = duration_arg(&label, &value, errors),
+                "renew" => args.renew = bool_arg(&label, &value, errors),
+                "fencing" => args.fencing = bool_arg(&label, &value, errors),
+                other => {
+                    let hint = closest(other, ARGUMENTS)
+                        .map(|c| format!("did you mean `{c}`? "))
+                        .unwrap_or_default();
+                    errors.push_at(
+                        name.span(),
+                        format!(
+                            "unknown argument `{other}`; {hint}arguments are {}",
+                            backticked(ARGUMENTS)
+                        ),
+                    );
+                }
+            }
+        }
+        if args.key.is_none() && !seen.iter().any(|s| s == "key") {
+            errors.push_at(
+                Span::call_site(),
+                "missing `key`: write `#[distributed_lock(key = \"name:<param>\")]`",
+            );
+        }
+        args
+    }
+}
+
+fn literal(value: &Expr) -> Option<&Lit> {
+    match value {
+        Expr::Lit(ExprLit { lit, .. }) => Some(lit),
+        Expr::Group(group) => literal(&group.expr),
+        _ => None,
+    }
+}
+
+fn string_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<LitStr> {
+    match literal(value) {
+        Some(Lit::Str(s)) => Some(s.clone()),
+        _ => {
+            errors.push(syn::Error::new_spanned(
+                value,
+                format!("`{name}` must be a string literal, e.g. `{name} = \"order:<order_id>\"`"),
+            ));
+            None
+        }
+    }
+}
+
+fn bool_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<bool> {
+    match literal(value) {
+        Some(Lit::Bool(LitBool { value, .. })) => Some(*value),
+        _ => {
+            errors.push(syn::Error::new_spanned(
+                value,
+                format!("`{name}` must be `true` or `false`"),
+            ));
+            None
+        }
+    }
+}
+
+fn duration_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<DurationArg> {
+    let Some(Lit::Str(text)) = literal(value) else {
+        errors.push(syn::Error::new_spanned(
+            value,
+            format!(
+                "`{name}` must be a string such as `{name} = \"30s\"`; {}",
+                duration::GRAMMAR
+            ),
+        ));
+        return None;
+    };
+    let millis = match duration::parse_millis(&text.value()) {
+        Ok(ms) => ms,
+        Err(reason) => {
+            errors.push_at(text.span(), format!("invalid `{name}`: {reason}"));
+            return None;
+        }
+    };
+    let problem = match name {
+        "ttl" if millis == 0 => {
+            Some("`ttl` must be at least 1ms: a zero lease expires as it is taken".to_owned())
+        }
+        "ttl" if millis > MAX_TTL_MS => Some(format!(
+            "`ttl` of {} is over the 24h limit; leases that long outlive the crashes they should cover",
+            text.value()
+        )),
+        "wait" if millis > MAX_WAIT_MS => Some(format!(
+            "`wait` of {} is over the 1h limit, which is likely a unit typo (`ms` for `s`?)",
+            text.value()
+        )),
+        _ => None,
+    };
+    if let Some(problem) = problem {
+        errors.push_at(text.span(), problem);
+        return None;
+    }
+    Some(DurationArg { millis })
+}

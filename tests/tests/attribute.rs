@@ -1,0 +1,240 @@
+//! `#[distributed_lock]` used exactly as users write it, against a real
+//! `redis-server`. The global client is installed before `main` because a
+//! `#[distributed_lock] #[tokio::test]` function takes its lock before its
+//! first line runs.
+#![allow(unsafe_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use lock_runtime::{LockError, distributed_lock, fencing_token};
+use lock_tests::{RedisServer, install_global_client};
+
+// SAFETY: runs before `main`; it only spawns a thread and a child process
+// and waits for them, touching no state that `main` sets up.
+#[ctor::ctor(unsafe)]
+fn install() {
+    install_global_client();
+}
+
+fn redis() -> &'static RedisServer {
+    install_global_client()
+}
+
+fn held(key: &str) -> bool {
+    redis().query::<i64>(redis::cmd("EXISTS").arg(format!("lock:{{{key}}}"))) == 1
+}
+
+#[derive(Debug)]
+enum ShopError {
+    Lock(LockError),
+    OutOfStock,
+}
+
+impl From<LockError> for ShopError {
+    fn from(e: LockError) -> Self {
+        ShopError::Lock(e)
+    }
+}
+
+#[distributed_lock(key = "stock:<product_id>", ttl = "30s", wait = "5s")]
+async fn deduct_stock(product_id: u64, qty: u32) -> Result<u32, ShopError> {
+    assert!(held(&format!("stock:{product_id}")));
+    let left = check_stock(product_id).await?;
+    left.checked_sub(qty).ok_or(ShopError::OutOfStock)
+}
+
+/// A different function on the same rendered key: called from inside
+/// `deduct_stock`, it must re-enter instead of waiting for itself.
+#[distributed_lock(key = "stock:<id>")]
+async fn check_stock(id: u64) -> Result<u32, ShopError> {
+    assert!(held(&format!("stock:{id}")));
+    Ok(u32::try_from(id % 10).unwrap_or(0))
+}
+
+#[tokio::test]
+async fn nested_functions_on_one_key_reenter_and_errors_flow_through_question_mark() {
+    assert_eq!(deduct_stock(7, 3).await.expect("in stock"), 4);
+    assert!(!held("stock:7"));
+    // `?` on the inner call's error, and the function's own error, both
+    // leave the lock released.
+    assert!(matches!(deduct_stock(3, 5).await, Err(ShopError::OutOfStock)));
+    assert!(!held("stock:3"));
+}
+
+#[distributed_lock(key = "cart:<user>")]
+async fn checkout(user: String, product_id: u64) -> Result<u32, ShopError> {
+    assert!(held(&format!("cart:{user}")));
+    // The key was rendered before the body, so the body may move `user`.
+    drop(user);
+    deduct_stock(product_id, 1).await
+}
+
+#[tokio::test]
+async fn different_keys_nest() {
+    assert_eq!(checkout("ann".into(), 9).await.expect("nested"), 8);
+    assert!(!held("cart:ann") && !held("stock:9"));
+}
+
+#[distributed_lock(key = "report:<day>", wait = "50ms")]
+async fn daily_report(day: u32) -> Result<u32, ShopError> {
+    Ok(day)
+}
+
+#[tokio::test]
+async fn a_held_lock_times_out_into_the_users_error_type() {
+    let guard = lock_runtime::LockClient::connect(&redis().url())
+        .await
+        .expect("second client")
+        .lock("report:1")
+        .acquire()
+        .await
+        .expect("held by another client");
+    match daily_report(1).await {
+        Err(ShopError::Lock(LockError::Timeout { key, .. })) => assert_eq!(key, "report:1"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    guard.release().await.expect("release");
+    assert_eq!(daily_report(1).await.expect("free again"), 1);
+}
+
+#[distributed_lock(key = "panicky:<n>")]
+async fn panicky(n: u32) -> Result<u32, ShopError> {
+    if n > 0 {
+        panic!("refund failed for {n}");
+    }
+    Ok(n)
+}
+
+#[tokio::test]
+async fn a_panic_inside_an_annotated_fn_releases_and_keeps_its_payload() {
+    let err = tokio::spawn(panicky(3)).await.expect_err("panics");
+    assert_eq!(
+        err.into_panic().downcast_ref::<String>().map(String::as_str),
+        Some("refund failed for 3")
+    );
+    assert!(!held("panicky:3"));
+}
+
+struct Shop {
+    id: u64,
+    sold: AtomicUsize,
+    last: u32,
+}
+
+impl Shop {
+    #[distributed_lock(key = "shop:<self.id>")]
+    async fn sell(&self, qty: usize) -> Result<usize, ShopError> {
+        assert!(held(&format!("shop:{}", self.id)));
+        Ok(self.sold.fetch_add(qty, Ordering::SeqCst) + qty)
+    }
+
+    #[distributed_lock(key = "shop:<self.id>:last")]
+    async fn record(&mut self, qty: u32) -> Result<u32, ShopError> {
+        assert!(held(&format!("shop:{}:last", self.id)));
+        self.last = qty;
+        Ok(self.last)
+    }
+
+    #[distributed_lock(key = "shop:<self.id>", fencing = true, renew = false, ttl = "10s")]
+    async fn fenced(self: Arc<Self>) -> Result<u64, ShopError> {
+        let pttl: i64 = redis().query(redis::cmd("PTTL").arg(format!("lock:{{shop:{}}}", self.id)));
+        assert!(pttl > 0 && pttl <= 10_000, "ttl not applied: {pttl}");
+        Ok(fencing_token().expect("fencing = true issues a token"))
+    }
+}
+
+#[tokio::test]
+async fn methods_lock_on_their_fields() {
+    let mut shop = Shop {
+        id: 5,
+        sold: AtomicUsize::new(0),
+        last: 0,
+    };
+    assert_eq!(shop.sell(2).await.expect("sell"), 2);
+    assert_eq!(shop.record(4).await.expect("record"), 4);
+    let shop = Arc::new(shop);
+    let first = Arc::clone(&shop).fenced().await.expect("fenced");
+    let second = shop.fenced().await.expect("fenced");
+    assert!(
+        second > first,
+        "fencing tokens must increase: {first} then {second}"
+    );
+    assert!(!held("shop:5"));
+}
+
+#[distributed_lock(key = "generic:<id>")]
+async fn generic<K>(id: K, seen: impl Into<String>) -> Result<String, ShopError>
+where
+    K: std::fmt::Display + Send,
+{
+    assert!(held(&format!("generic:{id}")));
+    Ok(seen.into())
+}
+
+struct Order {
+    shop: String,
+    id: u64,
+}
+
+#[distributed_lock(key = "order:<shop>:<id>")]
+async fn pay(Order { shop, id }: Order) -> Result<u64, ShopError> {
+    assert!(held(&format!("order:{shop}:{id}")));
+    Ok(id)
+}
+
+trait Inventory {
+    async fn restock(&self, product_id: u64) -> Result<u64, ShopError>;
+}
+
+struct Warehouse;
+
+impl Inventory for Warehouse {
+    #[distributed_lock(key = "restock:<product_id>")]
+    async fn restock(&self, product_id: u64) -> Result<u64, ShopError> {
+        assert!(held(&format!("restock:{product_id}")));
+        Ok(product_id)
+    }
+}
+
+#[tokio::test]
+async fn generic_destructured_and_trait_impl_shapes_lock() {
+    assert_eq!(generic(11_u8, "x").await.expect("generic"), "x");
+    assert_eq!(
+        pay(Order {
+            shop: "s".into(),
+            id: 2
+        })
+        .await
+        .expect("pay"),
+        2
+    );
+    assert_eq!(Warehouse.restock(4).await.expect("restock"), 4);
+}
+
+#[tracing::instrument]
+#[distributed_lock(key = "traced:<n>")]
+async fn traced_outside(n: u32) -> Result<u32, ShopError> {
+    assert!(held(&format!("traced:{n}")));
+    Ok(n)
+}
+
+#[distributed_lock(key = "traced:<n>")]
+#[tracing::instrument]
+async fn traced_inside(n: u32) -> Result<u32, ShopError> {
+    assert!(held(&format!("traced:{n}")));
+    Ok(n)
+}
+
+#[tokio::test]
+async fn stacks_with_tracing_instrument_in_either_order() {
+    assert_eq!(traced_outside(1).await.expect("outside"), 1);
+    assert_eq!(traced_inside(2).await.expect("inside"), 2);
+}
+
+#[distributed_lock(key = "suite:stacked")]
+#[tokio::test]
+async fn stacks_with_tokio_test() -> Result<(), ShopError> {
+    assert!(held("suite:stacked"));
+    Ok(())
+}

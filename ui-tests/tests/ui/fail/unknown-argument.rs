@@ -1,0 +1,16 @@
+use lock_runtime::{distributed_lock, LockError};
+
+#[derive(Debug)]
+pub struct ShopError;
+
+impl From<LockError> for ShopError {
+    fn from(_: LockError) -> Self {
+        ShopError
+    }
+}
+
+#[distributed_lock(key = "stock:<product_id>", tll = "30s")]
+async fn deduct_stock(product_id: u64) -> Result<u64, ShopError> {
+    Ok(product_id)
+}
+fn main() {}
