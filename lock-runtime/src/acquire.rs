@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
+use tracing::Instrument;
 
 use crate::backend::{AcquireReply, AcquireRequest, Backend};
 use crate::client::ClientInner;
@@ -22,6 +23,20 @@ use crate::spec::LockOptions;
 use crate::{LockError, holder};
 
 pub(crate) async fn acquire(
+    client: &Arc<ClientInner>,
+    key: LockKey,
+    opts: &LockOptions,
+) -> Result<Lease, LockError> {
+    let span = tracing::debug_span!(
+        "lock_acquire",
+        key = %key.name,
+        ttl_ms = millis(opts.ttl),
+        wait_ms = millis(opts.wait)
+    );
+    acquire_within_wait(client, key, opts).instrument(span).await
+}
+
+async fn acquire_within_wait(
     client: &Arc<ClientInner>,
     key: LockKey,
     opts: &LockOptions,
