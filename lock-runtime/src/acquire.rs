@@ -18,7 +18,7 @@ use tracing::Instrument;
 use crate::backend::{AcquireReply, AcquireRequest, Backend};
 use crate::client::ClientInner;
 use crate::key::LockKey;
-use crate::lease::{Lease, LeaseState, millis, validity_deadline};
+use crate::lease::{Lease, LeaseState, drift, millis, validity_deadline};
 use crate::spec::LockOptions;
 use crate::{LockError, holder};
 
@@ -41,6 +41,17 @@ async fn acquire_within_wait(
     key: LockKey,
     opts: &LockOptions,
 ) -> Result<Lease, LockError> {
+    if opts.ttl <= drift(opts.ttl) {
+        return Err(LockError::InvalidConfig {
+            node: client.node.clone(),
+            reason: format!(
+                "a ttl of {}ms for lock `{}` leaves no validity after the {}ms clock-drift allowance; use at least 3ms",
+                millis(opts.ttl),
+                key.name,
+                millis(drift(opts.ttl))
+            ),
+        });
+    }
     let started = Instant::now();
     let give_up_at = started + opts.wait;
     let mut pending = Pending {
@@ -70,6 +81,7 @@ async fn acquire_within_wait(
             .unwrap_or_else(|_| Err(client.timed_out(&pending.key, "acquire")));
 
         let mut sleep_cap = None;
+        let mut retry_now = false;
         let outcome = match attempt {
             Ok(AcquireReply::Acquired { token }) => {
                 let deadline = validity_deadline(sent, opts.ttl);
@@ -80,7 +92,9 @@ async fn acquire_within_wait(
                     return Ok(Lease::new(Arc::new(state)));
                 }
                 // The reply came back after the lease could already have
-                // expired on the server, so the lock is useless: give it back.
+                // expired on the server, so the lock is useless: give it back
+                // before the next attempt, which reuses this holder id and
+                // would otherwise find the lock "already mine".
                 pending.settle().await;
                 Outcome::Failed(LockError::backend(
                     &client.node,
@@ -102,23 +116,27 @@ async fn acquire_within_wait(
                     no_expiry: pttl.is_none(),
                 }
             }
-            Err(failure) if failure.transient => Outcome::Failed(failure.error),
+            Err(failure) if failure.transient => {
+                // A first attempt that met a broken connection is not a real
+                // try: the client reconnects on that error, so try again now.
+                retry_now = attempts == 1 && failure.reconnecting;
+                Outcome::Failed(failure.error)
+            }
             Err(failure) => {
                 // Refused outright (a foreign value, a bad argument): this
-                // attempt wrote nothing, but an earlier one may have.
+                // attempt wrote nothing, but an earlier one may have, in which
+                // case Drop gives it back.
                 pending.in_doubt = doubt_before;
-                pending.settle().await;
                 tracing::debug!(key = %pending.key.name, error = %failure.error, "lock not acquired");
                 return Err(failure.error);
             }
         };
 
         let now = Instant::now();
-        // A first attempt that hit a dropped connection is not a real try:
-        // the connection manager reconnects on that error, so try once more.
-        let retry_now = attempts == 1 && matches!(outcome, Outcome::Failed(_));
         if now >= give_up_at && !retry_now {
-            pending.settle().await;
+            // Anything still in doubt is given back by Drop from a spawned
+            // task: its release is queued behind our attempts on the same
+            // connection, and waiting for it would overrun `wait`.
             let error = match outcome {
                 Outcome::Held { no_expiry } => LockError::Timeout {
                     key: pending.key.name.clone(),
@@ -176,8 +194,7 @@ impl Pending {
         (std::mem::take(&mut self.key), std::mem::take(&mut self.holder))
     }
 
-    /// Ends the acquisition without the lock. The release is awaited here so
-    /// that the caller's next acquisition cannot overtake it.
+    /// Gives back a lock an attempt may hold, before the next attempt is sent.
     async fn settle(&mut self) {
         if !self.in_doubt {
             return;

@@ -50,6 +50,7 @@ impl ClientInner {
                 ),
             ),
             transient: true,
+            reconnecting: false,
         }
     }
 }

@@ -33,8 +33,9 @@ pub(crate) async fn run_with<F: Future>(
     if let Some(held) = holder::find(client, &key) {
         held.extend_to(opts.ttl).await?;
         // The enclosing call watches the lease and releases it; its
-        // cancellation also drops this nested body.
-        return Ok(body.await);
+        // cancellation also drops this nested body. The scope makes this
+        // lock the innermost again, for `fencing_token()`.
+        return Ok(holder::scope(held, body).await);
     }
 
     let lease = acquire::acquire(client, key, &opts).await?;

@@ -265,3 +265,42 @@ async fn a_killed_holder_frees_the_lock_at_its_ttl() {
         .is_some()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_follow_the_innermost_lock_through_reentry() {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    assert_eq!(lock_runtime::fencing_token(), None, "no lock held");
+    let first = locks.lock("ledger").fencing(true).acquire().await.expect("first");
+    let first_token = first.fencing_token().expect("token");
+    first.release().await.expect("release");
+
+    locks
+        .lock("ledger")
+        .fencing(true)
+        .run(async {
+            let ledger = lock_runtime::fencing_token().expect("ledger token");
+            assert!(
+                ledger > first_token,
+                "tokens increase: {first_token} then {ledger}"
+            );
+            locks
+                .lock("audit")
+                .fencing(true)
+                .run(async {
+                    let audit = lock_runtime::fencing_token().expect("audit token");
+                    // Re-entering `ledger` makes it the innermost lock again.
+                    let reentered = locks
+                        .lock("ledger")
+                        .run(async { lock_runtime::fencing_token() })
+                        .await;
+                    assert_eq!(reentered.expect("re-entry"), Some(ledger));
+                    assert_eq!(lock_runtime::fencing_token(), Some(audit));
+                })
+                .await
+                .expect("audit");
+            assert_eq!(lock_runtime::fencing_token(), Some(ledger));
+        })
+        .await
+        .expect("ledger");
+}

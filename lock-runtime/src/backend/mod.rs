@@ -36,6 +36,9 @@ pub(crate) struct Failure {
     /// loading server). A transient failure is also *ambiguous*: the command
     /// may have been applied even though no reply arrived.
     pub(crate) transient: bool,
+    /// The connection broke (rather than timing out): the client reconnects
+    /// on this error, so an immediate second try is worth it.
+    pub(crate) reconnecting: bool,
 }
 
 impl Failure {
@@ -43,6 +46,7 @@ impl Failure {
         Failure {
             error,
             transient: false,
+            reconnecting: false,
         }
     }
 }

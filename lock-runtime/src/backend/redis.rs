@@ -72,9 +72,11 @@ impl RedisBackend {
                 )
             )
             || e.code() == Some("BUSY");
+        let reconnecting = e.is_unrecoverable_error() && !e.is_timeout();
         Failure {
             error: LockError::backend(&self.node, Some(&key.name), e),
             transient,
+            reconnecting,
         }
     }
 
