@@ -79,6 +79,27 @@ async fn a_ttl_within_the_drift_allowance_is_refused() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_sockets_and_key_prefixes_work() {
+    let socket = tempfile::tempdir().expect("socket dir");
+    let path = socket.path().join("redis.sock");
+    let path = path.to_str().expect("utf-8 path");
+    let server = RedisServer::start_with(&["--unixsocket", path, "--unixsocketperm", "700"]);
+    let locks = LockClient::builder()
+        .key_prefix("shop:")
+        .connect(&format!("redis+unix://{path}"))
+        .await
+        .expect("connect over the socket");
+    locks
+        .lock("stock:1")
+        .run(async {
+            assert!(exists(&server, "shop:{stock:1}"));
+        })
+        .await
+        .expect("lock over the socket");
+    assert!(!exists(&server, "shop:{stock:1}"));
+}
+
 #[tokio::test]
 async fn bad_urls_are_config_errors_without_the_password() {
     for url in [
