@@ -13,13 +13,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
+use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::backend::{AcquireReply, AcquireRequest, Backend};
 use crate::client::ClientInner;
 use crate::key::LockKey;
-use crate::lease::{Lease, LeaseState, drift, millis, validity_deadline};
+use crate::lease::{Lease, LeaseState, drift, is_usable, millis, stop_margin, validity_deadline};
 use crate::spec::LockOptions;
+use crate::waiter::{POLL, Watch};
 use crate::{LockError, holder};
 
 pub(crate) async fn acquire(
@@ -41,14 +43,15 @@ async fn acquire_within_wait(
     key: LockKey,
     opts: &LockOptions,
 ) -> Result<Lease, LockError> {
-    if opts.ttl <= drift(opts.ttl) {
+    if !is_usable(opts.ttl) {
         return Err(LockError::InvalidConfig {
             node: client.node.clone(),
             reason: format!(
-                "a ttl of {}ms for lock `{}` leaves no validity after the {}ms clock-drift allowance; use at least 3ms",
+                "a ttl of {}ms for lock `{}` leaves no time after the {}ms clock-drift allowance and the {}ms stop margin; use at least 8ms",
                 millis(opts.ttl),
                 key.name,
-                millis(drift(opts.ttl))
+                millis(drift(opts.ttl)),
+                millis(stop_margin(opts.ttl))
             ),
         });
     }
@@ -63,9 +66,20 @@ async fn acquire_within_wait(
     let config = &client.config;
     let mut backoff = config.retry_min;
     let mut attempts = 0u32;
+    // Subscribed to the lock's release channel once the first attempt finds
+    // it held and there is time left to wait.
+    let mut watch: Option<Watch> = None;
 
     loop {
         attempts += 1;
+        // Registered before the attempt, so that a release between its reply
+        // and our sleep still wakes us.
+        let released = watch.as_ref().map(|w| w.notify.clone());
+        let released = released.as_deref().map(Notify::notified);
+        let mut released = std::pin::pin!(released);
+        if let Some(r) = released.as_mut().as_pin_mut() {
+            r.enable();
+        }
         let sent = Instant::now();
         let request = AcquireRequest {
             key: &pending.key,
@@ -84,12 +98,22 @@ async fn acquire_within_wait(
         let mut retry_now = false;
         let outcome = match attempt {
             Ok(AcquireReply::Acquired { token }) => {
-                let deadline = validity_deadline(sent, opts.ttl);
-                if Instant::now() < deadline {
+                let cutoff = validity_deadline(sent, opts.ttl) - stop_margin(opts.ttl);
+                if Instant::now() < cutoff {
                     let (key, holder) = pending.take();
                     tracing::debug!(key = %key.name, waited_ms = millis(started.elapsed()), attempts, "lock acquired");
-                    let state = LeaseState::new(Arc::clone(client), key, holder, token, opts.ttl, sent);
-                    return Ok(Lease::new(Arc::new(state)));
+                    let state = Arc::new(LeaseState::new(
+                        Arc::clone(client),
+                        key,
+                        holder,
+                        token,
+                        opts.ttl,
+                        sent,
+                    ));
+                    if opts.renew {
+                        client.watchdog.watch(client, &state);
+                    }
+                    return Ok(Lease::new(state));
                 }
                 // The reply came back after the lease could already have
                 // expired on the server, so the lock is useless: give it back
@@ -149,14 +173,33 @@ async fn acquire_within_wait(
             return Err(error);
         }
 
-        if !retry_now {
-            let mut pause = jitter(backoff).min(give_up_at.saturating_duration_since(now));
-            if let Some(pttl) = sleep_cap {
-                pause = pause.min(pttl.max(Duration::from_millis(1)));
-            }
-            tokio::time::sleep(pause).await;
+        if retry_now {
+            continue;
         }
-        backoff = (backoff * 2).min(config.retry_max);
+        if watch.is_none() && matches!(outcome, Outcome::Held { .. }) {
+            watch = Some(client.notifier.watch(&pending.key.channel).await);
+            // The release may have come while we subscribed: look again now.
+            continue;
+        }
+        let mut pause = give_up_at.saturating_duration_since(now);
+        if let Some(pttl) = sleep_cap {
+            pause = pause.min(pttl.max(Duration::from_millis(1)));
+        }
+        match released.as_pin_mut() {
+            // Subscribed: a release wakes us; the poll only covers lost
+            // messages.
+            Some(released) => {
+                let poll = pause.min(POLL);
+                tokio::select! {
+                    () = released => {}
+                    () = tokio::time::sleep(poll) => {}
+                }
+            }
+            None => {
+                tokio::time::sleep(jitter(backoff).min(pause)).await;
+                backoff = (backoff * 2).min(config.retry_max);
+            }
+        }
     }
 }
 

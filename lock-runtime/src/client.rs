@@ -11,6 +11,8 @@ use crate::backend::redis::RedisBackend;
 use crate::backend::{AnyBackend, Failure};
 use crate::guard::LockRequest;
 use crate::key::{LockKey, validate_prefix};
+use crate::waiter::Notifier;
+use crate::watchdog::Watchdog;
 
 /// A handle to one lock backend. Cheap to clone; clones share connections.
 ///
@@ -32,6 +34,8 @@ pub struct LockClient {
 pub(crate) struct ClientInner {
     pub(crate) backend: AnyBackend,
     pub(crate) config: ClientConfig,
+    pub(crate) watchdog: Watchdog,
+    pub(crate) notifier: Arc<Notifier>,
     /// The node(s) this client talks to, for messages; never with a password.
     pub(crate) node: String,
 }
@@ -175,14 +179,17 @@ impl LockClientBuilder {
         self.check(&crate::backend::redis::redact_url(url))?;
         let backend = RedisBackend::connect(url, &self.config).await?;
         let node = backend.node().to_owned();
-        Ok(self.build(AnyBackend::Redis(backend), node))
+        let notifier = Notifier::new(Some(backend.pubsub_client().clone()));
+        Ok(self.build(AnyBackend::Redis(backend), notifier, node))
     }
 
-    fn build(self, backend: AnyBackend, node: String) -> LockClient {
+    fn build(self, backend: AnyBackend, notifier: Arc<Notifier>, node: String) -> LockClient {
         LockClient {
             inner: Arc::new(ClientInner {
                 backend,
                 config: self.config,
+                watchdog: Watchdog::default(),
+                notifier,
                 node,
             }),
         }

@@ -3,13 +3,13 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::key::LockKey;
 use crate::lease::{Lease, LeaseState};
 use crate::spec::LockSpec;
-use crate::{LockError, acquire, holder, with_lock};
+use crate::{LockError, LostReason, acquire, holder, with_lock};
 
 /// A lock request being configured. Nothing is sent until
 /// [`acquire`](Self::acquire) or [`run`](Self::run).
@@ -111,6 +111,21 @@ impl LockGuard {
     /// its validity deadline not passed.
     pub fn is_held(&self) -> bool {
         self.state.is_held()
+    }
+
+    /// The validity deadline: until then the server holds the lock for this
+    /// holder even if the clocks drift by the allowance. Moves on with every
+    /// confirmed renewal.
+    pub fn valid_until(&self) -> Instant {
+        self.state.deadline()
+    }
+
+    /// Resolves when the lease is lost: the server reported the lock gone or
+    /// taken, or no renewal was confirmed before the validity deadline. Race
+    /// it against your work (`tokio::select!`) to stop before another holder
+    /// can start.
+    pub async fn lost(&self) -> LostReason {
+        self.state.lost().await
     }
 
     /// Releases the lock. `Err(NotHeld)` when it had already expired or been

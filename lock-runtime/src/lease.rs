@@ -1,7 +1,7 @@
 //! One held acquisition: its identity, its validity deadline, and the release
 //! that must happen on every exit path.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,13 @@ pub(crate) struct LeaseState {
     ttl_ms: AtomicU64,
     /// After this instant the server may already have expired the key.
     deadline: Mutex<Instant>,
+    /// When the watchdog should renew next (unused with `renew = false`).
+    next_renewal: Mutex<Instant>,
+    /// Released (or being released): the watchdog must leave it alone.
     ended: AtomicBool,
+    /// 0 while trusted, else a `LostReason` code: set once, never cleared.
+    lost: AtomicU8,
+    lost_signal: tokio::sync::Notify,
 }
 
 impl LeaseState {
@@ -47,7 +53,62 @@ impl LeaseState {
             token,
             ttl_ms: AtomicU64::new(millis(ttl)),
             deadline: Mutex::new(validity_deadline(sent, ttl)),
+            next_renewal: Mutex::new(sent + renewal_interval(ttl)),
             ended: AtomicBool::new(false),
+            lost: AtomicU8::new(0),
+            lost_signal: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn next_renewal(&self) -> Instant {
+        *self.next_renewal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn set_next_renewal(&self, at: Instant) {
+        *self.next_renewal.lock().unwrap_or_else(PoisonError::into_inner) = at;
+    }
+
+    /// Whether the watchdog should keep renewing this lease.
+    pub(crate) fn is_live(&self) -> bool {
+        !self.ended.load(Ordering::Acquire) && self.lost.load(Ordering::Acquire) == 0
+    }
+
+    /// A renewal sent at `sent` for `ttl` was confirmed by the server. A
+    /// lease already declared lost stays lost: its body is gone.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        if !self.is_live() {
+            return;
+        }
+        self.confirm(sent, ttl);
+        self.set_next_renewal(sent + renewal_interval(ttl));
+    }
+
+    /// The server no longer holds the lock for us: tell the body now rather
+    /// than at the deadline.
+    pub(crate) fn mark_lost(&self, reason: LostReason) {
+        let code = match reason {
+            LostReason::Expired => 1,
+            LostReason::TakenOver => 2,
+        };
+        if self
+            .lost
+            .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            tracing::warn!(key = %self.key.name, %reason, "lock lost");
+            self.lost_signal.notify_waiters();
+        }
+    }
+
+    fn lost_reason(&self) -> Option<LostReason> {
+        match self.lost.load(Ordering::Acquire) {
+            0 => None,
+            1 => Some(LostReason::Expired),
+            _ => Some(LostReason::TakenOver),
         }
     }
 
@@ -62,19 +123,39 @@ impl LeaseState {
         *d = (*d).max(validity_deadline(sent, ttl));
     }
 
-    /// Whether this holder may still act as the lock's owner.
-    pub(crate) fn is_held(&self) -> bool {
-        !self.ended.load(Ordering::Acquire) && Instant::now() < self.deadline()
+    /// When the body must be stopped: a little before the deadline, because
+    /// a timer fires at or after its instant, never before.
+    fn cutoff(&self) -> Instant {
+        let deadline = self.deadline();
+        deadline.checked_sub(stop_margin(self.ttl())).unwrap_or(deadline)
     }
 
-    /// Resolves once the lease can no longer be trusted. The deadline can
-    /// move while this waits (an extension), so it is re-read after waking.
+    /// Whether this holder may still act as the lock's owner.
+    pub(crate) fn is_held(&self) -> bool {
+        self.is_live() && Instant::now() < self.cutoff()
+    }
+
+    /// Resolves once the lease can no longer be trusted: the server said so,
+    /// or the validity deadline passed without a confirmed renewal. The
+    /// deadline moves while this waits, so it is re-read after every wake.
     pub(crate) async fn lost(&self) -> LostReason {
         loop {
-            let deadline = self.deadline();
-            tokio::time::sleep_until(deadline.into()).await;
-            if Instant::now() >= self.deadline() {
+            let signal = self.lost_signal.notified();
+            let mut signal = std::pin::pin!(signal);
+            // Registered before the checks below, so a loss marked between
+            // them still wakes us.
+            signal.as_mut().enable();
+            if let Some(reason) = self.lost_reason() {
+                return reason;
+            }
+            let cutoff = self.cutoff();
+            if Instant::now() >= cutoff {
+                self.mark_lost(LostReason::Expired);
                 return LostReason::Expired;
+            }
+            tokio::select! {
+                () = signal => {}
+                () = tokio::time::sleep_until(cutoff.into()) => {}
             }
         }
     }
@@ -107,6 +188,9 @@ impl LeaseState {
         match self.client.backend.release(&self.key, &self.holder).await {
             Ok(true) => {
                 tracing::debug!(key = %self.key.name, "lock released");
+                // Waiters in this process retry now, without waiting for the
+                // server's notification to come back.
+                self.client.notifier.wake(&self.key.channel);
                 Ok(())
             }
             Ok(false) => Err(LockError::NotHeld {
@@ -115,6 +199,23 @@ impl LeaseState {
             Err(failure) => Err(failure.error),
         }
     }
+}
+
+/// How long before its deadline a body is stopped: timers fire at or after
+/// their instant, never before, and the task may need a moment to be polled.
+pub(crate) fn stop_margin(ttl: Duration) -> Duration {
+    (ttl / 200).max(Duration::from_millis(5))
+}
+
+/// Whether a lease of `ttl` leaves any time to run a body in.
+pub(crate) fn is_usable(ttl: Duration) -> bool {
+    ttl > drift(ttl) + stop_margin(ttl)
+}
+
+/// The watchdog renews a lease after a third of it, leaving two more
+/// chances before it runs out.
+pub(crate) fn renewal_interval(ttl: Duration) -> Duration {
+    ttl / 3
 }
 
 pub(crate) fn validity_deadline(sent: Instant, ttl: Duration) -> Instant {

@@ -33,6 +33,8 @@ mod holder;
 mod key;
 mod lease;
 mod spec;
+mod waiter;
+mod watchdog;
 mod with_lock;
 
 pub use client::{LockClient, LockClientBuilder, init};

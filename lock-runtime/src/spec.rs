@@ -69,7 +69,6 @@ impl LockSpec {
 pub(crate) struct LockOptions {
     pub(crate) ttl: Duration,
     pub(crate) wait: Duration,
-    #[allow(dead_code, reason = "read by the watchdog")]
     pub(crate) renew: bool,
     pub(crate) fencing: bool,
 }

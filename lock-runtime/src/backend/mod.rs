@@ -78,6 +78,18 @@ pub(crate) trait Backend {
         ttl: Duration,
         extend_only: bool,
     ) -> Result<bool, Failure>;
+
+    /// Sets each lease to its `ttl` from now where its holder still has it,
+    /// in as few round trips as the backend allows. One flag per item.
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<bool>, Failure>;
+}
+
+/// One lease in a watchdog batch.
+#[derive(Debug)]
+pub(crate) struct RenewItem<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) holder: &'a str,
+    pub(crate) ttl: Duration,
 }
 
 /// The backend a [`crate::LockClient`] was built with.
@@ -108,6 +120,12 @@ impl Backend for AnyBackend {
     ) -> Result<bool, Failure> {
         match self {
             AnyBackend::Redis(b) => b.renew(key, holder, ttl, extend_only).await,
+        }
+    }
+
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<bool>, Failure> {
+        match self {
+            AnyBackend::Redis(b) => b.renew_many(items).await,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::{AcquireReply, AcquireRequest, Backend, Failure};
+use super::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem};
 use crate::LockError;
 use crate::client::ClientConfig;
 use crate::key::LockKey;
@@ -19,9 +19,12 @@ use crate::lease::millis;
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/renew.lua")));
+static RENEW_MANY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/renew_many.lua")));
 
 pub(crate) struct RedisBackend {
     conn: ConnectionManager,
+    client: redis::Client,
     node: String,
 }
 
@@ -46,10 +49,10 @@ impl RedisBackend {
             .set_number_of_retries(0)
             .set_connection_timeout(Some(config.command_timeout))
             .set_response_timeout(Some(config.command_timeout));
-        let conn = ConnectionManager::new_with_config(client, manager_config)
+        let conn = ConnectionManager::new_with_config(client.clone(), manager_config)
             .await
             .map_err(|e| LockError::backend(&node, None, redact_error(e, url)))?;
-        Ok(RedisBackend { conn, node })
+        Ok(RedisBackend { conn, client, node })
     }
 
     pub(crate) fn node(&self) -> &str {
@@ -144,6 +147,43 @@ impl Backend for RedisBackend {
             .await
             .map_err(|e| self.failure(key, e))?;
         Ok(renewed == 1)
+    }
+
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<bool>, Failure> {
+        let Some(first) = items.first() else {
+            return Ok(Vec::new());
+        };
+        let mut invocation = RENEW_MANY.prepare_invoke();
+        for item in items {
+            invocation
+                .key(&item.key.redis_key)
+                .arg(item.holder)
+                .arg(millis(item.ttl));
+        }
+        let renewed: Vec<i64> = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(first.key, e))?;
+        if renewed.len() != items.len() {
+            return Err(Failure::permanent(LockError::backend(
+                &self.node,
+                Some(&first.key.name),
+                format!(
+                    "renewal batch of {} answered {} results",
+                    items.len(),
+                    renewed.len()
+                ),
+            )));
+        }
+        Ok(renewed.into_iter().map(|r| r == 1).collect())
+    }
+}
+
+impl RedisBackend {
+    /// A client for a second connection to the same node (the release
+    /// notifications' subscription).
+    pub(crate) fn pubsub_client(&self) -> &redis::Client {
+        &self.client
     }
 }
 

@@ -1,0 +1,32 @@
+-- Renew many leases in one round trip (the watchdog's batch).
+--
+-- KEYS[i]      the lock key of lease i
+-- ARGV[2i-1]   holder id of lease i
+-- ARGV[2i]     new lease length of lease i in milliseconds, an integer >= 1
+--
+-- Returns {r1, r2, ...}: ri is 1 when lease i was renewed, 0 when its key is
+-- gone or held by someone else (that holder has lost the lock).
+--
+-- Every ttl is checked before the first write: a script that fails midway
+-- keeps the renewals it already made.
+
+if #ARGV ~= 2 * #KEYS then
+  return redis.error_reply('ERR expected a holder and a ttl per key')
+end
+for i = 1, #KEYS do
+  local ttl = tonumber(ARGV[2 * i])
+  if not ttl or ttl < 1 or ttl > 1e12 or ttl ~= math.floor(ttl) then
+    return redis.error_reply('ERR bad ttl')
+  end
+end
+
+local renewed = {}
+for i, key in ipairs(KEYS) do
+  if redis.pcall('GET', key) == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', key, ARGV[2 * i])
+    renewed[i] = 1
+  else
+    renewed[i] = 0
+  end
+end
+return renewed

@@ -1,0 +1,220 @@
+//! Waking waiters when a lock is released, instead of only polling.
+//!
+//! Each client keeps one subscription connection. A lock's release channel is
+//! subscribed while at least one local waiter wants it and unsubscribed when
+//! the last one leaves. A release by this process wakes its local waiters
+//! directly; a release elsewhere arrives as a message. Pub/sub delivers at
+//! most once (a dropped connection loses messages), so waiters still re-poll
+//! at `min(remaining lease, POLL)`: a lost message costs latency, never
+//! correctness.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::Notify;
+
+/// The longest a waiter sleeps between attempts while subscribed.
+pub(crate) const POLL: Duration = Duration::from_millis(200);
+
+#[derive(Debug)]
+pub(crate) struct Notifier {
+    channels: Mutex<HashMap<String, Channel>>,
+    /// Serialises SUBSCRIBE/UNSUBSCRIBE so they reach the server in the order
+    /// the waiter counts changed.
+    sink: tokio::sync::Mutex<Option<redis::aio::PubSubSink>>,
+    /// Where to open the subscription connection; `None`: local wake-ups only.
+    transport: Option<redis::Client>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+#[derive(Debug)]
+struct Channel {
+    waiters: usize,
+    notify: Arc<Notify>,
+}
+
+/// A waiter's interest in one channel; dropping it withdraws the interest.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    notifier: Arc<Notifier>,
+    channel: String,
+    pub(crate) notify: Arc<Notify>,
+}
+
+impl Notifier {
+    pub(crate) fn new(transport: Option<redis::Client>) -> Arc<Self> {
+        Arc::new(Notifier {
+            channels: Mutex::new(HashMap::new()),
+            sink: tokio::sync::Mutex::new(None),
+            transport,
+            task: Mutex::new(None),
+        })
+    }
+
+    /// Wakes every local waiter of `channel`.
+    pub(crate) fn wake(&self, channel: &str) {
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = channels.get(channel) {
+            c.notify.notify_waiters();
+        }
+    }
+
+    /// Registers a waiter on `channel`, subscribing if it is the first.
+    /// Returns once the subscription is confirmed (or known to be down).
+    pub(crate) async fn watch(self: &Arc<Self>, channel: &str) -> Watch {
+        let (notify, first) = {
+            let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+            let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
+                waiters: 0,
+                notify: Arc::new(Notify::new()),
+            });
+            entry.waiters += 1;
+            (Arc::clone(&entry.notify), entry.waiters == 1)
+        };
+        if first {
+            self.sync_subscription(channel).await;
+        }
+        Watch {
+            notifier: Arc::clone(self),
+            channel: channel.to_owned(),
+            notify,
+        }
+    }
+
+    fn wanted(&self, channel: &str) -> bool {
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        channels.get(channel).is_some_and(|c| c.waiters > 0)
+    }
+
+    fn wanted_channels(&self) -> Vec<String> {
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        channels.keys().cloned().collect()
+    }
+
+    /// Brings the server's subscription for `channel` in line with whether
+    /// anyone here waits on it, connecting first if needed. On failure the
+    /// connection is dropped, to be opened again by the next change; waiters
+    /// poll meanwhile.
+    async fn sync_subscription(self: &Arc<Self>, channel: &str) {
+        let mut slot = self.sink.lock().await;
+        let Some(sink) = slot.as_mut() else {
+            // A new connection subscribes to every wanted channel, this one
+            // included.
+            if let Some(stream) = self.connect(&mut slot).await {
+                let reader = tokio::spawn(read_notifications(Arc::downgrade(self), stream));
+                if let Some(old) = self
+                    .task
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .replace(reader)
+                {
+                    old.abort();
+                }
+            }
+            return;
+        };
+        let result = if self.wanted(channel) {
+            sink.subscribe(channel).await
+        } else {
+            sink.unsubscribe(channel).await
+        };
+        if let Err(e) = result {
+            tracing::debug!(%channel, error = %e, "subscription change failed; waiters poll");
+            *slot = None;
+        }
+    }
+
+    /// Opens the subscription connection and subscribes to every wanted
+    /// channel; returns the stream of its messages.
+    async fn connect(&self, slot: &mut Option<redis::aio::PubSubSink>) -> Option<redis::aio::PubSubStream> {
+        let client = self.transport.as_ref()?;
+        let pubsub = match client.get_async_pubsub().await {
+            Ok(pubsub) => pubsub,
+            Err(e) => {
+                tracing::debug!(error = %e, "subscription connection failed; waiters poll");
+                return None;
+            }
+        };
+        let (mut sink, stream) = pubsub.split();
+        let wanted = self.wanted_channels();
+        if !wanted.is_empty()
+            && let Err(e) = sink.subscribe(&wanted).await
+        {
+            tracing::debug!(error = %e, "subscribe failed; waiters poll");
+            return None;
+        }
+        *slot = Some(sink);
+        Some(stream)
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.get_mut().unwrap_or_else(PoisonError::into_inner).take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let last = {
+            let mut channels = self
+                .notifier
+                .channels
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match channels.get_mut(&self.channel) {
+                Some(c) => {
+                    c.waiters -= 1;
+                    let last = c.waiters == 0;
+                    if last {
+                        channels.remove(&self.channel);
+                    }
+                    last
+                }
+                None => false,
+            }
+        };
+        if last && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let notifier = Arc::clone(&self.notifier);
+            let channel = std::mem::take(&mut self.channel);
+            runtime.spawn(async move { notifier.sync_subscription(&channel).await });
+        }
+    }
+}
+
+/// Turns messages into wake-ups; when the connection drops, reconnects for
+/// as long as anyone waits.
+async fn read_notifications(notifier: Weak<Notifier>, mut stream: redis::aio::PubSubStream) {
+    loop {
+        while let Some(message) = stream.next().await {
+            let Some(strong) = notifier.upgrade() else {
+                return;
+            };
+            strong.wake(message.get_channel_name());
+        }
+        // Messages sent while disconnected are lost; waiters poll meanwhile.
+        let mut backoff = Duration::from_millis(10);
+        stream = loop {
+            let Some(strong) = notifier.upgrade() else {
+                return;
+            };
+            let mut slot = strong.sink.lock().await;
+            *slot = None;
+            if strong.wanted_channels().is_empty() {
+                // Nobody waits: the next waiter connects.
+                return;
+            }
+            if let Some(stream) = strong.connect(&mut slot).await {
+                break stream;
+            }
+            drop(slot);
+            drop(strong);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(POLL);
+        };
+    }
+}

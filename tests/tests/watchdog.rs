@@ -1,0 +1,207 @@
+//! Lease renewal and the lost-lock signal, against a real `redis-server`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError, LostReason};
+use lock_tests::{RedisServer, commands_between, eventually};
+
+async fn client(server: &RedisServer) -> LockClient {
+    LockClient::connect(&server.url()).await.expect("connect")
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    server.query::<i64>(redis::cmd("EXISTS").arg(key)) == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_keeps_a_lock_for_three_times_its_ttl() {
+    let server = RedisServer::start();
+    let holder = client(&server).await;
+    let rival = client(&server).await;
+    let ttl = Duration::from_millis(300);
+    let holding = Arc::new(AtomicBool::new(false));
+
+    let body = {
+        let holding = Arc::clone(&holding);
+        async move {
+            holding.store(true, Ordering::SeqCst);
+            tokio::time::sleep(ttl * 3).await;
+            holding.store(false, Ordering::SeqCst);
+        }
+    };
+    let run = holder.lock("long-job").ttl(ttl).run(body);
+    let contender = async {
+        // Let the holder in first.
+        eventually(Duration::from_secs(1), || holding.load(Ordering::SeqCst)).await;
+        let guard = rival
+            .lock("long-job")
+            .wait(Duration::from_secs(3))
+            .acquire()
+            .await
+            .expect("the rival gets it after the release");
+        assert!(
+            !holding.load(Ordering::SeqCst),
+            "the rival got in while the body ran"
+        );
+        guard.release().await.expect("release");
+    };
+    let (ran, ()) = tokio::join!(run, contender);
+    ran.expect("the renewed lock was never lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_lease_expires_at_its_ttl() {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    let guard = locks
+        .lock("fixed")
+        .ttl(Duration::from_millis(400))
+        .renew(false)
+        .acquire()
+        .await
+        .expect("acquire");
+    let start = Instant::now();
+    let gone = eventually(Duration::from_secs(2), || !exists(&server, "lock:{fixed}"))
+        .await
+        .expect("the key expires");
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "expired early: {gone:?}"
+    );
+    assert!(!guard.is_held());
+    assert!(matches!(guard.release().await, Err(LockError::NotHeld { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lock_cancels_the_body_within_a_renewal_interval() {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    let ttl = Duration::from_millis(600);
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let run = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .lock("stolen")
+                .ttl(ttl)
+                .run(async {
+                    let _ = entered_tx.send(());
+                    std::future::pending::<()>().await
+                })
+                .await
+        }
+    });
+    entered_rx.await.expect("body entered");
+    server.query::<i64>(redis::cmd("DEL").arg("lock:{stolen}"));
+    let deleted = Instant::now();
+    let err = run.await.expect("join").expect_err("lost");
+    let took = deleted.elapsed();
+    assert!(
+        matches!(err, LockError::Lost { ref key, reason: LostReason::TakenOver } if key == "stolen"),
+        "{err}"
+    );
+    assert!(
+        took < ttl / 3 + Duration::from_millis(100),
+        "lost signalled after {took:?}"
+    );
+}
+
+/// SIGSTOP of the server while a lock is held: renewals go unanswered, so the
+/// holder must stop before its validity deadline, and nobody else may get in
+/// before it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_stops_the_holder_before_its_deadline() {
+    let server = RedisServer::start();
+    let ttl = Duration::from_millis(500);
+    let locks = LockClient::builder()
+        .command_timeout(Duration::from_millis(100))
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    let rival = client(&server).await;
+    let mut slacks_ms = Vec::new();
+    for trial in 0..5 {
+        let key = format!("frozen:{trial}");
+        let stopped_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let guard = locks
+            .lock(key.as_str())
+            .ttl(ttl)
+            .acquire()
+            .await
+            .expect("acquire");
+        // Let at least one renewal through, so D is a renewed deadline.
+        tokio::time::sleep(ttl / 2).await;
+        server.pause();
+        let reason = guard.lost().await;
+        let lost_at = Instant::now();
+        let deadline = guard.valid_until();
+        *stopped_at.lock().expect("not poisoned") = Some(lost_at);
+        assert_eq!(reason, LostReason::Expired);
+        assert!(!guard.is_held());
+        let slack = deadline.saturating_duration_since(lost_at);
+        assert!(
+            lost_at < deadline,
+            "trial {trial}: signalled {:?} after D",
+            lost_at - deadline
+        );
+        slacks_ms.push(slack.as_secs_f64() * 1e3);
+
+        // The rival may only get in after the holder stopped.
+        let rival_run = rival.lock(key.as_str()).wait(Duration::from_secs(5)).acquire();
+        let resume = async {
+            tokio::time::sleep(ttl).await;
+            server.resume();
+        };
+        let (rival_guard, ()) = tokio::join!(rival_run, resume);
+        let rival_guard = rival_guard.expect("the rival gets the lock after the thaw");
+        let entered = Instant::now();
+        assert!(entered > lost_at, "trial {trial}: overlap");
+        rival_guard.release().await.expect("release");
+        drop(guard);
+    }
+    slacks_ms.sort_by(f64::total_cmp);
+    println!(
+        "{{\"lost_slack_ms\":{{\"min\":{:.2},\"p50\":{:.2},\"trials\":{}}}}}",
+        slacks_ms[0],
+        slacks_ms[slacks_ms.len() / 2],
+        slacks_ms.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_leases_renew_in_one_round_trip_per_tick() {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    let ttl = Duration::from_millis(1500);
+    let acquires = (0..1000).map(|i| locks.lock(format!("many:{i}")).ttl(ttl).acquire());
+    let guards = futures_util::future::join_all(acquires).await;
+    let guards: Vec<_> = guards.into_iter().map(|g| g.expect("acquire")).collect();
+
+    let before = server.command_calls();
+    let hold = Duration::from_millis(2000);
+    tokio::time::sleep(hold).await;
+    let sent = commands_between(&before, &server.command_calls());
+    let renewals = sent.get("evalsha").copied().unwrap_or(0);
+    // One tick per renewal interval (ttl/3 = 500ms), plus one for the
+    // acquisitions' spread across two batches.
+    let ticks = (hold.as_millis() / (ttl / 3).as_millis()) as u64 + 1;
+    println!(
+        "{{\"held_locks\":1000,\"hold_ms\":{},\"renewal_commands\":{renewals}}}",
+        hold.as_millis()
+    );
+    assert!(renewals >= 2, "leases were not renewed: {sent:?}");
+    assert!(
+        renewals <= ticks,
+        "{renewals} renewal round trips for {ticks} ticks: {sent:?}"
+    );
+    for guard in &guards {
+        assert!(guard.is_held());
+    }
+    let live: i64 = server.query(&mut redis::cmd("DBSIZE"));
+    assert_eq!(live, 1000, "every lease survived 2s on a 1.5s ttl");
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+}
