@@ -7,6 +7,7 @@ use std::time::Duration;
 use once_cell::sync::OnceCell;
 
 use crate::LockError;
+use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::RedisBackend;
 use crate::backend::{AnyBackend, Failure};
 use crate::guard::LockRequest;
@@ -91,6 +92,17 @@ impl LockClient {
     /// node, with any password redacted.
     pub async fn connect(url: &str) -> Result<LockClient, LockError> {
         LockClient::builder().connect(url).await
+    }
+
+    /// Locks kept in this process: the same semantics as Redis (leases,
+    /// renewal, owner checks, fencing tokens, release wake-ups) for a single
+    /// process. Not distributed: another process never sees these locks. For
+    /// single-process services, and for testing code that takes locks.
+    pub fn in_memory() -> LockClient {
+        LockClientBuilder {
+            config: ClientConfig::default(),
+        }
+        .build_in_memory()
     }
 
     /// Options: key prefix, default ttl and wait, retry backoff, command
@@ -183,6 +195,21 @@ impl LockClientBuilder {
         Ok(self.build(AnyBackend::Redis(backend), notifier, node))
     }
 
+    /// An in-process client with these options; see
+    /// [`LockClient::in_memory`].
+    pub fn in_memory(self) -> Result<LockClient, LockError> {
+        self.check(IN_MEMORY)?;
+        Ok(self.build_in_memory())
+    }
+
+    fn build_in_memory(self) -> LockClient {
+        self.build(
+            AnyBackend::Memory(MemoryBackend::default()),
+            Notifier::new(None),
+            IN_MEMORY.into(),
+        )
+    }
+
     fn build(self, backend: AnyBackend, notifier: Arc<Notifier>, node: String) -> LockClient {
         LockClient {
             inner: Arc::new(ClientInner {
@@ -195,6 +222,9 @@ impl LockClientBuilder {
         }
     }
 }
+
+/// How an in-process client names its "node" in messages.
+const IN_MEMORY: &str = "in-memory";
 
 static GLOBAL: OnceCell<LockClient> = OnceCell::new();
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::LockError;
 use crate::key::LockKey;
 
+pub(crate) mod memory;
 pub(crate) mod redis;
 
 /// One acquisition attempt.
@@ -96,18 +97,21 @@ pub(crate) struct RenewItem<'a> {
 #[derive(Debug)]
 pub(crate) enum AnyBackend {
     Redis(redis::RedisBackend),
+    Memory(memory::MemoryBackend),
 }
 
 impl Backend for AnyBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         match self {
             AnyBackend::Redis(b) => b.acquire(req).await,
+            AnyBackend::Memory(b) => b.acquire(req).await,
         }
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
         match self {
             AnyBackend::Redis(b) => b.release(key, holder).await,
+            AnyBackend::Memory(b) => b.release(key, holder).await,
         }
     }
 
@@ -120,12 +124,14 @@ impl Backend for AnyBackend {
     ) -> Result<bool, Failure> {
         match self {
             AnyBackend::Redis(b) => b.renew(key, holder, ttl, extend_only).await,
+            AnyBackend::Memory(b) => b.renew(key, holder, ttl, extend_only).await,
         }
     }
 
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<bool>, Failure> {
         match self {
             AnyBackend::Redis(b) => b.renew_many(items).await,
+            AnyBackend::Memory(b) => b.renew_many(items).await,
         }
     }
 }

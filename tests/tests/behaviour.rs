@@ -1,0 +1,352 @@
+//! One behaviour suite, two backends: every test here runs against the
+//! in-process backend and against a real `redis-server`, from the same code,
+//! through the public API only.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError, LostReason, fencing_token};
+use lock_tests::RedisServer;
+
+/// A client and whatever it needs kept alive.
+struct Fixture {
+    locks: LockClient,
+    _server: Option<RedisServer>,
+}
+
+async fn in_memory() -> Fixture {
+    Fixture {
+        locks: LockClient::in_memory(),
+        _server: None,
+    }
+}
+
+async fn redis() -> Fixture {
+    let server = RedisServer::start();
+    Fixture {
+        locks: LockClient::connect(&server.url()).await.expect("connect"),
+        _server: Some(server),
+    }
+}
+
+macro_rules! on_both_backends {
+    ($($behaviour:ident),* $(,)?) => {
+        mod in_memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::in_memory().await).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::redis().await).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    mutual_exclusion,
+    structural_reentry,
+    join_siblings_exclude_each_other,
+    spawned_tasks_are_new_holders,
+    every_exit_path_releases,
+    waiting_times_out,
+    fencing_tokens_increase_and_survive_reentry,
+    a_fixed_lease_expires,
+    a_renewed_lease_outlives_its_ttl,
+);
+
+/// Whether a holder other than the caller would be refused `key` right now.
+async fn held_elsewhere(locks: &LockClient, key: &str) -> bool {
+    let locks = locks.clone();
+    let key = key.to_owned();
+    // A spawned task is a holder of its own, never a re-entry.
+    let attempt = tokio::spawn(async move { locks.lock(key).acquire().await });
+    match attempt.await.expect("probe task") {
+        Ok(guard) => {
+            guard.release().await.expect("release probe");
+            false
+        }
+        Err(LockError::Timeout { .. }) => true,
+        Err(other) => panic!("probe failed: {other}"),
+    }
+}
+
+async fn mutual_exclusion(f: Fixture) {
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (locks, counter, inside) = (f.locks.clone(), Arc::clone(&counter), Arc::clone(&inside));
+            tokio::spawn(async move {
+                for _ in 0..100 {
+                    locks
+                        .lock("counter")
+                        .wait(Duration::from_secs(30))
+                        .run(async {
+                            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                            // A read-modify-write that loses updates unless
+                            // the holders exclude each other.
+                            let seen = counter.load(Ordering::SeqCst);
+                            tokio::task::yield_now().await;
+                            counter.store(seen + 1, Ordering::SeqCst);
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                        })
+                        .await
+                        .expect("lock");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 1600);
+}
+
+async fn structural_reentry(f: Fixture) {
+    let locks = &f.locks;
+    fn nest(
+        locks: &LockClient,
+        depth: u32,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = u32> + '_>> {
+        Box::pin(async move {
+            if depth == 0 {
+                return 0;
+            }
+            locks
+                .lock("nested")
+                .run(nest(locks, depth - 1))
+                .await
+                .expect("re-entry")
+                + 1
+        })
+    }
+    let depth = locks
+        .lock("nested")
+        .run(async {
+            assert!(held_elsewhere(locks, "nested").await);
+            nest(locks, 4).await + 1
+        })
+        .await
+        .expect("outer");
+    assert_eq!(depth, 5);
+    assert!(
+        !held_elsewhere(locks, "nested").await,
+        "released when the outermost call ended"
+    );
+}
+
+async fn join_siblings_exclude_each_other(f: Fixture) {
+    let inside = AtomicUsize::new(0);
+    let overlaps = AtomicUsize::new(0);
+    let branch = || async {
+        for _ in 0..20 {
+            f.locks
+                .lock("siblings")
+                .wait(Duration::from_secs(10))
+                .run(async {
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                })
+                .await
+                .expect("lock");
+        }
+    };
+    tokio::join!(branch(), branch());
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+}
+
+async fn spawned_tasks_are_new_holders(f: Fixture) {
+    f.locks
+        .lock("parent")
+        .run(async {
+            let locks = f.locks.clone();
+            let child = tokio::spawn(async move {
+                locks
+                    .lock("parent")
+                    .wait(Duration::from_millis(50))
+                    .run(async {})
+                    .await
+            });
+            let outcome = child.await.expect("join");
+            assert!(matches!(outcome, Err(LockError::Timeout { .. })), "{outcome:?}");
+        })
+        .await
+        .expect("parent");
+}
+
+async fn every_exit_path_releases(f: Fixture) {
+    let locks = &f.locks;
+    let ok: Result<u32, LockError> = locks.lock("exit").run(async { 1 }).await;
+    assert_eq!(ok.expect("ok"), 1);
+    assert!(!held_elsewhere(locks, "exit").await, "after return");
+
+    let err: Result<u32, &str> = locks
+        .lock("exit")
+        .run(async { Err("rejected") })
+        .await
+        .expect("lock");
+    assert_eq!(err, Err("rejected"));
+    assert!(!held_elsewhere(locks, "exit").await, "after an error");
+
+    let panicking = locks.clone();
+    let panicked = tokio::spawn(async move { panicking.lock("exit").run(async { panic!("boom") }).await });
+    let payload = panicked.await.expect_err("panics").into_panic();
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"boom"));
+    assert!(!held_elsewhere(locks, "exit").await, "after a panic");
+
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(50),
+        locks.lock("exit").run(std::future::pending::<()>()),
+    )
+    .await;
+    assert!(dropped.is_err());
+    let freed = eventually_free(locks, "exit").await;
+    assert!(freed, "after the future was dropped");
+
+    let aborted_locks = locks.clone();
+    let task =
+        tokio::spawn(async move { aborted_locks.lock("exit").run(std::future::pending::<()>()).await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    task.abort();
+    let _ = task.await;
+    assert!(eventually_free(locks, "exit").await, "after abort");
+}
+
+/// Released from a spawned task: free within 100 ms.
+async fn eventually_free(locks: &LockClient, key: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_millis(100);
+    while Instant::now() < deadline {
+        if !held_elsewhere(locks, key).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    false
+}
+
+async fn waiting_times_out(f: Fixture) {
+    let guard = f.locks.lock("busy").acquire().await.expect("first");
+    let start = Instant::now();
+    let err = f
+        .locks
+        .lock("busy")
+        .wait(Duration::from_millis(150))
+        .acquire()
+        .await
+        .expect_err("held");
+    assert!(
+        matches!(err, LockError::Timeout { ref key, .. } if key == "busy"),
+        "{err}"
+    );
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    guard.release().await.expect("release");
+    f.locks
+        .lock("busy")
+        .acquire()
+        .await
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+}
+
+async fn fencing_tokens_increase_and_survive_reentry(f: Fixture) {
+    let mut last = 0;
+    for _ in 0..20 {
+        let token = f
+            .locks
+            .lock("fenced")
+            .fencing(true)
+            .run(async {
+                let token = fencing_token().expect("token");
+                let nested = f
+                    .locks
+                    .lock("fenced")
+                    .run(async { fencing_token() })
+                    .await
+                    .expect("re-entry");
+                assert_eq!(nested, Some(token), "re-entry keeps the token");
+                token
+            })
+            .await
+            .expect("lock");
+        assert!(token > last, "{last} then {token}");
+        last = token;
+    }
+}
+
+async fn a_fixed_lease_expires(f: Fixture) {
+    let guard = f
+        .locks
+        .lock("fixed")
+        .ttl(Duration::from_millis(200))
+        .renew(false)
+        .acquire()
+        .await
+        .expect("acquire");
+    assert!(held_elsewhere(&f.locks, "fixed").await);
+    let rival = f.locks.clone();
+    let taken = tokio::spawn(async move {
+        let start = Instant::now();
+        rival
+            .lock("fixed")
+            .wait(Duration::from_secs(2))
+            .acquire()
+            .await
+            .map(|g| (g, start.elapsed()))
+    });
+    let (rival_guard, waited) = taken.await.expect("join").expect("the lease expired");
+    assert!(waited >= Duration::from_millis(100), "got in after {waited:?}");
+    assert!(!guard.is_held());
+    assert!(matches!(guard.release().await, Err(LockError::NotHeld { .. })));
+    rival_guard.release().await.expect("release");
+
+    let err = f
+        .locks
+        .lock("fixed")
+        .ttl(Duration::from_millis(100))
+        .renew(false)
+        .run(std::future::pending::<()>())
+        .await
+        .expect_err("outlived its lease");
+    assert!(
+        matches!(
+            err,
+            LockError::Lost {
+                reason: LostReason::Expired,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+async fn a_renewed_lease_outlives_its_ttl(f: Fixture) {
+    let ttl = Duration::from_millis(150);
+    f.locks
+        .lock("renewed")
+        .ttl(ttl)
+        .run(async {
+            for _ in 0..3 {
+                tokio::time::sleep(ttl).await;
+                assert!(
+                    held_elsewhere(&f.locks, "renewed").await,
+                    "lost its lock while running"
+                );
+            }
+        })
+        .await
+        .expect("never lost");
+}
