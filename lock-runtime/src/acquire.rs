@@ -86,6 +86,8 @@ async fn acquire_within_wait(
             holder: &pending.holder,
             ttl: opts.ttl,
             fencing: opts.fencing,
+            first: attempts == 1,
+            waiting: sent < give_up_at,
         };
         // In doubt from the moment the request may be on the wire: if the
         // caller drops us now, Drop must give back what it may have taken.

@@ -17,18 +17,21 @@ pub(crate) struct LockKey {
     pub(crate) name: String,
     /// `P{K}`: a string holding the holder id, with a PTTL.
     pub(crate) redis_key: String,
-    /// `P{K}:fence`: the fencing counter, without TTL.
-    pub(crate) fence_key: String,
     /// `P{K}:released`: where releases are announced.
     pub(crate) channel: String,
 }
 
 impl LockKey {
+    /// `P{K}:fence`: the fencing counter, without TTL. Built when needed:
+    /// only fenced or contended acquisitions use it.
+    pub(crate) fn fence_key(&self) -> String {
+        format!("{}:fence", self.redis_key)
+    }
+
     pub(crate) fn new(prefix: &str, name: String) -> Result<Self, LockError> {
         validate(&name)?;
         let redis_key = format!("{prefix}{{{name}}}");
         Ok(LockKey {
-            fence_key: format!("{redis_key}:fence"),
             channel: format!("{redis_key}:released"),
             redis_key,
             name,
@@ -118,7 +121,7 @@ mod tests {
     fn layout_shares_one_hash_tag() {
         let k = LockKey::new("lock:", "stock:42".into()).expect("valid key");
         assert_eq!(k.redis_key, "lock:{stock:42}");
-        assert_eq!(k.fence_key, "lock:{stock:42}:fence");
+        assert_eq!(k.fence_key(), "lock:{stock:42}:fence");
         assert_eq!(k.channel, "lock:{stock:42}:released");
     }
 

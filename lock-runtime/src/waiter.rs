@@ -53,11 +53,15 @@ impl Notifier {
         })
     }
 
-    /// Wakes every local waiter of `channel`.
+    /// Wakes one local waiter of `channel`: one release lets one holder in,
+    /// and waking them all would send a herd of attempts that all but one
+    /// lose. If the woken waiter is gone before it looks, tokio hands the
+    /// wake-up to the next one; if it loses to another process, it waits
+    /// for the next release like the rest.
     pub(crate) fn wake(&self, channel: &str) {
         let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(c) = channels.get(channel) {
-            c.notify.notify_waiters();
+            c.notify.notify_one();
         }
     }
 

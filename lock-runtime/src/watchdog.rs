@@ -23,21 +23,47 @@ const BATCH: usize = 1000;
 
 #[derive(Debug, Default)]
 pub(crate) struct Watchdog {
-    leases: Mutex<Vec<Weak<LeaseState>>>,
+    leases: Mutex<Watched>,
     /// Shared with the scheduler task, which must not keep the client alive
     /// while it sleeps.
     wake: Arc<tokio::sync::Notify>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
+/// The watched leases and when the scheduler means to look at them next.
+#[derive(Debug, Default)]
+struct Watched {
+    leases: Vec<Weak<LeaseState>>,
+    /// When the scheduler wakes next; `None` while it sleeps with nothing
+    /// to renew (or has not started).
+    next_wake: Option<Instant>,
+    /// Past this length the list is swept of released leases, so that
+    /// short-lived locks do not pile up between renewal ticks (a dead `Weak`
+    /// still pins its allocation).
+    sweep_above: usize,
+}
+
+/// The list is never swept below this length.
+const MIN_SWEEP: usize = 64;
+
 impl Watchdog {
     /// Starts renewing `lease`. The scheduler task runs on the caller's
     /// runtime, and is started again if that runtime has gone away.
     pub(crate) fn watch(&self, client: &Arc<ClientInner>, lease: &Arc<LeaseState>) {
-        self.leases
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Arc::downgrade(lease));
+        let wake = {
+            let mut watched = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+            watched.leases.push(Arc::downgrade(lease));
+            if watched.leases.len() > watched.sweep_above.max(MIN_SWEEP) {
+                watched
+                    .leases
+                    .retain(|weak| weak.upgrade().is_some_and(|l| l.is_live()));
+                watched.sweep_above = 2 * watched.leases.len();
+            }
+            // Wake the scheduler only if this lease falls due before it
+            // meant to look again: leases of one ttl never do, so a busy
+            // client does not wake it on every acquisition.
+            watched.next_wake.is_none_or(|next| lease.next_renewal() < next)
+        };
         let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
         if task.as_ref().is_none_or(tokio::task::JoinHandle::is_finished)
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
@@ -45,7 +71,9 @@ impl Watchdog {
             *task = Some(runtime.spawn(run(Arc::downgrade(client))));
         }
         drop(task);
-        self.wake.notify_one();
+        if wake {
+            self.wake.notify_one();
+        }
     }
 
     /// The leases to renew now, and when to look again otherwise. Drops
@@ -53,24 +81,32 @@ impl Watchdog {
     fn due(&self, now: Instant) -> (Vec<Arc<LeaseState>>, Option<Instant>) {
         let mut due = Vec::new();
         let mut next: Option<Instant> = None;
-        self.leases
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|weak| {
-                let Some(lease) = weak.upgrade().filter(|l| l.is_live()) else {
-                    return false;
-                };
-                let at = lease.next_renewal();
-                let early = renewal_interval(lease.ttl()) / 4;
-                if at <= now + early {
-                    due.push(lease);
-                } else {
-                    next = Some(next.map_or(at, |n| n.min(at)));
-                }
-                true
-            });
+        let mut watched = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        watched.leases.retain(|weak| {
+            let Some(lease) = weak.upgrade().filter(|l| l.is_live()) else {
+                return false;
+            };
+            // Wake at the first lease that falls due, and take with it every
+            // lease due within `early` after: one batch instead of many.
+            let at = lease.next_renewal();
+            if at <= now + early(lease.ttl()) {
+                due.push(lease);
+            } else {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+            true
+        });
+        watched.sweep_above = 2 * watched.leases.len();
+        // With leases to renew now, the scheduler looks again right after.
+        watched.next_wake = if due.is_empty() { next } else { Some(now) };
         (due, next)
     }
+}
+
+/// How much earlier than planned a lease may be renewed, to share a batch
+/// with leases falling due just before it.
+fn early(ttl: Duration) -> Duration {
+    renewal_interval(ttl) / 4
 }
 
 impl Drop for Watchdog {
@@ -156,5 +192,36 @@ async fn renew_batch(client: &ClientInner, batch: &[Arc<LeaseState>]) {
                 lease.set_next_renewal(now + retry);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LockClient;
+
+    #[tokio::test]
+    async fn released_leases_do_not_pile_up_between_renewals() {
+        let client = LockClient::in_memory();
+        for i in 0..10_000 {
+            let guard = client
+                .lock(format!("short:{i}"))
+                .acquire()
+                .await
+                .expect("acquire");
+            guard.release().await.expect("release");
+        }
+        let watched = client
+            .inner
+            .watchdog
+            .leases
+            .lock()
+            .expect("not poisoned")
+            .leases
+            .len();
+        assert!(
+            watched <= 2 * MIN_SWEEP,
+            "{watched} leases still watched after 10,000 releases"
+        );
     }
 }

@@ -141,7 +141,8 @@ impl RedisServer {
         cmd.query(&mut conn).expect("query test redis")
     }
 
-    fn pid(&self) -> Pid {
+    /// The server's process id.
+    pub fn pid(&self) -> Pid {
         let id = self.child.as_ref().expect("server is running").id();
         Pid::from_raw(i32::try_from(id).expect("pid fits i32"))
     }

@@ -209,13 +209,14 @@ async fn the_acquire_script_validates_before_writing() {
     let script = include_str!("../../lock-runtime/src/scripts/acquire.lua");
     let holder = format!("{}:1", "ab".repeat(16));
     let mut conn = server.sync_connection().expect("connect");
-    for (holder, ttl, fence, says) in [
-        (holder.as_str(), "-5", "0", "bad ttl"),
-        (holder.as_str(), "0", "0", "bad ttl"),
-        (holder.as_str(), "1.5", "0", "bad ttl"),
-        (holder.as_str(), "soon", "1", "bad ttl"),
-        ("not a holder", "1000", "0", "bad holder"),
-        (holder.as_str(), "1000", "yes", "bad fencing"),
+    for (holder, ttl, fence, waiting, says) in [
+        (holder.as_str(), "-5", "0", "0", "bad ttl"),
+        (holder.as_str(), "0", "0", "0", "bad ttl"),
+        (holder.as_str(), "1.5", "0", "0", "bad ttl"),
+        (holder.as_str(), "soon", "1", "0", "bad ttl"),
+        ("not a holder", "1000", "0", "0", "bad holder"),
+        (holder.as_str(), "1000", "yes", "0", "bad fencing"),
+        (holder.as_str(), "1000", "0", "maybe", "bad waiting"),
     ] {
         let err = redis::cmd("EVAL")
             .arg(script)
@@ -225,6 +226,7 @@ async fn the_acquire_script_validates_before_writing() {
             .arg(holder)
             .arg(ttl)
             .arg(fence)
+            .arg(waiting)
             .query::<redis::Value>(&mut conn)
             .expect_err("must be refused");
         assert!(err.to_string().contains(says), "{ttl}/{fence}: {err}");

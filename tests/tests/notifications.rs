@@ -207,3 +207,41 @@ async fn fencing_tokens_strictly_increase_across_three_processes() {
         assert!(pair[0] < pair[1], "token {} followed by {}", pair[0], pair[1]);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_are_announced_only_when_someone_waits() {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    let publishes = || server.command_calls().get("publish").copied().unwrap_or(0);
+    for _ in 0..20 {
+        locks
+            .lock("quiet")
+            .acquire()
+            .await
+            .expect("acquire")
+            .release()
+            .await
+            .expect("release");
+    }
+    assert_eq!(publishes(), 0, "nobody waited, nothing to announce");
+
+    let guard = locks.lock("busy").acquire().await.expect("acquire");
+    let waiter_client = client(&server).await;
+    let waiter = tokio::spawn(async move {
+        waiter_client
+            .lock("busy")
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .map(drop)
+    });
+    until_subscribed(&server, "busy").await;
+    let value: String = server.query(redis::cmd("GET").arg("lock:{busy}"));
+    assert!(
+        value.ends_with("+w"),
+        "the waiter marked the holder's lock: {value}"
+    );
+    guard.release().await.expect("release");
+    waiter.await.expect("join").expect("the waiter got the lock");
+    assert_eq!(publishes(), 1, "the marked release was announced once");
+}

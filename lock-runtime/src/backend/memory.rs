@@ -76,7 +76,7 @@ impl Backend for MemoryBackend {
             }
             // An earlier attempt of this acquisition got it (as in the script).
             lease.expires = now + req.ttl;
-            let token = state.fences.get(&req.key.fence_key).copied().unwrap_or(0);
+            let token = state.fences.get(&req.key.fence_key()).copied().unwrap_or(0);
             return Ok(AcquireReply::Acquired {
                 token: req.fencing.then_some(token),
             });
@@ -92,7 +92,7 @@ impl Backend for MemoryBackend {
             },
         );
         let token = req.fencing.then(|| {
-            let counter = state.fences.entry(req.key.fence_key.clone()).or_insert(0);
+            let counter = state.fences.entry(req.key.fence_key()).or_insert(0);
             *counter += 1;
             *counter
         });
@@ -153,6 +153,8 @@ mod tests {
             holder,
             ttl: Duration::from_millis(ttl_ms),
             fencing,
+            first: true,
+            waiting: false,
         }
     }
 

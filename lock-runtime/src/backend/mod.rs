@@ -17,6 +17,12 @@ pub(crate) struct AcquireRequest<'a> {
     pub(crate) holder: &'a str,
     pub(crate) ttl: Duration,
     pub(crate) fencing: bool,
+    /// The first attempt of an acquisition, which most often finds the lock
+    /// free: a backend may try a cheaper command first.
+    pub(crate) first: bool,
+    /// The caller will wait if the lock is held: the backend should make
+    /// sure the holder's release is announced.
+    pub(crate) waiting: bool,
 }
 
 /// What an acquisition attempt found.

@@ -1,10 +1,13 @@
 -- Take the lock for one holder, in one round trip.
 --
--- KEYS[1]  the lock key `P{K}`: a string holding the holder id, with a PTTL
+-- KEYS[1]  the lock key `P{K}`: a string holding the holder id (followed by
+--          `+w` once someone waits for it), with a PTTL
 -- KEYS[2]  the fence counter `P{K}:fence` (written only when ARGV[3] == '1')
 -- ARGV[1]  holder id, `<hex>:<decimal>`
 -- ARGV[2]  lease length in milliseconds, an integer >= 1
 -- ARGV[3]  '1' to issue a fencing token, '0' not to
+-- ARGV[4]  '1' if the caller will wait for a release: a held lock is then
+--          marked `+w` so that its release is announced; '0' not to
 --
 -- Returns one of
 --   {1, token}      acquired (token 0 when ARGV[3] is '0')
@@ -25,6 +28,9 @@ end
 if ARGV[3] ~= '0' and ARGV[3] ~= '1' then
   return redis.error_reply('ERR bad fencing flag')
 end
+if ARGV[4] ~= '0' and ARGV[4] ~= '1' then
+  return redis.error_reply('ERR bad waiting flag')
+end
 
 if redis.call('SET', KEYS[1], holder, 'NX', 'PX', ttl) then
   if ARGV[3] == '1' then
@@ -38,7 +44,7 @@ if found ~= 'string' then
   return {-1, found}
 end
 local current = redis.call('GET', KEYS[1])
-if current == holder then
+if current == holder or current == holder .. '+w' then
   -- An earlier attempt of this same acquisition was applied but its reply was
   -- lost (timeout, dropped connection): the lock is ours; restart its lease.
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -47,7 +53,14 @@ if current == holder then
   end
   return {1, 0}
 end
-if not string.match(current, '^%x+:%d+$') then
+local marked = string.match(current, '^%x+:%d+%+w$')
+if not marked and not string.match(current, '^%x+:%d+$') then
   return {-1, 'string'}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+local pttl = redis.call('PTTL', KEYS[1])
+-- A key without expiry was not written by a live holder of ours: leave it
+-- untouched. APPEND keeps the key's expiry.
+if ARGV[4] == '1' and not marked and pttl > 0 then
+  redis.call('APPEND', KEYS[1], '+w')
+end
+return {0, pttl}

@@ -15,7 +15,8 @@ end
 if ARGV[3] ~= '0' and ARGV[3] ~= '1' then
   return redis.error_reply('ERR bad extend flag')
 end
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+local current = redis.pcall('GET', KEYS[1])
+if current ~= ARGV[1] and current ~= ARGV[1] .. '+w' then
   return 0
 end
 if ARGV[3] == '1' and redis.call('PTTL', KEYS[1]) >= ttl then

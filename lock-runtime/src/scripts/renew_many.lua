@@ -1,7 +1,7 @@
 -- Renew many leases in one round trip (the watchdog's batch).
 --
 -- KEYS[i]      the lock key of lease i
--- ARGV[2i-1]   holder id of lease i
+-- ARGV[2i-1]   holder id of lease i (the value may carry a waiter's `+w`)
 -- ARGV[2i]     new lease length of lease i in milliseconds, an integer >= 1
 --
 -- Returns {r1, r2, ...}: ri is 1 when lease i was renewed, 0 when its key is
@@ -22,7 +22,9 @@ end
 
 local renewed = {}
 for i, key in ipairs(KEYS) do
-  if redis.pcall('GET', key) == ARGV[2 * i - 1] then
+  local current = redis.pcall('GET', key)
+  local holder = ARGV[2 * i - 1]
+  if current == holder or current == holder .. '+w' then
     redis.call('PEXPIRE', key, ARGV[2 * i])
     renewed[i] = 1
   else
