@@ -43,6 +43,13 @@ async fn acquire_within_wait(
     key: LockKey,
     opts: &LockOptions,
 ) -> Result<Lease, LockError> {
+    if opts.fencing && !client.backend.supports_fencing() {
+        return Err(LockError::Unsupported {
+            key: key.name,
+            feature: "fencing tokens (a Redlock cannot keep a counter that only grows when masters fail)"
+                .into(),
+        });
+    }
     if !is_usable(opts.ttl) {
         return Err(LockError::InvalidConfig {
             node: client.node.clone(),

@@ -8,7 +8,8 @@ use once_cell::sync::OnceCell;
 
 use crate::LockError;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::redis::RedisBackend;
+use crate::backend::redis::{RedisBackend, redact_url};
+use crate::backend::redlock::RedlockBackend;
 use crate::backend::{AnyBackend, Failure};
 use crate::guard::LockRequest;
 use crate::key::{LockKey, validate_prefix};
@@ -68,6 +69,7 @@ pub(crate) struct ClientConfig {
     pub(crate) retry_min: Duration,
     pub(crate) retry_max: Duration,
     pub(crate) command_timeout: Duration,
+    pub(crate) node_timeout: Duration,
 }
 
 impl Default for ClientConfig {
@@ -79,6 +81,7 @@ impl Default for ClientConfig {
             retry_min: Duration::from_millis(2),
             retry_max: Duration::from_millis(50),
             command_timeout: Duration::from_secs(1),
+            node_timeout: Duration::from_millis(50),
         }
     }
 }
@@ -103,6 +106,14 @@ impl LockClient {
             config: ClientConfig::default(),
         }
         .build_in_memory()
+    }
+
+    /// Redlock over independent Redis masters: a lock is held while a
+    /// majority (`N/2+1`) of them hold it, so it survives a minority of
+    /// masters failing. Use 3 or 5 masters that are not replicas of one
+    /// another. Fencing tokens are not available (see the README).
+    pub async fn redlock<S: AsRef<str>>(urls: impl IntoIterator<Item = S>) -> Result<LockClient, LockError> {
+        LockClient::builder().redlock(urls).await
     }
 
     /// Options: key prefix, default ttl and wait, retry backoff, command
@@ -164,6 +175,14 @@ impl LockClientBuilder {
         self
     }
 
+    /// Redlock only: how long each master may take to answer one request
+    /// (default 50 ms). Keep it small against the ttl: a slow master then
+    /// costs one timeout, not the lease.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.config.node_timeout = timeout;
+        self
+    }
+
     fn check(&self, node: &str) -> Result<(), LockError> {
         let invalid = |reason: String| LockError::InvalidConfig {
             node: node.to_owned(),
@@ -188,11 +207,97 @@ impl LockClientBuilder {
 
     /// Connects to one Redis node; see [`LockClient::connect`].
     pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
-        self.check(&crate::backend::redis::redact_url(url))?;
+        self.check(&redact_url(url))?;
         let backend = RedisBackend::connect(url, &self.config).await?;
         let node = backend.node().to_owned();
         let notifier = Notifier::new(Some(backend.pubsub_client().clone()));
         Ok(self.build(AnyBackend::Redis(backend), notifier, node))
+    }
+
+    /// A Redlock client over `urls`; see [`LockClient::redlock`].
+    ///
+    /// Refused: no URL, an unusable URL, the same master twice (by address,
+    /// or two addresses reaching one server), a master in cluster mode, or
+    /// fewer than a majority of masters answering now. An even number of
+    /// masters, or fewer than 3, is allowed with a warning: it adds no
+    /// fault tolerance.
+    pub async fn redlock<S: AsRef<str>>(
+        self,
+        urls: impl IntoIterator<Item = S>,
+    ) -> Result<LockClient, LockError> {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let name = format!(
+            "redlock({})",
+            urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ")
+        );
+        let invalid = |reason: String| LockError::InvalidConfig {
+            node: name.clone(),
+            reason,
+        };
+        self.check(&name)?;
+        if urls.is_empty() {
+            return Err(invalid("a Redlock needs at least one master URL".into()));
+        }
+        if self.config.node_timeout.is_zero() {
+            return Err(invalid("the node timeout must be at least 1ms".into()));
+        }
+        let mut nodes = Vec::with_capacity(urls.len());
+        let mut answering = 0;
+        for url in &urls {
+            let (node, answered) = RedisBackend::connect_tolerant(url, &self.config).await?;
+            if nodes.iter().any(|n: &RedisBackend| n.node() == node.node()) {
+                return Err(invalid(format!("master `{}` is listed twice", node.node())));
+            }
+            if answered {
+                answering += 1;
+            } else {
+                tracing::warn!(
+                    node = node.node(),
+                    "Redlock master not reachable; it will be retried on use"
+                );
+            }
+            nodes.push(node);
+        }
+        let mut seen: Vec<(String, &str)> = Vec::new();
+        for node in &nodes {
+            let Ok((run_id, clustered)) = node.identity().await else {
+                continue;
+            };
+            if clustered {
+                return Err(invalid(format!(
+                    "master `{}` runs in cluster mode; use `LockClient::cluster` for a Redis Cluster",
+                    node.node()
+                )));
+            }
+            if let Some((_, other)) = seen.iter().find(|(id, _)| !run_id.is_empty() && *id == run_id) {
+                return Err(invalid(format!(
+                    "`{other}` and `{}` are the same server (run_id {run_id}); Redlock needs independent masters",
+                    node.node()
+                )));
+            }
+            seen.push((run_id, node.node()));
+        }
+        let backend = RedlockBackend::new(nodes, self.config.node_timeout);
+        if answering < backend.quorum() {
+            return Err(LockError::backend(
+                &name,
+                None,
+                format!(
+                    "only {answering} of {} masters answer; a majority ({}) is needed",
+                    urls.len(),
+                    backend.quorum()
+                ),
+            ));
+        }
+        if urls.len() < 3 || urls.len().is_multiple_of(2) {
+            tracing::warn!(
+                masters = urls.len(),
+                "a Redlock of fewer than 3, or an even number of, masters tolerates no more failures than the next smaller odd number"
+            );
+        }
+        // Releases go to every master, so one subscription hears them.
+        let notifier = Notifier::new(backend.nodes().first().map(|n| n.pubsub_client().clone()));
+        Ok(self.build(AnyBackend::Redlock(backend), notifier, name))
     }
 
     /// An in-process client with these options; see

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::LostReason;
-use crate::backend::{Backend, RenewItem};
+use crate::backend::{Backend, RenewItem, Renewal};
 use crate::client::ClientInner;
 use crate::lease::{LeaseState, millis, renewal_interval};
 
@@ -103,6 +103,12 @@ impl Watchdog {
     }
 }
 
+/// When to try again after a renewal that was not confirmed: well within
+/// what is left of the lease, which has two more intervals to run.
+fn retry_after(ttl: Duration) -> Duration {
+    (renewal_interval(ttl) / 10).max(Duration::from_millis(5))
+}
+
 /// How much earlier than planned a lease may be renewed, to share a batch
 /// with leases falling due just before it.
 fn early(ttl: Duration) -> Duration {
@@ -168,13 +174,15 @@ async fn renew_batch(client: &ClientInner, batch: &[Arc<LeaseState>]) {
     let outcome = tokio::time::timeout(timeout, client.backend.renew_many(&items)).await;
     match outcome {
         Ok(Ok(renewed)) => {
-            for ((lease, &ttl), renewed) in batch.iter().zip(&ttls).zip(renewed) {
-                if renewed {
-                    lease.renewed(sent, ttl);
-                } else if lease.is_live() {
+            let now = Instant::now();
+            for ((lease, &ttl), renewal) in batch.iter().zip(&ttls).zip(renewed) {
+                match renewal {
+                    Renewal::Renewed => lease.renewed(sent, ttl),
                     // Not a release racing this renewal (`is_live` would be
                     // false): the key is gone or someone else has it.
-                    lease.mark_lost(LostReason::TakenOver);
+                    Renewal::Gone if lease.is_live() => lease.mark_lost(LostReason::TakenOver),
+                    Renewal::Gone => {}
+                    Renewal::Unconfirmed => lease.set_next_renewal(now + retry_after(ttl)),
                 }
             }
             tracing::trace!(leases = batch.len(), "leases renewed");
@@ -187,9 +195,7 @@ async fn renew_batch(client: &ClientInner, batch: &[Arc<LeaseState>]) {
             tracing::warn!(leases = batch.len(), %error, "lease renewal failed; retrying until the leases' deadlines");
             let now = Instant::now();
             for (lease, &ttl) in batch.iter().zip(&ttls) {
-                // Retry well within what is left of the lease.
-                let retry = (renewal_interval(ttl) / 10).max(Duration::from_millis(5));
-                lease.set_next_renewal(now + retry);
+                lease.set_next_renewal(now + retry_after(ttl));
             }
         }
     }

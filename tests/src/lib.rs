@@ -289,3 +289,89 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> O
     }
     check().then(|| start.elapsed())
 }
+
+/// A TCP proxy in front of a server, for link faults without root: in
+/// `blackhole` mode it keeps every socket open and forwards nothing, so the
+/// client sees a stalled server, not a reset.
+#[derive(Debug)]
+pub struct Proxy {
+    port: u16,
+    blackholed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Starts forwarding 127.0.0.1:<new port> to 127.0.0.1:`target`.
+    pub async fn start(target: u16) -> Proxy {
+        use std::sync::atomic::AtomicBool;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let blackholed = std::sync::Arc::new(AtomicBool::new(false));
+        let mode = std::sync::Arc::clone(&blackholed);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pump(client_read, server_write, std::sync::Arc::clone(&mode)));
+                tokio::spawn(pump(server_read, client_write, std::sync::Arc::clone(&mode)));
+            }
+        });
+        Proxy {
+            port,
+            blackholed,
+            task,
+        }
+    }
+
+    /// `redis://127.0.0.1:<proxy port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Stops forwarding, both ways, on every connection.
+    pub fn blackhole(&self) {
+        self.blackholed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Forwards again; what was held back is delivered.
+    pub fn pass(&self) {
+        self.blackholed.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    blackholed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        while blackholed.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// `n` independent redis-server masters.
+pub fn start_masters(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem};
+use super::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 use crate::key::LockKey;
 
 /// Held locks above which an insertion first sweeps out expired ones, so that
@@ -121,12 +121,12 @@ impl Backend for MemoryBackend {
         Ok(self.state().renew(key, holder, ttl, extend_only, Instant::now()))
     }
 
-    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<bool>, Failure> {
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
         let now = Instant::now();
         let mut state = self.state();
         Ok(items
             .iter()
-            .map(|item| state.renew(item.key, item.holder, item.ttl, false, now))
+            .map(|item| state.renew(item.key, item.holder, item.ttl, false, now).into())
             .collect())
     }
 }

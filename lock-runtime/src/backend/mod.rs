@@ -9,6 +9,7 @@ use crate::key::LockKey;
 
 pub(crate) mod memory;
 pub(crate) mod redis;
+pub(crate) mod redlock;
 
 /// One acquisition attempt.
 #[derive(Debug)]
@@ -87,8 +88,26 @@ pub(crate) trait Backend {
     ) -> Result<bool, Failure>;
 
     /// Sets each lease to its `ttl` from now where its holder still has it,
-    /// in as few round trips as the backend allows. One flag per item.
-    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<bool>, Failure>;
+    /// in as few round trips as the backend allows. One outcome per item.
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure>;
+}
+
+/// What a renewal found for one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// The lease is `ttl` long again.
+    Renewed,
+    /// The lock is gone or someone else has it: the lease is lost.
+    Gone,
+    /// Not known (Redlock: too few masters answered either way): retry
+    /// until the lease's deadline.
+    Unconfirmed,
+}
+
+impl From<bool> for Renewal {
+    fn from(renewed: bool) -> Self {
+        if renewed { Renewal::Renewed } else { Renewal::Gone }
+    }
 }
 
 /// One lease in a watchdog batch.
@@ -104,6 +123,15 @@ pub(crate) struct RenewItem<'a> {
 pub(crate) enum AnyBackend {
     Redis(redis::RedisBackend),
     Memory(memory::MemoryBackend),
+    Redlock(redlock::RedlockBackend),
+}
+
+impl AnyBackend {
+    /// Whether fencing tokens can be issued: not by a Redlock, whose
+    /// per-master counters are not monotonic under faults.
+    pub(crate) fn supports_fencing(&self) -> bool {
+        !matches!(self, AnyBackend::Redlock(_))
+    }
 }
 
 impl Backend for AnyBackend {
@@ -111,6 +139,7 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Redis(b) => b.acquire(req).await,
             AnyBackend::Memory(b) => b.acquire(req).await,
+            AnyBackend::Redlock(b) => b.acquire(req).await,
         }
     }
 
@@ -118,6 +147,7 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Redis(b) => b.release(key, holder).await,
             AnyBackend::Memory(b) => b.release(key, holder).await,
+            AnyBackend::Redlock(b) => b.release(key, holder).await,
         }
     }
 
@@ -131,13 +161,15 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Redis(b) => b.renew(key, holder, ttl, extend_only).await,
             AnyBackend::Memory(b) => b.renew(key, holder, ttl, extend_only).await,
+            AnyBackend::Redlock(b) => b.renew(key, holder, ttl, extend_only).await,
         }
     }
 
-    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<bool>, Failure> {
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
         match self {
             AnyBackend::Redis(b) => b.renew_many(items).await,
             AnyBackend::Memory(b) => b.renew_many(items).await,
+            AnyBackend::Redlock(b) => b.renew_many(items).await,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem};
+use super::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 use crate::LockError;
 use crate::client::ClientConfig;
 use crate::key::LockKey;
@@ -43,13 +43,7 @@ impl RedisBackend {
             reason: redact_secrets(&e.to_string(), url),
         })?;
         let node = client.get_connection_info().addr().to_string();
-        let manager_config = ConnectionManagerConfig::new()
-            // Our own loops retry within the caller's wait; a reconnect that
-            // retried on its own would hold every caller hostage to its backoff.
-            .set_number_of_retries(0)
-            .set_connection_timeout(Some(config.command_timeout))
-            .set_response_timeout(Some(config.command_timeout));
-        let conn = ConnectionManager::new_with_config(client.clone(), manager_config)
+        let conn = ConnectionManager::new_with_config(client.clone(), manager_config(config))
             .await
             .map_err(|e| LockError::backend(&node, None, redact_error(e, url)))?;
         Ok(RedisBackend { conn, client, node })
@@ -57,6 +51,48 @@ impl RedisBackend {
 
     pub(crate) fn node(&self) -> &str {
         &self.node
+    }
+
+    /// Like [`connect`](Self::connect), but a node that does not answer now
+    /// is kept, to be connected on first use: a Redlock must start with a
+    /// minority of its masters down. The second value says whether it
+    /// answered. An unusable URL is still an error.
+    pub(crate) async fn connect_tolerant(
+        url: &str,
+        config: &ClientConfig,
+    ) -> Result<(Self, bool), LockError> {
+        match Self::connect(url, config).await {
+            Ok(backend) => Ok((backend, true)),
+            Err(LockError::Backend { .. }) => {
+                let client = redis::Client::open(url).map_err(|e| LockError::InvalidConfig {
+                    node: redact_url(url),
+                    reason: redact_secrets(&e.to_string(), url),
+                })?;
+                let node = client.get_connection_info().addr().to_string();
+                let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))
+                    .map_err(|e| LockError::backend(&node, None, redact_error(e, url)))?;
+                Ok((RedisBackend { conn, client, node }, false))
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    /// The server's `run_id` and whether it runs in cluster mode: what a
+    /// Redlock needs to know that its masters are independent.
+    pub(crate) async fn identity(&self) -> Result<(String, bool), LockError> {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .arg("cluster")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| LockError::backend(&self.node, None, e))?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_owned())
+        };
+        let run_id = field("run_id").unwrap_or_default();
+        Ok((run_id, field("cluster_enabled").as_deref() == Some("1")))
     }
 
     fn failure(&self, key: &LockKey, e: RedisError) -> Failure {
@@ -168,7 +204,7 @@ impl Backend for RedisBackend {
         Ok(renewed == 1)
     }
 
-    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<bool>, Failure> {
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
         let Some(first) = items.first() else {
             return Ok(Vec::new());
         };
@@ -194,7 +230,7 @@ impl Backend for RedisBackend {
                 ),
             )));
         }
-        Ok(renewed.into_iter().map(|r| r == 1).collect())
+        Ok(renewed.into_iter().map(|r| Renewal::from(r == 1)).collect())
     }
 }
 
@@ -204,6 +240,15 @@ impl RedisBackend {
     pub(crate) fn pubsub_client(&self) -> &redis::Client {
         &self.client
     }
+}
+
+fn manager_config(config: &ClientConfig) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        // Our own loops retry within the caller's wait; a reconnect that
+        // retried on its own would hold every caller hostage to its backoff.
+        .set_number_of_retries(0)
+        .set_connection_timeout(Some(config.command_timeout))
+        .set_response_timeout(Some(config.command_timeout))
 }
 
 /// The URL with any password replaced by `***`, for messages. Handles URLs

@@ -1,0 +1,238 @@
+//! Redlock: one lock over N independent Redis masters, held while a majority
+//! of them hold it.
+//!
+//! Each master is a [`RedisBackend`] with its own connection and the same
+//! scripts; this layer asks all of them at once, each bounded by a per-node
+//! timeout that is small against the ttl, and counts. The validity deadline
+//! is measured by the caller from *before* the first request, so the time
+//! spent collecting a majority is already taken out of the lease.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
+
+use super::redis::RedisBackend;
+use super::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use crate::LockError;
+use crate::key::LockKey;
+
+#[derive(Debug)]
+pub(crate) struct RedlockBackend {
+    nodes: Vec<RedisBackend>,
+    node_timeout: Duration,
+}
+
+/// One master's answer, or why there is none.
+enum Answer<T> {
+    Got(T),
+    Failed(String),
+}
+
+impl RedlockBackend {
+    pub(crate) fn new(nodes: Vec<RedisBackend>, node_timeout: Duration) -> Self {
+        RedlockBackend { nodes, node_timeout }
+    }
+
+    pub(crate) fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    pub(crate) fn nodes(&self) -> &[RedisBackend] {
+        &self.nodes
+    }
+
+    /// Runs `op` on every master at once, each bounded by the node timeout.
+    async fn ask_all<'a, T, F, Fut>(&'a self, op: F) -> Vec<Answer<T>>
+    where
+        F: Fn(&'a RedisBackend) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Failure>>,
+    {
+        let timeout = self.node_timeout;
+        join_all(self.nodes.iter().map(|node| {
+            let call = op(node);
+            async move {
+                match tokio::time::timeout(timeout, call).await {
+                    Ok(Ok(value)) => Answer::Got(value),
+                    Ok(Err(failure)) => Answer::Failed(format!("{}: {}", node.node(), failure.error)),
+                    Err(_) => Answer::Failed(format!("{}: no reply within {timeout:?}", node.node())),
+                }
+            }
+        }))
+        .await
+    }
+
+    fn quorum_failure(&self, key: &LockKey, granted: usize, causes: Vec<String>) -> Failure {
+        Failure {
+            error: LockError::QuorumNotReached {
+                key: key.name.clone(),
+                granted,
+                needed: self.quorum(),
+                causes: causes.join("; "),
+            },
+            // Nodes come back and holders release: worth retrying in `wait`.
+            transient: true,
+            reconnecting: false,
+        }
+    }
+}
+
+impl Backend for RedlockBackend {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        let timeout = self.node_timeout;
+        let mut pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .map(|node| async move { (node, tokio::time::timeout(timeout, node.acquire(req)).await) })
+            .collect();
+        let (mut granted, mut held, mut shortest) = (0, 0, None::<Duration>);
+        let mut causes = Vec::new();
+        // Decided as soon as a majority granted (stragglers cannot change
+        // that: a late grant is ours and goes with the release), or as soon
+        // as a majority has become impossible.
+        while let Some((node, answer)) = pending.next().await {
+            match answer {
+                Ok(Ok(AcquireReply::Acquired { .. })) => granted += 1,
+                Ok(Ok(AcquireReply::Held { pttl })) => {
+                    held += 1;
+                    if let Some(pttl) = pttl {
+                        shortest = Some(shortest.map_or(pttl, |s| s.min(pttl)));
+                    }
+                    causes.push(format!("{}: held by another holder", node.node()));
+                }
+                Ok(Err(failure)) => causes.push(format!("{}: {}", node.node(), failure.error)),
+                Err(_) => causes.push(format!("{}: no reply within {timeout:?}", node.node())),
+            }
+            if granted >= self.quorum() {
+                return Ok(AcquireReply::Acquired { token: None });
+            }
+            if causes.len() > self.nodes.len() - self.quorum() {
+                break;
+            }
+        }
+        drop(pending);
+        // No majority: give back what this attempt got, on every master
+        // (owner-checked, so harmless where it got nothing), before anyone
+        // retries with the same holder id.
+        self.release(req.key, req.holder).await.ok();
+        if held >= self.quorum() {
+            return Ok(AcquireReply::Held { pttl: shortest });
+        }
+        Err(self.quorum_failure(req.key, granted, causes))
+    }
+
+    async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        let answers = self.ask_all(|node| node.release(key, holder)).await;
+        let mut released = false;
+        let mut causes = Vec::new();
+        for answer in answers {
+            match answer {
+                Answer::Got(r) => released |= r,
+                Answer::Failed(cause) => causes.push(cause),
+            }
+        }
+        if !released && causes.len() == self.nodes.len() {
+            return Err(self.quorum_failure(key, 0, causes));
+        }
+        Ok(released)
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        ttl: Duration,
+        extend_only: bool,
+    ) -> Result<bool, Failure> {
+        let answers = self
+            .ask_all(|node| node.renew(key, holder, ttl, extend_only))
+            .await;
+        let outcome = tally(
+            answers.into_iter().map(|a| match a {
+                Answer::Got(r) => Answer::Got(Renewal::from(r)),
+                Answer::Failed(c) => Answer::Failed(c),
+            }),
+            self.nodes.len(),
+            self.quorum(),
+        );
+        match outcome {
+            (Renewal::Renewed, _) => Ok(true),
+            (Renewal::Gone, _) => Ok(false),
+            (Renewal::Unconfirmed, causes) => Err(self.quorum_failure(key, 0, causes)),
+        }
+    }
+
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
+        let per_node = self.ask_all(|node| node.renew_many(items)).await;
+        let outcomes = (0..items.len())
+            .map(|i| {
+                let answers = per_node.iter().map(|answer| match answer {
+                    Answer::Got(renewals) => renewals.get(i).map_or_else(
+                        || Answer::Failed("short renewal reply".to_owned()),
+                        |&r| Answer::Got(r),
+                    ),
+                    Answer::Failed(cause) => Answer::Failed(cause.clone()),
+                });
+                tally(answers, self.nodes.len(), self.quorum()).0
+            })
+            .collect();
+        Ok(outcomes)
+    }
+}
+
+/// A Redlock renewal holds when a majority renewed, is lost when a majority
+/// can no longer renew, and is unconfirmed otherwise.
+fn tally(
+    answers: impl Iterator<Item = Answer<Renewal>>,
+    nodes: usize,
+    quorum: usize,
+) -> (Renewal, Vec<String>) {
+    let (mut renewed, mut gone) = (0, 0);
+    let mut causes = Vec::new();
+    for answer in answers {
+        match answer {
+            Answer::Got(Renewal::Renewed) => renewed += 1,
+            Answer::Got(Renewal::Gone) => gone += 1,
+            Answer::Got(Renewal::Unconfirmed) => {}
+            Answer::Failed(cause) => causes.push(cause),
+        }
+    }
+    let outcome = if renewed >= quorum {
+        Renewal::Renewed
+    } else if gone > nodes - quorum {
+        Renewal::Gone
+    } else {
+        Renewal::Unconfirmed
+    };
+    (outcome, causes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answers(list: &[Option<Renewal>]) -> impl Iterator<Item = Answer<Renewal>> + '_ {
+        list.iter().map(|a| match a {
+            Some(r) => Answer::Got(*r),
+            None => Answer::Failed("down".into()),
+        })
+    }
+
+    #[test]
+    fn a_majority_decides_and_silence_is_not_a_verdict() {
+        use Renewal::*;
+        let of3 = |list: &[Option<Renewal>]| tally(answers(list), 3, 2).0;
+        assert_eq!(of3(&[Some(Renewed), Some(Renewed), None]), Renewed);
+        assert_eq!(of3(&[Some(Renewed), None, None]), Unconfirmed);
+        assert_eq!(of3(&[Some(Renewed), Some(Gone), None]), Unconfirmed);
+        assert_eq!(of3(&[Some(Gone), Some(Gone), None]), Gone);
+        assert_eq!(of3(&[Some(Gone), Some(Renewed), Some(Renewed)]), Renewed);
+        let of5 = |list: &[Option<Renewal>]| tally(answers(list), 5, 3).0;
+        assert_eq!(
+            of5(&[Some(Gone), Some(Gone), None, None, Some(Renewed)]),
+            Unconfirmed
+        );
+        assert_eq!(of5(&[Some(Gone), Some(Gone), Some(Gone), None, None]), Gone);
+    }
+}

@@ -1,0 +1,277 @@
+//! Redlock over independent `redis-server` masters (RELIABILITY R2–R4, R8):
+//! majorities, dead and stalled masters, foreign holders, configuration.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError, LostReason};
+use lock_tests::{Proxy, RedisServer, start_masters};
+use redis::AsyncCommands;
+
+const NODE_TIMEOUT: Duration = Duration::from_millis(50);
+
+async fn redlock(urls: &[String]) -> LockClient {
+    LockClient::builder()
+        .node_timeout(NODE_TIMEOUT)
+        .command_timeout(Duration::from_millis(200))
+        .redlock(urls)
+        .await
+        .expect("redlock client")
+}
+
+fn urls(masters: &[RedisServer]) -> Vec<String> {
+    masters.iter().map(RedisServer::url).collect()
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    server.query::<i64>(redis::cmd("EXISTS").arg(key)) == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_tasks_never_lose_an_update_on_three_masters() {
+    let masters = start_masters(3);
+    let data_server = RedisServer::start();
+    let locks = redlock(&urls(&masters)).await;
+    let data = redis::Client::open(data_server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("data");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (locks, mut data, inside) = (locks.clone(), data.clone(), Arc::clone(&inside));
+            tokio::spawn(async move {
+                for _ in 0..50 {
+                    let data = &mut data;
+                    let inside = &inside;
+                    locks
+                        .lock("counter")
+                        .wait(Duration::from_secs(30))
+                        .run(async move {
+                            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                            let value: Option<u64> = data.get("counter").await?;
+                            tokio::task::yield_now().await;
+                            let result = data.set::<_, _, ()>("counter", value.unwrap_or(0) + 1).await;
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            result
+                        })
+                        .await
+                        .expect("lock")
+                        .expect("increment");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(data_server.query::<u64>(redis::cmd("GET").arg("counter")), 800);
+}
+
+/// R2: a dead minority costs nothing: every acquisition still succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_minority_of_masters_is_tolerated() {
+    for (n, dead) in [(3, 1), (5, 2)] {
+        let mut masters = start_masters(n);
+        let locks = redlock(&urls(&masters)).await;
+        for master in masters.iter_mut().take(dead) {
+            master.kill();
+        }
+        for i in 0..50 {
+            let guard = locks.lock(format!("r2:{i}")).acquire().await;
+            let guard = guard.unwrap_or_else(|e| panic!("{dead} of {n} down, acquisition {i}: {e}"));
+            guard.release().await.expect("release");
+        }
+    }
+}
+
+/// R2: a stalled (blackholed) minority costs at most one node timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_minority_costs_at_most_the_node_timeout() {
+    let masters = start_masters(3);
+    let mut proxies = Vec::new();
+    for m in &masters {
+        proxies.push(Proxy::start(m.port()).await);
+    }
+    let locks = redlock(&proxies.iter().map(Proxy::url).collect::<Vec<_>>()).await;
+    proxies[0].blackhole();
+    let mut latencies = Vec::new();
+    for i in 0..100 {
+        let start = Instant::now();
+        let guard = locks
+            .lock(format!("stall:{i}"))
+            .acquire()
+            .await
+            .expect("majority answers");
+        latencies.push(start.elapsed());
+        guard.release().await.expect("release");
+    }
+    latencies.sort();
+    let p99 = latencies[98];
+    println!(
+        "{{\"redlock_acquire_with_one_stalled_master_p99_ms\":{:.1}}}",
+        p99.as_secs_f64() * 1e3
+    );
+    assert!(p99 <= NODE_TIMEOUT + Duration::from_millis(10), "p99 {p99:?}");
+}
+
+/// R3: without a majority the acquisition fails within its wait, names what
+/// each master said, and leaves nothing behind on the live master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_majority_nothing_is_acquired_and_nothing_is_left() {
+    let mut masters = start_masters(3);
+    let locks = redlock(&urls(&masters)).await;
+    masters[1].kill();
+    masters[2].kill();
+    let wait = Duration::from_secs(3);
+    let start = Instant::now();
+    let err = locks
+        .lock("r3")
+        .wait(wait)
+        .acquire()
+        .await
+        .expect_err("no majority");
+    let took = start.elapsed();
+    match &err {
+        LockError::QuorumNotReached {
+            key,
+            granted,
+            needed,
+            causes,
+        } => {
+            assert_eq!((key.as_str(), *needed), ("r3", 2));
+            assert!(*granted <= 1);
+            assert!(
+                causes.contains(&format!("127.0.0.1:{}", masters[1].port())),
+                "{causes}"
+            );
+        }
+        other => panic!("expected QuorumNotReached, got {other}"),
+    }
+    assert!(
+        took >= wait && took <= wait + Duration::from_millis(60),
+        "took {took:?}"
+    );
+    assert!(
+        !exists(&masters[0], "lock:{r3}"),
+        "a key was left on the live master"
+    );
+}
+
+/// R4: for every set of masters already held by someone else, the lock is
+/// granted exactly when the free masters form a majority, and the other
+/// holder's values are left as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mask_of_foreign_holders_is_decided_by_the_majority() {
+    for n in [3usize, 5] {
+        let masters = start_masters(n);
+        let locks = redlock(&urls(&masters)).await;
+        let quorum = n / 2 + 1;
+        let foreign = format!("{}:7", "cd".repeat(16));
+        for mask in 0u32..(1 << n) {
+            let key = format!("r4:{n}:{mask}");
+            let redis_key = format!("lock:{{{key}}}");
+            let held: Vec<usize> = (0..n).filter(|i| mask & (1 << i) != 0).collect();
+            for &i in &held {
+                masters[i].query::<()>(
+                    redis::cmd("SET")
+                        .arg(&redis_key)
+                        .arg(&foreign)
+                        .arg("PX")
+                        .arg(60_000),
+                );
+            }
+            let outcome = locks.lock(key.as_str()).acquire().await;
+            let should_succeed = n - held.len() >= quorum;
+            match outcome {
+                Ok(guard) => {
+                    assert!(should_succeed, "n={n} mask={mask:b}: granted without a majority");
+                    guard.release().await.expect("release");
+                }
+                Err(e) => assert!(
+                    !should_succeed,
+                    "n={n} mask={mask:b}: refused with a free majority: {e}"
+                ),
+            }
+            for (i, master) in masters.iter().enumerate() {
+                let value: Option<String> = master.query(redis::cmd("GET").arg(&redis_key));
+                let expected = held.contains(&i).then(|| foreign.clone());
+                assert_eq!(value, expected, "n={n} mask={mask:b} master {i}");
+            }
+        }
+    }
+}
+
+/// R8: renewal keeps a majority through a stalled master, and gives up before
+/// the deadline when the majority is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_rides_out_a_stalled_minority_and_not_a_majority() {
+    let masters = start_masters(3);
+    let mut proxies = Vec::new();
+    for m in &masters {
+        proxies.push(Proxy::start(m.port()).await);
+    }
+    let locks = redlock(&proxies.iter().map(Proxy::url).collect::<Vec<_>>()).await;
+    let ttl = Duration::from_millis(600);
+
+    let survived = locks
+        .lock("r8:minority")
+        .ttl(ttl)
+        .run(async {
+            proxies[0].blackhole();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            proxies[0].pass();
+        })
+        .await;
+    assert!(survived.is_ok(), "lost with a majority answering: {survived:?}");
+
+    let guard = locks
+        .lock("r8:majority")
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("acquire");
+    proxies[0].blackhole();
+    proxies[1].blackhole();
+    let reason = guard.lost().await;
+    let lost_at = Instant::now();
+    assert_eq!(reason, LostReason::Expired);
+    assert!(lost_at < guard.valid_until(), "signalled after the deadline");
+    proxies[0].pass();
+    proxies[1].pass();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_configuration_errors_are_refused() {
+    let masters = start_masters(3);
+    let url = masters[0].url();
+
+    let twice = LockClient::redlock([url.clone(), url.clone(), masters[1].url()]).await;
+    assert!(
+        matches!(&twice, Err(LockError::InvalidConfig { reason, .. }) if reason.contains("listed twice")),
+        "{twice:?}"
+    );
+
+    let same_server = format!("redis://localhost:{}/", masters[0].port());
+    let aliased = LockClient::redlock([url.clone(), same_server, masters[1].url()]).await;
+    assert!(
+        matches!(&aliased, Err(LockError::InvalidConfig { reason, .. }) if reason.contains("same server")),
+        "{aliased:?}"
+    );
+
+    let clustered = RedisServer::start_with(&["--cluster-enabled", "yes"]);
+    let mixed = LockClient::redlock([url.clone(), masters[1].url(), clustered.url()]).await;
+    assert!(
+        matches!(&mixed, Err(LockError::InvalidConfig { reason, .. }) if reason.contains("cluster mode")),
+        "{mixed:?}"
+    );
+
+    let locks = redlock(&urls(&masters)).await;
+    let fenced = locks.lock("fenced").fencing(true).acquire().await;
+    assert!(
+        matches!(&fenced, Err(LockError::Unsupported { key, .. }) if key == "fenced"),
+        "{fenced:?}"
+    );
+}
