@@ -8,7 +8,7 @@ use once_cell::sync::OnceCell;
 
 use crate::LockError;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::redis::{RedisBackend, redact_url};
+use crate::backend::redis::{RedisBackend, Topology, redact_url};
 use crate::backend::redlock::RedlockBackend;
 use crate::backend::{AnyBackend, Failure};
 use crate::guard::LockRequest;
@@ -116,6 +116,14 @@ impl LockClient {
         LockClient::builder().redlock(urls).await
     }
 
+    /// Redis Cluster, reached through any of its nodes (`urls` are seeds).
+    /// A lock lives on the master that owns its key's slot; the library's
+    /// hash tag keeps the lock, its fence counter and its release channel in
+    /// one slot, and release notifications use sharded pub/sub.
+    pub async fn cluster<S: AsRef<str>>(urls: impl IntoIterator<Item = S>) -> Result<LockClient, LockError> {
+        LockClient::builder().cluster(urls).await
+    }
+
     /// Options: key prefix, default ttl and wait, retry backoff, command
     /// timeout.
     pub fn builder() -> LockClientBuilder {
@@ -210,7 +218,7 @@ impl LockClientBuilder {
         self.check(&redact_url(url))?;
         let backend = RedisBackend::connect(url, &self.config).await?;
         let node = backend.node().to_owned();
-        let notifier = Notifier::new(Some(backend.pubsub_client().clone()));
+        let notifier = Notifier::new(Some(backend.topology().clone()));
         Ok(self.build(AnyBackend::Redis(backend), notifier, node))
     }
 
@@ -296,8 +304,45 @@ impl LockClientBuilder {
             );
         }
         // Releases go to every master, so one subscription hears them.
-        let notifier = Notifier::new(backend.nodes().first().map(|n| n.pubsub_client().clone()));
+        let notifier = Notifier::new(backend.nodes().first().map(|n| n.topology().clone()));
         Ok(self.build(AnyBackend::Redlock(backend), notifier, name))
+    }
+
+    /// A Redis Cluster client; see [`LockClient::cluster`].
+    pub async fn cluster<S: AsRef<str>>(
+        self,
+        urls: impl IntoIterator<Item = S>,
+    ) -> Result<LockClient, LockError> {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let name = format!(
+            "cluster({})",
+            urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ")
+        );
+        self.check(&name)?;
+        let invalid = |reason: String| LockError::InvalidConfig {
+            node: name.clone(),
+            reason,
+        };
+        if urls.is_empty() {
+            return Err(invalid("a cluster client needs at least one seed URL".into()));
+        }
+        for url in &urls {
+            redis::Client::open(url.as_str()).map_err(|e| invalid(format!("`{}`: {e}", redact_url(url))))?;
+        }
+        let timeout = self.config.command_timeout;
+        let client = redis::cluster::ClusterClientBuilder::new(urls.clone())
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .build()
+            .map_err(|e| invalid(e.to_string()))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| LockError::backend(&name, None, e))?;
+        let topology = Topology::Cluster { urls, timeout };
+        let notifier = Notifier::new(Some(topology.clone()));
+        let backend = RedisBackend::new(conn, topology, name.clone());
+        Ok(self.build(AnyBackend::Cluster(backend), notifier, name))
     }
 
     /// An in-process client with these options; see

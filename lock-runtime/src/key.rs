@@ -145,6 +145,45 @@ mod tests {
         assert!(long.ends_with('…') && long.chars().count() == 81);
     }
 
+    /// C1: whatever the caller renders, the lock, its fence counter and its
+    /// release channel share one cluster slot, or the key is refused before
+    /// any I/O. Random keys over an alphabet chosen to break hash tags.
+    #[test]
+    fn every_accepted_key_keeps_its_names_in_one_slot() {
+        use rand::{Rng, SeedableRng};
+        use redis::cluster_routing::Slot;
+        const ALPHABET: &[char] = &[
+            'a', 'Z', '0', ':', '-', '_', ' ', '{', '}', '{', '}', '\n', '\0', '\t', 'é', '漢', '🔒', '<',
+            '>', '.',
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x5107);
+        let (mut accepted, mut refused) = (0, 0);
+        for _ in 0..20_000 {
+            let len = rng.random_range(0..12);
+            let name: String = (0..len)
+                .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())])
+                .collect();
+            for prefix in ["lock:", "", "app:v2:"] {
+                match LockKey::new(prefix, name.clone()) {
+                    Ok(key) => {
+                        accepted += 1;
+                        let slot = Slot::for_key(&key.redis_key);
+                        assert_eq!(Slot::for_key(key.fence_key()), slot, "{name:?}");
+                        assert_eq!(Slot::for_key(&key.channel), slot, "{name:?}");
+                        // The tag is exactly the caller's key.
+                        assert_eq!(slot, Slot::for_key(format!("{{{name}}}")), "{name:?}");
+                    }
+                    Err(LockError::InvalidKey { .. }) => refused += 1,
+                    Err(other) => panic!("{name:?}: {other}"),
+                }
+            }
+        }
+        assert!(
+            accepted > 5_000 && refused > 5_000,
+            "accepted {accepted}, refused {refused}"
+        );
+    }
+
     #[test]
     fn prefixes_without_tags_only() {
         assert!(validate_prefix("lock:").is_ok());

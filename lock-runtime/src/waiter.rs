@@ -13,7 +13,11 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use redis::RedisResult;
 use tokio::sync::Notify;
+
+use crate::backend::redis::Topology;
 
 /// The longest a waiter sleeps between attempts while subscribed.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
@@ -23,9 +27,9 @@ pub(crate) struct Notifier {
     channels: Mutex<HashMap<String, Channel>>,
     /// Serialises SUBSCRIBE/UNSUBSCRIBE so they reach the server in the order
     /// the waiter counts changed.
-    sink: tokio::sync::Mutex<Option<redis::aio::PubSubSink>>,
+    sink: tokio::sync::Mutex<Option<Sink>>,
     /// Where to open the subscription connection; `None`: local wake-ups only.
-    transport: Option<redis::Client>,
+    transport: Option<Topology>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -44,7 +48,7 @@ pub(crate) struct Watch {
 }
 
 impl Notifier {
-    pub(crate) fn new(transport: Option<redis::Client>) -> Arc<Self> {
+    pub(crate) fn new(transport: Option<Topology>) -> Arc<Self> {
         Arc::new(Notifier {
             channels: Mutex::new(HashMap::new()),
             sink: tokio::sync::Mutex::new(None),
@@ -120,7 +124,7 @@ impl Notifier {
             return;
         };
         let result = if self.wanted(channel) {
-            sink.subscribe(channel).await
+            sink.subscribe(&[channel.to_owned()]).await
         } else {
             sink.unsubscribe(channel).await
         };
@@ -131,17 +135,16 @@ impl Notifier {
     }
 
     /// Opens the subscription connection and subscribes to every wanted
-    /// channel; returns the stream of its messages.
-    async fn connect(&self, slot: &mut Option<redis::aio::PubSubSink>) -> Option<redis::aio::PubSubStream> {
-        let client = self.transport.as_ref()?;
-        let pubsub = match client.get_async_pubsub().await {
-            Ok(pubsub) => pubsub,
+    /// channel; returns the stream of announced channel names.
+    async fn connect(&self, slot: &mut Option<Sink>) -> Option<Messages> {
+        let topology = self.transport.as_ref()?;
+        let (mut sink, stream) = match open_subscription(topology).await {
+            Ok(pair) => pair,
             Err(e) => {
                 tracing::debug!(error = %e, "subscription connection failed; waiters poll");
                 return None;
             }
         };
-        let (mut sink, stream) = pubsub.split();
         let wanted = self.wanted_channels();
         if !wanted.is_empty()
             && let Err(e) = sink.subscribe(&wanted).await
@@ -192,13 +195,13 @@ impl Drop for Watch {
 
 /// Turns messages into wake-ups; when the connection drops, reconnects for
 /// as long as anyone waits.
-async fn read_notifications(notifier: Weak<Notifier>, mut stream: redis::aio::PubSubStream) {
+async fn read_notifications(notifier: Weak<Notifier>, mut stream: Messages) {
     loop {
-        while let Some(message) = stream.next().await {
+        while let Some(channel) = stream.next().await {
             let Some(strong) = notifier.upgrade() else {
                 return;
             };
-            strong.wake(message.get_channel_name());
+            strong.wake(&channel);
         }
         // Messages sent while disconnected are lost; waiters poll meanwhile.
         let mut backoff = Duration::from_millis(10);
@@ -220,5 +223,78 @@ async fn read_notifications(notifier: Weak<Notifier>, mut stream: redis::aio::Pu
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(POLL);
         };
+    }
+}
+
+/// The names of the channels that announced a release.
+type Messages = BoxStream<'static, String>;
+
+/// The subscribing half of a subscription connection.
+enum Sink {
+    Single(redis::aio::PubSubSink),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Sink::Single(_) => "Sink::Single",
+            Sink::Cluster(_) => "Sink::Cluster",
+        })
+    }
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
+        match self {
+            Sink::Single(sink) => sink.subscribe(channels).await,
+            Sink::Cluster(conn) => {
+                // Sharded channels of different slots live on different
+                // shards: one SSUBSCRIBE each.
+                for channel in channels {
+                    conn.ssubscribe(channel).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Sink::Single(sink) => sink.unsubscribe(channel).await,
+            Sink::Cluster(conn) => conn.sunsubscribe(channel).await,
+        }
+    }
+}
+
+/// Opens a subscription connection for `topology`.
+async fn open_subscription(topology: &Topology) -> RedisResult<(Sink, Messages)> {
+    match topology {
+        Topology::Single(client) => {
+            let (sink, stream) = client.get_async_pubsub().await?.split();
+            let names = stream.map(|message| message.get_channel_name().to_owned());
+            Ok((Sink::Single(sink), names.boxed()))
+        }
+        Topology::Cluster { urls, timeout } => {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<redis::PushInfo>();
+            let client = redis::cluster::ClusterClientBuilder::new(urls.clone())
+                .use_protocol(redis::ProtocolVersion::RESP3)
+                .push_sender(tx)
+                .connection_timeout(*timeout)
+                .response_timeout(*timeout)
+                .build()?;
+            let conn = client.get_async_connection().await?;
+            let pushes =
+                futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
+            let names = pushes.filter_map(|push| async move {
+                match (push.kind, push.data.first()) {
+                    (redis::PushKind::SMessage, Some(channel)) => {
+                        redis::from_redis_value_ref::<String>(channel).ok()
+                    }
+                    _ => None,
+                }
+            });
+            Ok((Sink::Cluster(conn), names.boxed()))
+        }
     }
 }

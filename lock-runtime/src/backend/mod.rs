@@ -124,6 +124,7 @@ pub(crate) enum AnyBackend {
     Redis(redis::RedisBackend),
     Memory(memory::MemoryBackend),
     Redlock(redlock::RedlockBackend),
+    Cluster(redis::RedisBackend<::redis::cluster_async::ClusterConnection>),
 }
 
 impl AnyBackend {
@@ -140,6 +141,7 @@ impl Backend for AnyBackend {
             AnyBackend::Redis(b) => b.acquire(req).await,
             AnyBackend::Memory(b) => b.acquire(req).await,
             AnyBackend::Redlock(b) => b.acquire(req).await,
+            AnyBackend::Cluster(b) => b.acquire(req).await,
         }
     }
 
@@ -148,6 +150,7 @@ impl Backend for AnyBackend {
             AnyBackend::Redis(b) => b.release(key, holder).await,
             AnyBackend::Memory(b) => b.release(key, holder).await,
             AnyBackend::Redlock(b) => b.release(key, holder).await,
+            AnyBackend::Cluster(b) => b.release(key, holder).await,
         }
     }
 
@@ -162,6 +165,7 @@ impl Backend for AnyBackend {
             AnyBackend::Redis(b) => b.renew(key, holder, ttl, extend_only).await,
             AnyBackend::Memory(b) => b.renew(key, holder, ttl, extend_only).await,
             AnyBackend::Redlock(b) => b.renew(key, holder, ttl, extend_only).await,
+            AnyBackend::Cluster(b) => b.renew(key, holder, ttl, extend_only).await,
         }
     }
 
@@ -170,6 +174,7 @@ impl Backend for AnyBackend {
             AnyBackend::Redis(b) => b.renew_many(items).await,
             AnyBackend::Memory(b) => b.renew_many(items).await,
             AnyBackend::Redlock(b) => b.renew_many(items).await,
+            AnyBackend::Cluster(b) => b.renew_many(items).await,
         }
     }
 }

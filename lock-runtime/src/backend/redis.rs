@@ -1,13 +1,15 @@
-//! One Redis node, reached over a single multiplexed connection.
+//! Locks in Redis: the scripts and their replies, over one node's
+//! connection or a cluster's.
 //!
-//! One connection, not a pool, on purpose: every command of one acquisition
-//! and its compensating release then travel in order on the same socket, so
-//! a release can never overtake the acquire it undoes.
+//! One connection per node, not a pool, on purpose: every command of one
+//! acquisition and its compensating release then travel in order on the same
+//! socket, so a release can never overtake the acquire it undoes.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_routing::Slot;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
@@ -22,17 +24,47 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../s
 static RENEW_MANY: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/renew_many.lua")));
 
-pub(crate) struct RedisBackend {
-    conn: ConnectionManager,
-    client: redis::Client,
+/// What a connection to Redis must offer: the redis crate's async
+/// connection, cheap to clone (clones share the connection).
+pub(crate) trait Connection: ConnectionLike + Clone + Send + Sync + 'static {}
+impl<T: ConnectionLike + Clone + Send + Sync + 'static> Connection for T {}
+
+/// How releases are announced, and where their subscriptions connect.
+#[derive(Debug, Clone)]
+pub(crate) enum Topology {
+    /// One node: PUBLISH, heard on a pub/sub connection to that node.
+    Single(redis::Client),
+    /// A cluster: SPUBLISH to the shard that owns the lock's slot, heard by
+    /// SSUBSCRIBE through a RESP3 cluster client of its own (built from
+    /// these seed URLs), which follows slots as they move.
+    Cluster { urls: Vec<String>, timeout: Duration },
+}
+
+pub(crate) struct RedisBackend<C = ConnectionManager> {
+    conn: C,
+    topology: Topology,
     node: String,
 }
 
-impl std::fmt::Debug for RedisBackend {
+impl<C> std::fmt::Debug for RedisBackend<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
             .field("node", &self.node)
             .finish_non_exhaustive()
+    }
+}
+
+impl<C: Connection> RedisBackend<C> {
+    pub(crate) fn new(conn: C, topology: Topology, node: String) -> Self {
+        RedisBackend { conn, topology, node }
+    }
+
+    pub(crate) fn node(&self) -> &str {
+        &self.node
+    }
+
+    pub(crate) fn topology(&self) -> &Topology {
+        &self.topology
     }
 }
 
@@ -46,11 +78,7 @@ impl RedisBackend {
         let conn = ConnectionManager::new_with_config(client.clone(), manager_config(config))
             .await
             .map_err(|e| LockError::backend(&node, None, redact_error(e, url)))?;
-        Ok(RedisBackend { conn, client, node })
-    }
-
-    pub(crate) fn node(&self) -> &str {
-        &self.node
+        Ok(RedisBackend::new(conn, Topology::Single(client), node))
     }
 
     /// Like [`connect`](Self::connect), but a node that does not answer now
@@ -71,7 +99,7 @@ impl RedisBackend {
                 let node = client.get_connection_info().addr().to_string();
                 let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))
                     .map_err(|e| LockError::backend(&node, None, redact_error(e, url)))?;
-                Ok((RedisBackend { conn, client, node }, false))
+                Ok((RedisBackend::new(conn, Topology::Single(client), node), false))
             }
             Err(other) => Err(other),
         }
@@ -94,7 +122,9 @@ impl RedisBackend {
         let run_id = field("run_id").unwrap_or_default();
         Ok((run_id, field("cluster_enabled").as_deref() == Some("1")))
     }
+}
 
+impl<C: Connection> RedisBackend<C> {
     fn failure(&self, key: &LockKey, e: RedisError) -> Failure {
         let transient = e.is_io_error()
             || e.is_timeout()
@@ -128,7 +158,7 @@ impl RedisBackend {
     }
 }
 
-impl Backend for RedisBackend {
+impl<C: Connection> Backend for RedisBackend<C> {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let key = req.key;
         // Uncontended fast path: a native SET NX PX costs the server a
@@ -176,10 +206,15 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        let announce = match self.topology {
+            Topology::Single(_) => "publish",
+            Topology::Cluster { .. } => "spublish",
+        };
         let released: i64 = RELEASE
             .key(&key.redis_key)
             .key(&key.channel)
             .arg(holder)
+            .arg(announce)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
@@ -205,6 +240,49 @@ impl Backend for RedisBackend {
     }
 
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
+        if let Topology::Cluster { .. } = self.topology {
+            return self.renew_per_slot(items).await;
+        }
+        self.renew_batch(items).await
+    }
+}
+
+impl<C: Connection> RedisBackend<C> {
+    /// A script may only touch keys of one slot on a cluster: one batch per
+    /// slot, all sent at once (the cluster client pipelines them per node).
+    async fn renew_per_slot(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
+        let mut by_slot: std::collections::HashMap<Slot, Vec<usize>> = std::collections::HashMap::new();
+        for (i, item) in items.iter().enumerate() {
+            by_slot
+                .entry(Slot::for_key(&item.key.redis_key))
+                .or_default()
+                .push(i);
+        }
+        let batches = by_slot.into_values().map(|indices| async move {
+            let batch: Vec<RenewItem<'_>> = indices
+                .iter()
+                .map(|&i| RenewItem {
+                    key: items[i].key,
+                    holder: items[i].holder,
+                    ttl: items[i].ttl,
+                })
+                .collect();
+            (indices, self.renew_batch(&batch).await)
+        });
+        let mut out = vec![Renewal::Unconfirmed; items.len()];
+        for (indices, result) in futures_util::future::join_all(batches).await {
+            // A failed slot leaves its leases unconfirmed, to be retried;
+            // the other slots' answers stand.
+            if let Ok(renewals) = result {
+                for (i, renewal) in indices.into_iter().zip(renewals) {
+                    out[i] = renewal;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn renew_batch(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
         let Some(first) = items.first() else {
             return Ok(Vec::new());
         };
@@ -231,14 +309,6 @@ impl Backend for RedisBackend {
             )));
         }
         Ok(renewed.into_iter().map(|r| Renewal::from(r == 1)).collect())
-    }
-}
-
-impl RedisBackend {
-    /// A client for a second connection to the same node (the release
-    /// notifications' subscription).
-    pub(crate) fn pubsub_client(&self) -> &redis::Client {
-        &self.client
     }
 }
 

@@ -3,6 +3,8 @@
 -- KEYS[1]  the lock key `P{K}`
 -- KEYS[2]  the release channel `P{K}:released`
 -- ARGV[1]  holder id
+-- ARGV[2]  'publish' on one node, 'spublish' on a cluster (sharded pub/sub,
+--          delivered by the shard that owns the lock's slot)
 --
 -- Returns 1 when released, 0 when the key is gone or held by someone else.
 --
@@ -14,6 +16,9 @@
 -- succeeds when the server is out of memory (DEL and PUBLISH are not refused
 -- under OOM); the lock must free even when nothing else can be written.
 
+if ARGV[2] ~= 'publish' and ARGV[2] ~= 'spublish' then
+  return redis.error_reply('ERR bad announce command')
+end
 local current = redis.pcall('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -21,7 +26,7 @@ if current == ARGV[1] then
 end
 if current == ARGV[1] .. '+w' then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[2], ARGV[1])
+  redis.call(ARGV[2], KEYS[2], ARGV[1])
   return 1
 end
 return 0
