@@ -145,6 +145,12 @@ async fn main() -> Result<(), Error> {
     }
     run!("W3", w3_contended(&url));
     run!("W3", w3_processes(&url));
+    if wanted("W4") {
+        for report in w4_scale_out().await? {
+            println!("{}", report.json());
+            reports.push(report);
+        }
+    }
     run!("W5", w5_reentry(&url, server.as_ref()));
     run!("W6", w6_watchdog(&url, server.as_ref()));
     summarise(&reports);
@@ -235,17 +241,25 @@ async fn w0_pairs(url: &str) -> Result<Report, Error> {
 
 /// W1: one task, one key, sequential acquire + release through the library.
 async fn w1_uncontended(url: &str) -> Result<Report, Error> {
-    let locks = LockClient::connect(url).await?;
-    let mut latencies = Vec::with_capacity(SEQUENTIAL_PAIRS);
+    w1_on(
+        &LockClient::connect(url).await?,
+        "W1 uncontended acquire+release",
+        SEQUENTIAL_PAIRS,
+    )
+    .await
+}
+
+async fn w1_on(locks: &LockClient, workload: &'static str, pairs: usize) -> Result<Report, Error> {
+    let mut latencies = Vec::with_capacity(pairs);
     let start = Instant::now();
-    for _ in 0..SEQUENTIAL_PAIRS {
+    for _ in 0..pairs {
         let t = Instant::now();
         locks.lock("w1").acquire().await?.release().await?;
         latencies.push(t.elapsed());
     }
     Ok(Report {
-        workload: "W1 uncontended acquire+release",
-        ops: SEQUENTIAL_PAIRS,
+        workload,
+        ops: pairs,
         elapsed: start.elapsed(),
         latencies,
         ..Report::default()
@@ -374,8 +388,17 @@ async fn w2_independent_keys(url: &str) -> Result<(Report, Report), Error> {
 /// Handoff = from the moment the holder starts its release to the moment
 /// the next holder has the lock.
 async fn w3_contended(url: &str) -> Result<Report, Error> {
-    let locks = LockClient::connect(url).await?;
-    let mut data = raw_connection(url).await?;
+    w3_on(
+        LockClient::connect(url).await?,
+        url,
+        "W3 16 tasks x 1 key, increments",
+    )
+    .await
+}
+
+/// W3 with any client; the counter lives on the Redis at `data_url`.
+async fn w3_on(locks: LockClient, data_url: &str, workload: &'static str) -> Result<Report, Error> {
+    let mut data = raw_connection(data_url).await?;
     let _: () = data.set("w3:counter", 0).await?;
     // (release started, by which task); the next holder reads it.
     let last_release: Arc<std::sync::Mutex<Option<(Instant, usize)>>> = Arc::default();
@@ -413,7 +436,7 @@ async fn w3_contended(url: &str) -> Result<Report, Error> {
     let elapsed = start.elapsed();
     let counter: u64 = data.get("w3:counter").await?;
     Ok(Report {
-        workload: "W3 16 tasks x 1 key, increments",
+        workload,
         ops: W3_TASKS * W3_INCREMENTS,
         elapsed,
         latencies: any,
@@ -490,6 +513,31 @@ async fn w3_worker(url: &str, tasks: usize, increments: usize) -> Result<(), Err
         w.await??;
     }
     Ok(())
+}
+
+/// W4: the W1 shape on Redlock (3 and 5 masters) and on a cluster of 3
+/// masters + 3 replicas, and W3 on 3 masters; all started here.
+async fn w4_scale_out() -> Result<Vec<Report>, Error> {
+    const PAIRS: usize = 5_000;
+    let three = lock_tests::start_masters(3);
+    let five = lock_tests::start_masters(5);
+    let cluster = lock_tests::Cluster::start(3, 1);
+    let urls = |masters: &[RedisServer]| masters.iter().map(RedisServer::url).collect::<Vec<_>>();
+    let redlock3 = LockClient::redlock(urls(&three)).await?;
+    let redlock5 = LockClient::redlock(urls(&five)).await?;
+    let clustered = LockClient::cluster(cluster.urls()).await?;
+    let data = RedisServer::start();
+    Ok(vec![
+        w1_on(&redlock3, "W4 Redlock N=3 acquire+release", PAIRS).await?,
+        w1_on(&redlock5, "W4 Redlock N=5 acquire+release", PAIRS).await?,
+        w1_on(&clustered, "W4 Cluster acquire+release", PAIRS).await?,
+        w3_on(
+            redlock3,
+            &data.url(),
+            "W4 Redlock N=3, 16 tasks x 1 key, increments",
+        )
+        .await?,
+    ])
 }
 
 /// W5: nested acquire + release inside a held lock: no command at all.
@@ -587,7 +635,7 @@ fn summarise(reports: &[Report]) {
     let (Some(rtt), Some(w0), Some(w1), Some(w2), Some(w3), Some(w3p), Some(w5), Some(w6)) = (
         find("W0 round"),
         find("W0 floor"),
-        find("W1"),
+        find("W1 un"),
         find("W2 64"),
         find("W3 16"),
         find("W3 4"),
@@ -619,6 +667,11 @@ fn summarise(reports: &[Report]) {
             "<= 1000",
         ),
         ("W3 final counter", w3.extra("final_counter"), "== 2000"),
+        (
+            "W4 Redlock N=3 final counter",
+            find("W4 Redlock N=3, 16").map_or(f64::NAN, |r| r.extra("final_counter")),
+            "== 2000",
+        ),
         (
             "W3 processes final counter",
             w3p.extra("final_counter"),
