@@ -234,10 +234,7 @@ impl LockClientBuilder {
         urls: impl IntoIterator<Item = S>,
     ) -> Result<LockClient, LockError> {
         let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
-        let name = format!(
-            "redlock({})",
-            urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ")
-        );
+        let name = seeds_name("redlock", &urls);
         let invalid = |reason: String| LockError::InvalidConfig {
             node: name.clone(),
             reason,
@@ -314,10 +311,7 @@ impl LockClientBuilder {
         urls: impl IntoIterator<Item = S>,
     ) -> Result<LockClient, LockError> {
         let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
-        let name = format!(
-            "cluster({})",
-            urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ")
-        );
+        let name = seeds_name("cluster", &urls);
         self.check(&name)?;
         let invalid = |reason: String| LockError::InvalidConfig {
             node: name.clone(),
@@ -371,6 +365,13 @@ impl LockClientBuilder {
             }),
         }
     }
+}
+
+/// How a many-node client names itself in messages: `kind(url, url, ...)`,
+/// passwords redacted.
+fn seeds_name(kind: &str, urls: &[String]) -> String {
+    let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+    format!("{kind}({})", urls.join(", "))
 }
 
 /// How an in-process client names its "node" in messages.

@@ -526,3 +526,54 @@ impl Cluster {
         self.nodes[index].query(redis::cmd("CLUSTER").arg("MYID"))
     }
 }
+
+/// The mutual-exclusion workload: `tasks` tasks each increment the Redis
+/// counter `counter` `per_task` times under the lock `counter`, by GET, a
+/// yield, then SET, which loses updates unless the holders exclude each
+/// other; an in-process witness also checks that no two bodies overlap.
+/// Returns the counter's final value.
+pub async fn increment_under_lock<C>(
+    locks: &lock_runtime::LockClient,
+    data: C,
+    tasks: usize,
+    per_task: usize,
+) -> u64
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    use redis::AsyncCommands;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let inside = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (locks, mut data, inside) = (locks.clone(), data.clone(), Arc::clone(&inside));
+            tokio::spawn(async move {
+                for _ in 0..per_task {
+                    let data = &mut data;
+                    let inside = &inside;
+                    locks
+                        .lock("counter")
+                        .wait(Duration::from_secs(30))
+                        .run(async move {
+                            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                            let value: Option<u64> = data.get("counter").await?;
+                            tokio::task::yield_now().await;
+                            let result = data.set::<_, _, ()>("counter", value.unwrap_or(0) + 1).await;
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            result
+                        })
+                        .await
+                        .expect("lock")
+                        .expect("increment");
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.expect("worker task");
+    }
+    let mut data = data;
+    data.get("counter").await.expect("read the counter")
+}

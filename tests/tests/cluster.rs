@@ -1,13 +1,10 @@
 //! Redis Cluster (RELIABILITY C1–C4), on a cluster of 3 masters and 3
 //! replicas that each test starts on free ports.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::Cluster;
-use redis::AsyncCommands;
+use lock_tests::{Cluster, increment_under_lock};
 
 async fn cluster_client(urls: &[String]) -> LockClient {
     LockClient::builder()
@@ -26,38 +23,7 @@ async fn sixteen_tasks_never_lose_an_update_on_the_cluster() {
         .get_async_connection()
         .await
         .expect("data connection");
-    let inside = Arc::new(AtomicUsize::new(0));
-    let tasks: Vec<_> = (0..16)
-        .map(|_| {
-            let (locks, mut data, inside) = (locks.clone(), data.clone(), Arc::clone(&inside));
-            tokio::spawn(async move {
-                for _ in 0..50 {
-                    let data = &mut data;
-                    let inside = &inside;
-                    locks
-                        .lock("counter")
-                        .wait(Duration::from_secs(30))
-                        .run(async move {
-                            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
-                            let value: Option<u64> = data.get("counter").await?;
-                            tokio::task::yield_now().await;
-                            let result = data.set::<_, _, ()>("counter", value.unwrap_or(0) + 1).await;
-                            inside.fetch_sub(1, Ordering::SeqCst);
-                            result
-                        })
-                        .await
-                        .expect("lock")
-                        .expect("increment");
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("task");
-    }
-    let mut data = data;
-    let total: u64 = data.get("counter").await.expect("counter");
-    assert_eq!(total, 800);
+    assert_eq!(increment_under_lock(&locks, data, 16, 50).await, 800);
 }
 
 /// C4: a waiter whose client was seeded through another node is woken by

@@ -5,13 +5,10 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{RedisServer, commands_between, eventually};
-use redis::AsyncCommands;
+use lock_tests::{RedisServer, commands_between, eventually, increment_under_lock};
 
 async fn client(server: &RedisServer) -> LockClient {
     LockClient::connect(&server.url()).await.expect("connect")
@@ -25,48 +22,14 @@ async fn data_conn(server: &RedisServer) -> redis::aio::MultiplexedConnection {
         .expect("data connection")
 }
 
-/// A read-modify-write that loses updates unless callers exclude each other:
-/// GET, yield, SET.
-async fn increment(data: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<()> {
-    let value: Option<u64> = data.get("counter").await?;
-    tokio::task::yield_now().await;
-    data.set("counter", value.unwrap_or(0) + 1).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_tasks_never_lose_an_update() {
     let server = RedisServer::start();
     let locks = client(&server).await;
-    let inside = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..16 {
-        let locks = locks.clone();
-        let inside = Arc::clone(&inside);
-        let mut data = data_conn(&server).await;
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..200 {
-                let data = &mut data;
-                let inside = &inside;
-                locks
-                    .lock("counter")
-                    .wait(Duration::from_secs(30))
-                    .run(async move {
-                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
-                        let result = increment(data).await;
-                        inside.fetch_sub(1, Ordering::SeqCst);
-                        result
-                    })
-                    .await
-                    .expect("lock")
-                    .expect("increment");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.expect("task");
-    }
-    let total: u64 = server.query(redis::cmd("GET").arg("counter"));
-    assert_eq!(total, 3200);
+    assert_eq!(
+        increment_under_lock(&locks, data_conn(&server).await, 16, 200).await,
+        3200
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

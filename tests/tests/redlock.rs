@@ -1,13 +1,10 @@
 //! Redlock over independent `redis-server` masters (RELIABILITY R2–R4, R8):
 //! majorities, dead and stalled masters, foreign holders, configuration.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LostReason};
-use lock_tests::{Proxy, RedisServer, start_masters};
-use redis::AsyncCommands;
+use lock_tests::{Proxy, RedisServer, increment_under_lock, start_masters};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
@@ -38,36 +35,7 @@ async fn sixteen_tasks_never_lose_an_update_on_three_masters() {
         .get_multiplexed_async_connection()
         .await
         .expect("data");
-    let inside = Arc::new(AtomicUsize::new(0));
-    let tasks: Vec<_> = (0..16)
-        .map(|_| {
-            let (locks, mut data, inside) = (locks.clone(), data.clone(), Arc::clone(&inside));
-            tokio::spawn(async move {
-                for _ in 0..50 {
-                    let data = &mut data;
-                    let inside = &inside;
-                    locks
-                        .lock("counter")
-                        .wait(Duration::from_secs(30))
-                        .run(async move {
-                            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
-                            let value: Option<u64> = data.get("counter").await?;
-                            tokio::task::yield_now().await;
-                            let result = data.set::<_, _, ()>("counter", value.unwrap_or(0) + 1).await;
-                            inside.fetch_sub(1, Ordering::SeqCst);
-                            result
-                        })
-                        .await
-                        .expect("lock")
-                        .expect("increment");
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("task");
-    }
-    assert_eq!(data_server.query::<u64>(redis::cmd("GET").arg("counter")), 800);
+    assert_eq!(increment_under_lock(&locks, data, 16, 50).await, 800);
 }
 
 /// R2: a dead minority costs nothing: every acquisition still succeeds.
