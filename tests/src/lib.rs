@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod witness;
+
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

@@ -6,6 +6,12 @@
 //!   and keep it until killed.
 //! - `lock-worker wait <url> <key>`: wait up to 30 s for the lock, then print
 //!   the wall-clock time it was acquired (ns since the epoch) and release it.
+//! - `lock-worker witness <lock-url> <witness-url> <key> <tasks> <ms> <lock>
+//!   <ttl-ms> <max-body-ms>`: `tasks` tasks take `lock` on `key` for `ms`
+//!   milliseconds, each body reporting to the witness (see
+//!   `lock_tests::witness`). `lock` is `library`, or a deliberately broken
+//!   lock the checker must catch: `del-release` (released by a plain DEL, no
+//!   owner check) or `no-deadline` (the body ignores its lease running out).
 //! - `lock-worker fence <url> <key> <n>`: `n` times, take the lock with a
 //!   fencing token and, under the lock, append the token to the list
 //!   `fence-log`: the list's order is the acquisition order.
@@ -13,6 +19,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
+
 use redis::AsyncCommands;
 
 #[tokio::main(flavor = "current_thread")]
@@ -23,6 +30,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         [_, "hold", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?).await,
         [_, "wait", url, key] => wait(url, key).await,
         [_, "fence", url, key, n] => fence(url, key, n.parse()?).await,
+        [
+            _,
+            "witness",
+            url,
+            witness_url,
+            key,
+            tasks,
+            ms,
+            lock,
+            ttl_ms,
+            max_body_ms,
+        ] => {
+            let run = WitnessRun {
+                url: (*url).to_owned(),
+                key: (*key).to_owned(),
+                duration: Duration::from_millis(ms.parse()?),
+                ttl: Duration::from_millis(ttl_ms.parse()?),
+                max_body: Duration::from_millis(max_body_ms.parse()?),
+                lock: (*lock).to_owned(),
+            };
+            witness(run, witness_url, tasks.parse()?).await
+        }
         _ => Err("usage: lock-worker count|hold|wait|fence URL KEY ...".into()),
     }
 }
@@ -89,4 +118,130 @@ async fn fence(url: &str, key: &str, n: u32) -> Result<(), Box<dyn std::error::E
             .await??;
     }
     Ok(())
+}
+
+#[derive(Clone)]
+struct WitnessRun {
+    url: String,
+    key: String,
+    duration: Duration,
+    ttl: Duration,
+    max_body: Duration,
+    lock: String,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+async fn witness(run: WitnessRun, witness_url: &str, tasks: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let checker = lock_tests::witness::Witness::connect(witness_url).await?;
+    let locks = LockClient::connect(&run.url).await?;
+    let raw = redis::Client::open(run.url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let workers: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (run, checker, locks, raw) = (run.clone(), checker.clone(), locks.clone(), raw.clone());
+            tokio::spawn(async move { witness_task(task, run, checker, locks, raw).await })
+        })
+        .collect();
+    let (mut taken, mut lost) = (0u64, 0u64);
+    for w in workers {
+        let (t, l) = w.await?.map_err(|e| e.to_string())?;
+        taken += t;
+        lost += l;
+    }
+    println!("{{\"taken\":{taken},\"lost\":{lost}}}");
+    Ok(())
+}
+
+/// A body of random length up to `max_body`.
+fn body_length(max: Duration) -> Duration {
+    use rand::Rng;
+    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(rand::rng().random_range(0..=nanos))
+}
+
+async fn witness_task(
+    task: usize,
+    run: WitnessRun,
+    checker: lock_tests::witness::Witness,
+    locks: LockClient,
+    mut raw: redis::aio::MultiplexedConnection,
+) -> Result<(u64, u64), BoxError> {
+    let start = std::time::Instant::now();
+    let (mut taken, mut lost) = (0, 0);
+    let holder = format!("{}:{task}", std::process::id());
+    while start.elapsed() < run.duration {
+        let body = body_length(run.max_body);
+        match run.lock.as_str() {
+            "library" => {
+                let outcome = locks
+                    .lock(run.key.as_str())
+                    .ttl(run.ttl)
+                    .fencing(true)
+                    .wait(Duration::from_secs(10))
+                    .run(async {
+                        checker.enter(&run.key).await?;
+                        let token = lock_runtime::fencing_token().ok_or("no token")?;
+                        checker.write(&run.key, token, true).await?;
+                        checker.bump(&run.key).await?;
+                        tokio::time::sleep(body).await;
+                        checker.exit(&run.key).await?;
+                        Ok::<_, BoxError>(())
+                    })
+                    .await;
+                match outcome {
+                    Ok(result) => {
+                        result?;
+                        taken += 1;
+                    }
+                    Err(LockError::Lost { .. }) => lost += 1,
+                    Err(LockError::Timeout { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            broken => {
+                // SET NX PX, retried: a lock with its own bug to be caught.
+                let acquired: Option<String> = redis::cmd("SET")
+                    .arg(&run.key)
+                    .arg(&holder)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(run.ttl.as_millis() as u64)
+                    .query_async(&mut raw)
+                    .await?;
+                if acquired.is_none() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                }
+                let deadline = std::time::Instant::now() + run.ttl - Duration::from_millis(5);
+                checker.enter(&run.key).await?;
+                checker.bump(&run.key).await?;
+                if broken == "no-deadline" {
+                    // Bug: keeps working after the lease ran out.
+                    tokio::time::sleep(body).await;
+                } else {
+                    // Stops in time, like a correct holder...
+                    tokio::time::sleep_until(deadline.min(std::time::Instant::now() + body).into()).await;
+                }
+                checker.exit(&run.key).await?;
+                if broken == "del-release" {
+                    // ...but its release is slow and has no owner check: it
+                    // deletes whoever holds the key by then.
+                    tokio::time::sleep(run.ttl / 2).await;
+                    let _: i64 = raw.del(&run.key).await?;
+                } else {
+                    let _: i64 = redis::Script::new(
+                        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+                    )
+                    .key(&run.key)
+                    .arg(&holder)
+                    .invoke_async(&mut raw)
+                    .await?;
+                }
+                taken += 1;
+            }
+        }
+    }
+    Ok((taken, lost))
 }
