@@ -298,25 +298,30 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> O
 }
 
 /// A TCP proxy in front of a server, for link faults without root: in
-/// `blackhole` mode it keeps every socket open and forwards nothing, so the
-/// client sees a stalled server, not a reset.
+/// `blackhole` mode it keeps every socket open and forwards nothing (the
+/// client sees a stalled server, not a reset); in `half_open` mode requests
+/// still reach the server but its replies are dropped.
 #[derive(Debug)]
 pub struct Proxy {
     port: u16,
-    blackholed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    mode: std::sync::Arc<std::sync::atomic::AtomicU8>,
     task: tokio::task::JoinHandle<()>,
 }
+
+const PASS: u8 = 0;
+const BLACKHOLE: u8 = 1;
+const HALF_OPEN: u8 = 2;
 
 impl Proxy {
     /// Starts forwarding 127.0.0.1:<new port> to 127.0.0.1:`target`.
     pub async fn start(target: u16) -> Proxy {
-        use std::sync::atomic::AtomicBool;
+        use std::sync::atomic::AtomicU8;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
-        let blackholed = std::sync::Arc::new(AtomicBool::new(false));
-        let mode = std::sync::Arc::clone(&blackholed);
+        let mode = std::sync::Arc::new(AtomicU8::new(PASS));
+        let shared = std::sync::Arc::clone(&mode);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
@@ -324,15 +329,21 @@ impl Proxy {
                 };
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
-                tokio::spawn(pump(client_read, server_write, std::sync::Arc::clone(&mode)));
-                tokio::spawn(pump(server_read, client_write, std::sync::Arc::clone(&mode)));
+                tokio::spawn(pump(
+                    client_read,
+                    server_write,
+                    std::sync::Arc::clone(&shared),
+                    Direction::Request,
+                ));
+                tokio::spawn(pump(
+                    server_read,
+                    client_write,
+                    std::sync::Arc::clone(&shared),
+                    Direction::Reply,
+                ));
             }
         });
-        Proxy {
-            port,
-            blackholed,
-            task,
-        }
+        Proxy { port, mode, task }
     }
 
     /// `redis://127.0.0.1:<proxy port>/`.
@@ -342,12 +353,17 @@ impl Proxy {
 
     /// Stops forwarding, both ways, on every connection.
     pub fn blackhole(&self) {
-        self.blackholed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.mode.store(BLACKHOLE, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Forwards again; what was held back is delivered.
+    /// Requests go through; replies are dropped.
+    pub fn half_open(&self) {
+        self.mode.store(HALF_OPEN, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Forwards again; what a blackhole held back is delivered.
     pub fn pass(&self) {
-        self.blackholed.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.mode.store(PASS, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -357,11 +373,19 @@ impl Drop for Proxy {
     }
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Direction {
+    Request,
+    Reply,
+}
+
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    blackholed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    mode: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    direction: Direction,
 ) {
+    use std::sync::atomic::Ordering;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -369,8 +393,11 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        while blackholed.load(std::sync::atomic::Ordering::SeqCst) {
+        while mode.load(Ordering::SeqCst) == BLACKHOLE {
             tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if direction == Direction::Reply && mode.load(Ordering::SeqCst) == HALF_OPEN {
+            continue;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

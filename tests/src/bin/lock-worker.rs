@@ -3,7 +3,11 @@
 //! - `lock-worker count <url> <key> <counter-key> <n>`: `n` times, under the
 //!   lock, read the counter with GET and write it back plus one with SET.
 //! - `lock-worker hold <url> <key> <ttl-ms>`: take the lock, print `HELD`,
-//!   and keep it until killed.
+//!   and keep it until killed; `hold-renewed` the same with lease renewal.
+//! - `lock-worker pause <url> <witness-url> <key> <ttl-ms>`: take the lock
+//!   with a fencing token, print `PAUSING`, stop itself (SIGSTOP) before its
+//!   write, and once continued write the token to the witness's fenced and
+//!   unfenced registers (keys `<key>:fenced`, `<key>:unfenced`).
 //! - `lock-worker wait <url> <key>`: wait up to 30 s for the lock, then print
 //!   the wall-clock time it was acquired (ns since the epoch) and release it.
 //! - `lock-worker witness <lock-url> <witness-url> <key> <tasks> <ms> <lock>
@@ -27,7 +31,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         [_, "count", url, key, counter, n] => count(url, key, counter, n.parse()?).await,
-        [_, "hold", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?).await,
+        [_, "hold", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?, false).await,
+        [_, "hold-renewed", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?, true).await,
+        [_, "pause", url, witness_url, key, ttl_ms] => pause(url, witness_url, key, ttl_ms.parse()?).await,
         [_, "wait", url, key] => wait(url, key).await,
         [_, "fence", url, key, n] => fence(url, key, n.parse()?).await,
         [
@@ -76,12 +82,12 @@ async fn count(url: &str, key: &str, counter: &str, n: u32) -> Result<(), Box<dy
     Ok(())
 }
 
-async fn hold(url: &str, key: &str, ttl_ms: u64) -> Result<(), Box<dyn std::error::Error>> {
+async fn hold(url: &str, key: &str, ttl_ms: u64, renew: bool) -> Result<(), Box<dyn std::error::Error>> {
     let locks = LockClient::connect(url).await?;
     let guard = locks
         .lock(key)
         .ttl(Duration::from_millis(ttl_ms))
-        .renew(false)
+        .renew(renew)
         .acquire()
         .await?;
     println!("HELD");
@@ -244,4 +250,31 @@ async fn witness_task(
         }
     }
     Ok((taken, lost))
+}
+
+/// A holder paused between its check and its write (a GC pause, a stalled
+/// VM): the lock cannot help it; only a fenced resource can.
+async fn pause(
+    url: &str,
+    witness_url: &str,
+    key: &str,
+    ttl_ms: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let locks = LockClient::connect(url).await?;
+    let checker = lock_tests::witness::Witness::connect(witness_url).await?;
+    let guard = locks
+        .lock(key)
+        .ttl(Duration::from_millis(ttl_ms))
+        .renew(false)
+        .fencing(true)
+        .acquire()
+        .await?;
+    let token = guard.fencing_token().ok_or("no token")?;
+    println!("PAUSING {token}");
+    nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGSTOP)?;
+    checker.write(&format!("{key}:fenced"), token, true).await?;
+    checker.write(&format!("{key}:unfenced"), token, false).await?;
+    println!("WROTE");
+    drop(guard);
+    Ok(())
 }
