@@ -87,7 +87,7 @@ async fn s0_baseline_after_its_controls_are_caught() {
 
     // Controls: each broken lock must be caught in every trial (≥ 95%).
     let mut controls = Vec::new();
-    for broken in ["del-release", "no-deadline"] {
+    for broken in ["del-release", "no-deadline", "blind-renew"] {
         let trials = 5;
         let mut caught_in = 0;
         for trial in 0..trials {
@@ -482,6 +482,80 @@ async fn s10_script_flushes_under_load_are_invisible() {
         "S10",
         &format!(
             "{{\"scenario\":\"S10 SCRIPT FLUSH under load\",\"flushes\":{flushes},\"acquisitions\":{acquisitions},\"user_visible_errors\":0}}"
+        ),
+    );
+}
+
+/// S4: the holder's link is blackholed while it works: it must stop before
+/// its validity deadline (it cannot know whether its renewals land), and a
+/// rival on a healthy link may enter only after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_a_holder_cut_off_stops_before_its_deadline() {
+    let server = RedisServer::start();
+    let witness_server = RedisServer::start();
+    let witness = Witness::connect(&witness_server.url()).await.expect("witness");
+    let ttl = Duration::from_millis(600);
+    let mut slacks = Vec::new();
+    for trial in 0..5 {
+        let key = format!("s4:{trial}");
+        let proxy = lock_tests::Proxy::start(server.port()).await;
+        let holder = lock_runtime::LockClient::builder()
+            .command_timeout(Duration::from_millis(100))
+            .connect(&proxy.url())
+            .await
+            .expect("connect");
+        let rival = lock_runtime::LockClient::connect(&server.url())
+            .await
+            .expect("connect");
+        let guard = holder
+            .lock(key.as_str())
+            .ttl(ttl)
+            .acquire()
+            .await
+            .expect("acquire");
+        witness.enter(&key).await.expect("enter");
+        tokio::time::sleep(ttl / 2).await;
+        proxy.blackhole();
+        let rival_run = {
+            let (witness, key) = (witness.clone(), key.clone());
+            tokio::spawn(async move {
+                rival
+                    .lock(key.as_str())
+                    .wait(Duration::from_secs(5))
+                    .run(async {
+                        witness.enter(&key).await.expect("enter");
+                        witness.exit(&key).await.expect("exit");
+                    })
+                    .await
+            })
+        };
+        // The holder works in 1 ms steps, checking its lease before each.
+        while guard.is_held() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let stopped = Instant::now();
+        witness.exit(&key).await.expect("exit");
+        let deadline = guard.valid_until();
+        assert!(
+            stopped < deadline,
+            "trial {trial}: stopped {:?} after D",
+            stopped - deadline
+        );
+        slacks.push(deadline - stopped);
+        rival_run.await.expect("join").expect("the rival gets the lock");
+        let seen = witness.seen(&key).await.expect("seen");
+        assert_eq!(seen.overlaps, 0, "trial {trial}: {seen:?}");
+        proxy.pass();
+        drop(guard);
+    }
+    slacks.sort();
+    report(
+        "S4",
+        &format!(
+            "{{\"scenario\":\"S4 holder link blackhole\",\"trials\":{},\"lost_slack_ms\":{{\"min\":{:.2},\"p50\":{:.2}}},\"overlaps\":0}}",
+            slacks.len(),
+            percentile_ms(&slacks, 0.0),
+            percentile_ms(&slacks, 0.5)
         ),
     );
 }

@@ -15,7 +15,8 @@
 //!   milliseconds, each body reporting to the witness (see
 //!   `lock_tests::witness`). `lock` is `library`, or a deliberately broken
 //!   lock the checker must catch: `del-release` (released by a plain DEL, no
-//!   owner check) or `no-deadline` (the body ignores its lease running out).
+//!   owner check), `no-deadline` (the body ignores its lease running out) or
+//!   `blind-renew` (renews with a plain SET, never noticing it lost the lock).
 //! - `lock-worker fence <url> <key> <n>`: `n` times, take the lock with a
 //!   fencing token and, under the lock, append the token to the list
 //!   `fence-log`: the list's order is the acquisition order.
@@ -226,6 +227,21 @@ async fn witness_task(
                 if broken == "no-deadline" {
                     // Bug: keeps working after the lease ran out.
                     tokio::time::sleep(body).await;
+                } else if broken == "blind-renew" {
+                    // Bug: renews by overwriting, so a renewal that comes late
+                    // takes the lock back from whoever got it meanwhile, and
+                    // the holder never learns it had lost it.
+                    let until = std::time::Instant::now() + body * 3;
+                    while std::time::Instant::now() < until {
+                        tokio::time::sleep(body_length(run.ttl * 6 / 5)).await;
+                        let _: () = redis::cmd("SET")
+                            .arg(&run.key)
+                            .arg(&holder)
+                            .arg("PX")
+                            .arg(run.ttl.as_millis() as u64)
+                            .query_async(&mut raw)
+                            .await?;
+                    }
                 } else {
                     // Stops in time, like a correct holder...
                     tokio::time::sleep_until(deadline.min(std::time::Instant::now() + body).into()).await;
