@@ -64,6 +64,26 @@ impl Run<'_> {
     }
 }
 
+/// A server to take locks on, and the witness that checks them.
+struct Lab {
+    server: RedisServer,
+    witness_server: RedisServer,
+    witness: Witness,
+}
+
+impl Lab {
+    async fn start() -> Lab {
+        let server = RedisServer::start();
+        let witness_server = RedisServer::start();
+        let witness = Witness::connect(&witness_server.url()).await.expect("witness");
+        Lab {
+            server,
+            witness_server,
+            witness,
+        }
+    }
+}
+
 fn caught(seen: &Seen) -> bool {
     seen.overlaps > 0 || seen.counter < seen.entries
 }
@@ -80,9 +100,11 @@ fn report(id: &str, json: &str) {
 /// keys; with the real lock, no overlap, no lost update, no stale token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0_baseline_after_its_controls_are_caught() {
-    let lock_server = RedisServer::start();
-    let witness_server = RedisServer::start();
-    let witness = Witness::connect(&witness_server.url()).await.expect("witness");
+    let Lab {
+        server: lock_server,
+        witness_server,
+        witness,
+    } = Lab::start().await;
     let started = Instant::now();
 
     // Controls: each broken lock must be caught in every trial (≥ 95%).
@@ -99,7 +121,7 @@ async fn s0_baseline_after_its_controls_are_caught() {
                 lock: broken,
                 processes: 2,
                 tasks: 4,
-                duration: Duration::from_millis(800),
+                duration: Duration::from_millis(1500),
                 ttl: Duration::from_millis(60),
                 max_body: Duration::from_millis(120),
             }
@@ -242,9 +264,11 @@ async fn s1_a_killed_holder_frees_the_lock_within_its_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s2_a_paused_holder_is_stopped_by_fencing_alone() {
     use std::io::{BufRead, BufReader};
-    let server = RedisServer::start();
-    let witness_server = RedisServer::start();
-    let witness = Witness::connect(&witness_server.url()).await.expect("witness");
+    let Lab {
+        server,
+        witness_server,
+        witness,
+    } = Lab::start().await;
     let locks = lock_runtime::LockClient::connect(&server.url())
         .await
         .expect("connect");
@@ -428,9 +452,11 @@ async fn s9_restarts_lose_locks_unless_the_server_persists_them() {
 /// S10: `SCRIPT FLUSH` every 200 ms under load: no caller ever sees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s10_script_flushes_under_load_are_invisible() {
-    let server = RedisServer::start();
-    let witness_server = RedisServer::start();
-    let witness = Witness::connect(&witness_server.url()).await.expect("witness");
+    let Lab {
+        server,
+        witness_server: _witness_server,
+        witness,
+    } = Lab::start().await;
     let locks = lock_runtime::LockClient::connect(&server.url())
         .await
         .expect("connect");
@@ -491,9 +517,11 @@ async fn s10_script_flushes_under_load_are_invisible() {
 /// rival on a healthy link may enter only after that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s4_a_holder_cut_off_stops_before_its_deadline() {
-    let server = RedisServer::start();
-    let witness_server = RedisServer::start();
-    let witness = Witness::connect(&witness_server.url()).await.expect("witness");
+    let Lab {
+        server,
+        witness_server: _witness_server,
+        witness,
+    } = Lab::start().await;
     let ttl = Duration::from_millis(600);
     let mut slacks = Vec::new();
     for trial in 0..5 {

@@ -233,7 +233,7 @@ async fn witness_task(
                     // the holder never learns it had lost it.
                     let until = std::time::Instant::now() + body * 3;
                     while std::time::Instant::now() < until {
-                        tokio::time::sleep(body_length(run.ttl * 6 / 5)).await;
+                        tokio::time::sleep(body_length(run.ttl * 2)).await;
                         let _: () = redis::cmd("SET")
                             .arg(&run.key)
                             .arg(&holder)
