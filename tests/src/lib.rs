@@ -606,3 +606,21 @@ where
     let mut data = data;
     data.get("counter").await.expect("read the counter")
 }
+
+/// A waiter in a task of its own (a separate holder): waits up to 5 s for
+/// `key`, releases it, and returns the instant it got it, so that handoff
+/// latency can be taken from the release that let it in.
+pub fn spawn_waiter(locks: &lock_runtime::LockClient, key: &str) -> tokio::task::JoinHandle<Instant> {
+    let (locks, key) = (locks.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let guard = locks
+            .lock(key)
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .expect("waiter");
+        let acquired = Instant::now();
+        guard.release().await.expect("release");
+        acquired
+    })
+}

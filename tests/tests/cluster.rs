@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{Cluster, increment_under_lock};
+use lock_tests::{Cluster, increment_under_lock, spawn_waiter};
 
 async fn cluster_client(urls: &[String]) -> LockClient {
     LockClient::builder()
@@ -38,20 +38,7 @@ async fn waiters_seeded_elsewhere_are_woken_by_sharded_notifications() {
     for trial in 0..10 {
         let key = format!("c4:{trial}");
         let guard = holder.lock(key.as_str()).acquire().await.expect("acquire");
-        let waiting = {
-            let (waiter, key) = (waiter.clone(), key.clone());
-            tokio::spawn(async move {
-                let guard = waiter
-                    .lock(key)
-                    .wait(Duration::from_secs(5))
-                    .acquire()
-                    .await
-                    .expect("waiter");
-                let acquired = Instant::now();
-                guard.release().await.expect("release");
-                acquired
-            })
-        };
+        let waiting = spawn_waiter(&waiter, &key);
         // Subscribed once the shard counts a subscriber on the channel.
         let master = cluster.master_of(&format!("lock:{{{key}}}"));
         let channel = format!("lock:{{{key}}}:released");

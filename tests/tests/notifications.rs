@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::LockClient;
-use lock_tests::{RedisServer, eventually};
+use lock_tests::{RedisServer, eventually, spawn_waiter};
 
 async fn client(server: &RedisServer) -> LockClient {
     LockClient::connect(&server.url()).await.expect("connect")
@@ -67,21 +67,7 @@ async fn a_waiter_in_this_process_is_woken_without_a_round_trip() {
     for trial in 0..50 {
         let key = format!("local:{trial}");
         let guard = locks.lock(key.as_str()).acquire().await.expect("acquire");
-        let waiter = tokio::spawn({
-            let locks = locks.clone();
-            let key = key.clone();
-            async move {
-                let guard = locks
-                    .lock(key)
-                    .wait(Duration::from_secs(5))
-                    .acquire()
-                    .await
-                    .expect("waiter");
-                let acquired = Instant::now();
-                guard.release().await.expect("release");
-                acquired
-            }
-        });
+        let waiter = spawn_waiter(&locks, &key);
         until_subscribed(&server, &key).await;
         let released = Instant::now();
         guard.release().await.expect("release");
@@ -103,17 +89,7 @@ async fn a_killed_subscription_costs_at_most_the_poll() {
     let holder = client(&server).await;
     let waiter_client = client(&server).await;
     let guard = holder.lock("killed").acquire().await.expect("acquire");
-    let waiter = tokio::spawn(async move {
-        let guard = waiter_client
-            .lock("killed")
-            .wait(Duration::from_secs(5))
-            .acquire()
-            .await
-            .expect("waiter");
-        let acquired = Instant::now();
-        guard.release().await.expect("release");
-        acquired
-    });
+    let waiter = spawn_waiter(&waiter_client, "killed");
     until_subscribed(&server, "killed").await;
 
     // Kill the subscription and, in the same transaction, refuse new
@@ -227,14 +203,7 @@ async fn releases_are_announced_only_when_someone_waits() {
 
     let guard = locks.lock("busy").acquire().await.expect("acquire");
     let waiter_client = client(&server).await;
-    let waiter = tokio::spawn(async move {
-        waiter_client
-            .lock("busy")
-            .wait(Duration::from_secs(5))
-            .acquire()
-            .await
-            .map(drop)
-    });
+    let waiter = spawn_waiter(&waiter_client, "busy");
     until_subscribed(&server, "busy").await;
     let value: String = server.query(redis::cmd("GET").arg("lock:{busy}"));
     assert!(
@@ -242,6 +211,6 @@ async fn releases_are_announced_only_when_someone_waits() {
         "the waiter marked the holder's lock: {value}"
     );
     guard.release().await.expect("release");
-    waiter.await.expect("join").expect("the waiter got the lock");
+    waiter.await.expect("the waiter got the lock");
     assert_eq!(publishes(), 1, "the marked release was announced once");
 }
