@@ -108,6 +108,10 @@ impl Notifier {
     async fn sync_subscription(self: &Arc<Self>, channel: &str) {
         let mut slot = self.sink.lock().await;
         let Some(sink) = slot.as_mut() else {
+            if !self.wanted(channel) {
+                // Nothing to unsubscribe from without a connection.
+                return;
+            }
             // A new connection subscribes to every wanted channel, this one
             // included.
             if let Some(stream) = self.connect(&mut slot).await {
@@ -296,5 +300,31 @@ async fn open_subscription(topology: &Topology) -> RedisResult<(Sink, Messages)>
             });
             Ok((Sink::Cluster(conn), names.boxed()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Unsubscribing needs no connection: with none open, the last waiter's
+    /// departure must not open one just to say so.
+    #[tokio::test]
+    async fn leaving_does_not_open_a_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("url");
+        let notifier = Notifier::new(Some(Topology::Single(client)));
+        // The listener never answers, so a connection attempt would hang here.
+        let done = tokio::time::timeout(
+            Duration::from_millis(200),
+            notifier.sync_subscription("lock:{k}:released"),
+        )
+        .await;
+        let accepted = tokio::time::timeout(Duration::from_millis(50), listener.accept()).await;
+        assert!(
+            done.is_ok() && accepted.is_err(),
+            "a connection was opened to unsubscribe from nothing"
+        );
     }
 }
