@@ -184,3 +184,24 @@ fn duration_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<Duratio
     }
     Some(DurationArg { millis })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn problems(tokens: proc_macro2::TokenStream) -> String {
+        let mut errors = Errors::default();
+        Args::parse(tokens, &mut errors);
+        errors.finish(()).err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn durations_are_bounded_as_documented() {
+        assert!(problems(quote!(key = "k", ttl = "24h")).is_empty());
+        assert!(problems(quote!(key = "k", ttl = "24h1ms")).contains("over the 24h limit"));
+        assert!(problems(quote!(key = "k", ttl = "1ms", wait = "1h")).is_empty());
+        assert!(problems(quote!(key = "k", wait = "1h1s")).contains("over the 1h limit"));
+        assert!(problems(quote!(key = "k", renew = "no")).contains("`true` or `false`"));
+    }
+}

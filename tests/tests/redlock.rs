@@ -236,6 +236,16 @@ async fn redlock_configuration_errors_are_refused() {
         "{mixed:?}"
     );
 
+    let mut two_down = start_masters(3);
+    let seeds = urls(&two_down);
+    two_down[1].kill();
+    two_down[2].kill();
+    let minority = LockClient::redlock(&seeds).await;
+    assert!(
+        matches!(&minority, Err(LockError::Backend { source, .. }) if source.to_string().contains("only 1 of 3 masters answer")),
+        "{minority:?}"
+    );
+
     let locks = redlock(&urls(&masters)).await;
     let fenced = locks.lock("fenced").fencing(true).acquire().await;
     assert!(
