@@ -173,7 +173,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             (
                 Stock::Redis(conn),
-                format!("Redis at {}, servers are {how}", redact(url)),
+                format!("Redis at REDIS_URL, servers are {how}"),
             )
         }
         None => {
@@ -296,12 +296,4 @@ async fn server_process(locked: bool) -> Result<(), Box<dyn std::error::Error>> 
     let (sold, refused) = serve(stock, locked).await?;
     println!("{sold} {refused}");
     Ok(())
-}
-
-/// The URL without its password, for printing.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &url[..scheme + 3], &url[at..]),
-        _ => url.to_owned(),
-    }
 }
