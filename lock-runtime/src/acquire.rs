@@ -24,6 +24,9 @@ use crate::spec::LockOptions;
 use crate::waiter::{POLL, Watch};
 use crate::{LockError, holder};
 
+/// The shortest time a retry is given to answer, even with less of `wait` left.
+const LATE_ATTEMPT_FLOOR: Duration = Duration::from_millis(10);
+
 pub(crate) async fn acquire(
     client: &Arc<ClientInner>,
     key: LockKey,
@@ -99,7 +102,17 @@ async fn acquire_within_wait(
         // In doubt from the moment the request may be on the wire: if the
         // caller drops us now, Drop must give back what it may have taken.
         let doubt_before = std::mem::replace(&mut pending.in_doubt, true);
-        let attempt = tokio::time::timeout(config.command_timeout, client.backend.acquire(&request))
+        // Later attempts get what is left of `wait` (but at least a floor a
+        // healthy round trip fits in), so a stalled server cannot carry the
+        // call a whole command timeout past the wait the caller asked for.
+        let budget = if attempts == 1 {
+            config.command_timeout
+        } else {
+            config
+                .command_timeout
+                .min(give_up_at.saturating_duration_since(sent).max(LATE_ATTEMPT_FLOOR))
+        };
+        let attempt = tokio::time::timeout(budget, client.backend.acquire(&request))
             .await
             .unwrap_or_else(|_| Err(client.timed_out(&pending.key, "acquire")));
 

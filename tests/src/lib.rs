@@ -8,6 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod lab;
+pub mod monitor;
+pub mod report;
 pub mod witness;
 
 use nix::sys::signal::{Signal, kill};
@@ -297,53 +300,69 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> O
     check().then(|| start.elapsed())
 }
 
-/// A TCP proxy in front of a server, for link faults without root: in
-/// `blackhole` mode it keeps every socket open and forwards nothing (the
-/// client sees a stalled server, not a reset); in `half_open` mode requests
-/// still reach the server but its replies are dropped.
+/// A TCP proxy in front of a server, for link faults without root (RELIABILITY
+/// §5.1): `blackhole` keeps every socket open and forwards nothing (the client
+/// sees a stalled server, not a reset); `half_open` delivers requests and drops
+/// replies; `delay` holds every chunk back; `throttle` caps the byte rate;
+/// `reset` closes every connection at once.
 #[derive(Debug)]
 pub struct Proxy {
     port: u16,
-    mode: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    link: std::sync::Arc<Link>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// The proxy's mode, shared with its pumps.
+#[derive(Debug, Default)]
+struct Link {
+    mode: std::sync::atomic::AtomicU8,
+    /// Delay in µs (`DELAY`) or bytes per second (`THROTTLE`).
+    parameter: std::sync::atomic::AtomicU64,
+    pumps: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 const PASS: u8 = 0;
 const BLACKHOLE: u8 = 1;
 const HALF_OPEN: u8 = 2;
+const DELAY: u8 = 3;
+const THROTTLE: u8 = 4;
 
 impl Proxy {
     /// Starts forwarding 127.0.0.1:<new port> to 127.0.0.1:`target`.
     pub async fn start(target: u16) -> Proxy {
-        use std::sync::atomic::AtomicU8;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
-        let mode = std::sync::Arc::new(AtomicU8::new(PASS));
-        let shared = std::sync::Arc::clone(&mode);
+        let link = std::sync::Arc::new(Link::default());
+        let shared = std::sync::Arc::clone(&link);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
                     continue;
                 };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
-                tokio::spawn(pump(
+                let requests = tokio::spawn(pump(
                     client_read,
                     server_write,
                     std::sync::Arc::clone(&shared),
                     Direction::Request,
                 ));
-                tokio::spawn(pump(
+                let replies = tokio::spawn(pump(
                     server_read,
                     client_write,
                     std::sync::Arc::clone(&shared),
                     Direction::Reply,
                 ));
+                let mut pumps = shared.pumps.lock().expect("pumps");
+                pumps.retain(|p| !p.is_finished());
+                pumps.extend([requests.abort_handle(), replies.abort_handle()]);
             }
         });
-        Proxy { port, mode, task }
+        Proxy { port, link, task }
     }
 
     /// `redis://127.0.0.1:<proxy port>/`.
@@ -351,25 +370,50 @@ impl Proxy {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    fn set(&self, mode: u8, parameter: u64) {
+        use std::sync::atomic::Ordering;
+        self.link.parameter.store(parameter, Ordering::SeqCst);
+        self.link.mode.store(mode, Ordering::SeqCst);
+    }
+
     /// Stops forwarding, both ways, on every connection.
     pub fn blackhole(&self) {
-        self.mode.store(BLACKHOLE, std::sync::atomic::Ordering::SeqCst);
+        self.set(BLACKHOLE, 0);
     }
 
     /// Requests go through; replies are dropped.
     pub fn half_open(&self) {
-        self.mode.store(HALF_OPEN, std::sync::atomic::Ordering::SeqCst);
+        self.set(HALF_OPEN, 0);
+    }
+
+    /// Every chunk, both ways, is forwarded `by` late.
+    pub fn delay(&self, by: Duration) {
+        self.set(DELAY, u64::try_from(by.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    /// At most `bytes_per_second`, both ways.
+    pub fn throttle(&self, bytes_per_second: u64) {
+        self.set(THROTTLE, bytes_per_second.max(1));
+    }
+
+    /// Closes every open connection (both sides see the socket close); new
+    /// connections are forwarded as before.
+    pub fn reset(&self) {
+        for pump in self.link.pumps.lock().expect("pumps").drain(..) {
+            pump.abort();
+        }
     }
 
     /// Forwards again; what a blackhole held back is delivered.
     pub fn pass(&self) {
-        self.mode.store(PASS, std::sync::atomic::Ordering::SeqCst);
+        self.set(PASS, 0);
     }
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.task.abort();
+        self.reset();
     }
 }
 
@@ -382,7 +426,7 @@ enum Direction {
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mode: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    link: std::sync::Arc<Link>,
     direction: Direction,
 ) {
     use std::sync::atomic::Ordering;
@@ -393,11 +437,18 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        while mode.load(Ordering::SeqCst) == BLACKHOLE {
+        while link.mode.load(Ordering::SeqCst) == BLACKHOLE {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        if direction == Direction::Reply && mode.load(Ordering::SeqCst) == HALF_OPEN {
-            continue;
+        let parameter = link.parameter.load(Ordering::SeqCst);
+        match link.mode.load(Ordering::SeqCst) {
+            HALF_OPEN if direction == Direction::Reply => continue,
+            DELAY => tokio::time::sleep(Duration::from_micros(parameter)).await,
+            THROTTLE => {
+                let nanos = n as u64 * 1_000_000_000 / parameter.max(1);
+                tokio::time::sleep(Duration::from_nanos(nanos)).await;
+            }
+            _ => {}
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

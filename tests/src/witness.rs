@@ -1,57 +1,134 @@
 //! The checker of the fault suite: what really happened, observed without
-//! trusting the lock (RELIABILITY §6). It lives on a separate `redis-server`
-//! that no fault ever touches (§6.7's witness Redis, which also works across
-//! processes): occupancy per key (a body entering where another is inside is
-//! an overlap), a fenced register that refuses stale tokens, and a
-//! read-modify-write counter that loses updates when bodies overlap.
+//! trusting the lock (RELIABILITY §6).
+//!
+//! Every process of a run maps one shared-memory board and keeps, per key, an
+//! occupancy counter changed with atomics on enter and exit (a body entering
+//! where another is inside is an overlap), a read-modify-write counter that
+//! loses updates when bodies overlap, and a fenced register that refuses
+//! stale tokens. Atomics are ordered by the hardware, not by message delivery,
+//! so a reported overlap is real and none can be missed: ENTER counts before
+//! it is logged and EXIT is logged before it uncounts, so the recorded
+//! interval is inside the true one.
+//!
+//! Every process also appends fixed-size records (holder, token, enter, exit,
+//! lost, faults) to a log of its own, one `write(2)` each so that a record
+//! survives `kill -9`, stamped with the raw monotonic clock that all processes
+//! of the machine share. [`analyze`] reads the logs afterwards for what the
+//! online counters cannot say: overlap durations, token order, lost-signal
+//! slack and the time from each fault's heal to the next entry.
 
-use std::sync::LazyLock;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
+const BOARD: &str = "board";
+const SLOTS: usize = 1024;
+const WORDS_PER_SLOT: usize = 8;
+/// Word 0 of the board is the global sequence; slots start one line later.
+const HEADER_WORDS: usize = 8;
+const RECORD: usize = 64;
 
-/// KEYS[1] the register's highest token; ARGV[1] the writer's token;
-/// ARGV[2] '1' to refuse stale tokens (a fenced resource), '0' to accept
-/// them (an unfenced one, which only counts them). Returns 1 if applied.
-static FENCED_WRITE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        r"
-        local max = tonumber(redis.call('GET', KEYS[1]) or '0')
-        local token = tonumber(ARGV[1])
-        if token < max then
-          if ARGV[2] == '1' then
-            redis.call('INCR', KEYS[2])
-            return 0
-          end
-          redis.call('INCR', KEYS[3])
-          return 1
-        end
-        redis.call('SET', KEYS[1], token)
-        return 1
-        ",
-    )
-});
+// Slot layout, one u64 each.
+const KEY: usize = 0;
+const OCCUPANCY: usize = 1;
+const ENTRIES: usize = 2;
+const OVERLAPS: usize = 3;
+const COUNTER: usize = 4;
+const MAX_TOKEN: usize = 5;
+const STALE_REJECTED: usize = 6;
+const STALE_ACCEPTED: usize = 7;
 
-/// One witness connection; cheap to clone.
+/// What a log record says happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u64)]
+pub enum Kind {
+    /// A holder's body started (outermost acquisitions only).
+    Enter = 1,
+    /// The body ended.
+    Exit = 2,
+    /// The body ended because its lock was lost; `detail` is its deadline D.
+    Lost = 3,
+    /// A fenced write was applied.
+    FenceOk = 4,
+    /// A fenced write was refused as stale.
+    FenceRejected = 5,
+    /// The controller began a fault; `detail` is its index in [`FAULTS`].
+    Fault = 6,
+    /// The controller healed the fault.
+    Heal = 7,
+    /// The controller killed process `detail` at this instant.
+    Killed = 8,
+}
+
+/// Names of the faults the controller logs, by index.
+pub const FAULTS: &[&str] = &[
+    "server-sigstop",
+    "debug-sleep",
+    "client-pause",
+    "proxy-delay",
+    "proxy-blackhole",
+    "client-kill",
+    "script-flush",
+    "kill-restart-aof",
+    "proxy-reset",
+    "kill-restart-delayed",
+    "proxy-throttle",
+];
+
+/// The raw `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process
+/// of the machine, and it keeps running while a process is stopped.
+pub fn now_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("monotonic clock");
+    u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0)
+}
+
+/// `at` on the raw monotonic clock (std's `Instant` hides its value).
+pub fn instant_ns(at: Instant) -> u64 {
+    let (now, now_ns) = (Instant::now(), now_ns());
+    if at >= now {
+        now_ns + u64::try_from((at - now).as_nanos()).unwrap_or(u64::MAX)
+    } else {
+        now_ns.saturating_sub(u64::try_from((now - at).as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+/// A key's slot name on the board and in the logs (never 0).
+pub fn key_id(key: &str) -> u64 {
+    // FNV-1a: stable across processes and builds, unlike std's hasher.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.bytes() {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    hash | 1
+}
+
+/// One process's view of a run's checker; cheap to clone.
 #[derive(Clone)]
 pub struct Witness {
-    conn: MultiplexedConnection,
+    board: Arc<memmap2::MmapMut>,
+    log: Arc<File>,
+    dir: PathBuf,
 }
 
 impl std::fmt::Debug for Witness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Witness")
+        write!(f, "Witness({})", self.dir.display())
     }
 }
 
-/// What the witness saw for one key.
+/// What the board saw for one key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Seen {
     /// Bodies that entered.
     pub entries: u64,
     /// Entries made while another body was inside.
     pub overlaps: u64,
-    /// The read-modify-write counter: equals `entries` unless updates were lost.
+    /// The read-modify-write counter: equals `entries` (when every body bumps
+    /// it) unless updates were lost.
     pub counter: u64,
     /// Stale tokens the fenced register refused.
     pub stale_rejected: u64,
@@ -60,75 +137,467 @@ pub struct Seen {
 }
 
 impl Witness {
-    /// Connects to the witness server.
-    pub async fn connect(url: &str) -> redis::RedisResult<Witness> {
+    /// Creates a run's board in `dir` (a fresh directory) and opens it.
+    pub fn create(dir: &Path) -> std::io::Result<Witness> {
+        let board = File::create(dir.join(BOARD))?;
+        board.set_len(((HEADER_WORDS + SLOTS * WORDS_PER_SLOT) * 8) as u64)?;
+        Self::open(dir)
+    }
+
+    /// Opens the board another process created, with a log of this process's own.
+    pub fn open(dir: &Path) -> std::io::Result<Witness> {
+        let file = OpenOptions::new().read(true).write(true).open(dir.join(BOARD))?;
+        let board = map(&file)?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("log-{}-{}", std::process::id(), now_ns())))?;
         Ok(Witness {
-            conn: redis::Client::open(url)?
-                .get_multiplexed_async_connection()
-                .await?,
+            board: Arc::new(board),
+            log: Arc::new(log),
+            dir: dir.to_owned(),
         })
     }
 
-    /// A body enters the critical section of `key`.
-    pub async fn enter(&self, key: &str) -> redis::RedisResult<()> {
-        let mut conn = self.conn.clone();
-        let inside: i64 = conn.incr(format!("occ:{key}"), 1).await?;
-        let _: i64 = conn.incr(format!("entries:{key}"), 1).await?;
-        if inside > 1 {
-            let _: i64 = conn.incr(format!("overlaps:{key}"), 1).await?;
-        }
-        Ok(())
+    /// The run's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
-    /// The body leaves.
-    pub async fn exit(&self, key: &str) -> redis::RedisResult<()> {
-        let _: i64 = self.conn.clone().decr(format!("occ:{key}"), 1).await?;
-        Ok(())
+    fn words(&self) -> &[AtomicU64] {
+        let bytes: &[u8] = &self.board;
+        // SAFETY: the mapping is page-aligned and a whole number of u64s long,
+        // lives as long as `self`, and every process touches it only through
+        // atomics, so viewing it as `AtomicU64`s is sound.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts(bytes.as_ptr().cast::<AtomicU64>(), bytes.len() / 8)
+        }
+    }
+
+    fn slot(&self, key: &str) -> &[AtomicU64] {
+        let id = key_id(key);
+        let words = self.words();
+        let start = usize::try_from(id % SLOTS as u64).unwrap_or(0);
+        for probe in 0..SLOTS {
+            let at = HEADER_WORDS + ((start + probe) % SLOTS) * WORDS_PER_SLOT;
+            let slot = &words[at..at + WORDS_PER_SLOT];
+            match slot[KEY].compare_exchange(0, id, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return slot,
+                Err(existing) if existing == id => return slot,
+                Err(_) => {}
+            }
+        }
+        panic!("the witness board is full ({SLOTS} keys)");
+    }
+
+    fn append(&self, kind: Kind, holder: u64, key: u64, token: u64, seq: u64, detail: u64) {
+        let mut record = [0u8; RECORD];
+        let fields = [
+            kind as u64,
+            u64::from(std::process::id()),
+            holder,
+            key,
+            token,
+            seq,
+            now_ns(),
+            detail,
+        ];
+        for (chunk, field) in record.chunks_exact_mut(8).zip(fields) {
+            chunk.copy_from_slice(&field.to_le_bytes());
+        }
+        // One write per record on an O_APPEND file: records from a process
+        // killed mid-run are whole or absent, never torn or interleaved.
+        (&*self.log)
+            .write_all(&record)
+            .expect("append to the witness log");
+    }
+
+    /// A holder's body starts. Count first, then log.
+    pub fn enter(&self, key: &str, holder: u64, token: u64) {
+        let slot = self.slot(key);
+        let seq = self.words()[0].fetch_add(1, Ordering::SeqCst);
+        if slot[OCCUPANCY].fetch_add(1, Ordering::SeqCst) != 0 {
+            slot[OVERLAPS].fetch_add(1, Ordering::SeqCst);
+        }
+        slot[ENTRIES].fetch_add(1, Ordering::SeqCst);
+        self.append(Kind::Enter, holder, key_id(key), token, seq, 0);
+    }
+
+    /// The body ends. Log first, then uncount.
+    pub fn exit(&self, key: &str, holder: u64, token: u64) {
+        self.leave(key, Kind::Exit, holder, token, 0);
+    }
+
+    /// The body ends because its lock was lost, with validity deadline `deadline`.
+    pub fn lost(&self, key: &str, holder: u64, token: u64, deadline: Instant) {
+        self.leave(key, Kind::Lost, holder, token, instant_ns(deadline));
+    }
+
+    fn leave(&self, key: &str, kind: Kind, holder: u64, token: u64, detail: u64) {
+        let slot = self.slot(key);
+        let seq = self.words()[0].fetch_add(1, Ordering::SeqCst);
+        self.append(kind, holder, key_id(key), token, seq, detail);
+        slot[OCCUPANCY].fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Reads the counter, yields, writes it back plus one: the write a lock
-    /// protects.
-    pub async fn bump(&self, key: &str) -> redis::RedisResult<()> {
-        let mut conn = self.conn.clone();
-        let seen: Option<u64> = conn.get(format!("counter:{key}")).await?;
+    /// protects, and which overlapping bodies lose.
+    pub async fn bump(&self, key: &str) {
+        let seen = self.slot(key)[COUNTER].load(Ordering::SeqCst);
         tokio::task::yield_now().await;
-        conn.set(format!("counter:{key}"), seen.unwrap_or(0) + 1).await
+        self.slot(key)[COUNTER].store(seen + 1, Ordering::SeqCst);
     }
 
-    /// Writes to the register with a fencing token; `fenced` makes the
-    /// register refuse tokens lower than the highest it has seen.
-    pub async fn write(&self, key: &str, token: u64, fenced: bool) -> redis::RedisResult<bool> {
-        let applied: i64 = FENCED_WRITE
-            .key(format!("max:{key}"))
-            .key(format!("rejected:{key}"))
-            .key(format!("accepted_stale:{key}"))
-            .arg(token)
-            .arg(if fenced { "1" } else { "0" })
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(applied == 1)
+    /// Writes to the register of `key` with a fencing token; `fenced` makes
+    /// the register refuse tokens lower than the highest it has applied (equal
+    /// ones are the same holder again). Returns whether the write applied.
+    pub fn write(&self, key: &str, token: u64, fenced: bool) -> bool {
+        let slot = self.slot(key);
+        let mut max = slot[MAX_TOKEN].load(Ordering::SeqCst);
+        loop {
+            if token < max {
+                let seq = self.words()[0].fetch_add(1, Ordering::SeqCst);
+                self.append(Kind::FenceRejected, 0, key_id(key), token, seq, max);
+                if fenced {
+                    slot[STALE_REJECTED].fetch_add(1, Ordering::SeqCst);
+                    return false;
+                }
+                slot[STALE_ACCEPTED].fetch_add(1, Ordering::SeqCst);
+                return true;
+            }
+            match slot[MAX_TOKEN].compare_exchange(max, token, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return true,
+                Err(now) => max = now,
+            }
+        }
     }
 
-    /// Everything the witness saw for `key`.
-    pub async fn seen(&self, key: &str) -> redis::RedisResult<Seen> {
-        let mut conn = self.conn.clone();
-        let get = |name: &str| format!("{name}:{key}");
-        let values: Vec<Option<u64>> = conn
-            .mget(&[
-                get("entries"),
-                get("overlaps"),
-                get("counter"),
-                get("rejected"),
-                get("accepted_stale"),
-            ])
-            .await?;
-        let v = |i: usize| values.get(i).copied().flatten().unwrap_or(0);
-        Ok(Seen {
-            entries: v(0),
-            overlaps: v(1),
-            counter: v(2),
-            stale_rejected: v(3),
-            stale_accepted: v(4),
-        })
+    /// The controller logs a fault beginning (`fault` indexes [`FAULTS`]).
+    pub fn fault(&self, fault: usize) {
+        self.append(Kind::Fault, 0, 0, 0, 0, fault as u64);
+    }
+
+    /// The controller logs the fault healed.
+    pub fn heal(&self, fault: usize) {
+        self.append(Kind::Heal, 0, 0, 0, 0, fault as u64);
+    }
+
+    /// The controller logs that it killed process `pid` now: the analysis
+    /// closes that process's open bodies here.
+    pub fn killed(&self, pid: u32) {
+        self.append(Kind::Killed, 0, 0, 0, 0, u64::from(pid));
+    }
+
+    /// Forgets that `pid`'s killed bodies are inside, so later entries are not
+    /// blamed on them (call after [`Witness::killed`]).
+    pub fn vacate(&self, key: &str, bodies: u64) {
+        self.slot(key)[OCCUPANCY].fetch_sub(bodies, Ordering::SeqCst);
+    }
+
+    /// Everything the board saw for `key`.
+    pub fn seen(&self, key: &str) -> Seen {
+        let slot = self.slot(key);
+        let v = |i: usize| slot[i].load(Ordering::SeqCst);
+        Seen {
+            entries: v(ENTRIES),
+            overlaps: v(OVERLAPS),
+            counter: v(COUNTER),
+            stale_rejected: v(STALE_REJECTED),
+            stale_accepted: v(STALE_ACCEPTED),
+        }
+    }
+}
+
+fn map(file: &File) -> std::io::Result<memmap2::MmapMut> {
+    // SAFETY: the board file is created for one run in a private temporary
+    // directory, is never truncated while mapped, and is only accessed
+    // through atomics (see `Witness::words`).
+    #[allow(unsafe_code)]
+    unsafe {
+        memmap2::MmapMut::map_mut(file)
+    }
+}
+
+/// One log record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    /// What happened.
+    pub kind: Kind,
+    /// The process that logged it.
+    pub pid: u32,
+    /// The holder (unique within its process).
+    pub holder: u64,
+    /// [`key_id`] of the key, 0 for controller records.
+    pub key: u64,
+    /// The fencing token, 0 without one.
+    pub token: u64,
+    /// Position in the board's global order of enters and exits.
+    pub seq: u64,
+    /// When, on the raw monotonic clock.
+    pub at: u64,
+    /// Deadline (Lost), fault index (Fault, Heal), pid (Killed), max token (FenceRejected).
+    pub detail: u64,
+}
+
+/// Every record of a run, ordered by time.
+pub fn read_logs(dir: &Path) -> std::io::Result<Vec<Record>> {
+    let mut records = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if !path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("log-"))
+        {
+            continue;
+        }
+        let bytes = std::fs::read(&path)?;
+        for raw in bytes.chunks_exact(RECORD) {
+            let field = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            let kind = match field(0) {
+                1 => Kind::Enter,
+                2 => Kind::Exit,
+                3 => Kind::Lost,
+                4 => Kind::FenceOk,
+                5 => Kind::FenceRejected,
+                6 => Kind::Fault,
+                7 => Kind::Heal,
+                8 => Kind::Killed,
+                other => panic!("corrupt witness record kind {other} in {}", path.display()),
+            };
+            records.push(Record {
+                kind,
+                pid: u32::try_from(field(1)).unwrap_or(0),
+                holder: field(2),
+                key: field(3),
+                token: field(4),
+                seq: field(5),
+                at: field(6),
+                detail: field(7),
+            });
+        }
+    }
+    records.sort_by_key(|r| (r.at, r.seq));
+    Ok(records)
+}
+
+/// Two bodies inside one key's critical section at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlap {
+    /// The key's name, or its id in hex when not among the names given.
+    pub key: String,
+    /// How long both were inside.
+    pub duration: Duration,
+    /// When the later one entered.
+    pub at: u64,
+}
+
+/// What the logs of a run show.
+#[derive(Debug, Clone, Default)]
+pub struct Analysis {
+    /// Bodies entered (outermost acquisitions).
+    pub entries: u64,
+    /// Every overlap of two bodies on one key.
+    pub overlaps: Vec<Overlap>,
+    /// Entries whose token was not above the previous entry's on the same key.
+    pub token_regressions: u64,
+    /// Entries with no exit, no lost and no kill of their process.
+    pub unmatched: u64,
+    /// `D − t_lost` of every body that ended on a lost lock, in ns (negative:
+    /// it noticed after its deadline).
+    pub lost_slack_ns: Vec<i64>,
+    /// Faults the controller logged.
+    pub faults: u64,
+    /// Faults per kind.
+    pub faults_by_kind: BTreeMap<&'static str, u64>,
+    /// For each heal followed by an entry: time to that entry, in ns.
+    pub heal_to_entry_ns: Vec<u64>,
+    /// Heals after which no body entered before the run ended.
+    pub heals_without_entry: u64,
+}
+
+/// Reads a run's logs and checks them (RELIABILITY §6.4). `keys` names the
+/// key ids in the overlaps it reports.
+pub fn analyze(dir: &Path, keys: &[&str]) -> std::io::Result<Analysis> {
+    let records = read_logs(dir)?;
+    let names: BTreeMap<u64, &str> = keys.iter().map(|k| (key_id(k), *k)).collect();
+    let name = |id: u64| {
+        names
+            .get(&id)
+            .map_or_else(|| format!("{id:#x}"), |n| (*n).to_owned())
+    };
+    let mut analysis = Analysis::default();
+    let killed_at: BTreeMap<u32, u64> = records
+        .iter()
+        .filter(|r| r.kind == Kind::Killed)
+        .map(|r| (u32::try_from(r.detail).unwrap_or(0), r.at))
+        .collect();
+
+    // Intervals per key: (enter, exit) of each holder.
+    let mut open: BTreeMap<(u32, u64, u64), Record> = BTreeMap::new();
+    let mut intervals: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+    let mut last_token: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    let mut enters: Vec<u64> = Vec::new();
+    for r in &records {
+        match r.kind {
+            Kind::Enter => {
+                analysis.entries += 1;
+                enters.push(r.at);
+                open.insert((r.pid, r.holder, r.key), *r);
+                if r.token != 0 {
+                    // Tokens in the board's global order of entries.
+                    if let Some(&(seq, previous)) = last_token.get(&r.key)
+                        && seq < r.seq
+                        && r.token <= previous
+                    {
+                        analysis.token_regressions += 1;
+                    }
+                    last_token.insert(r.key, (r.seq, r.token));
+                }
+            }
+            Kind::Exit | Kind::Lost => {
+                if let Some(enter) = open.remove(&(r.pid, r.holder, r.key)) {
+                    intervals.entry(r.key).or_default().push((enter.at, r.at));
+                }
+                if r.kind == Kind::Lost {
+                    analysis
+                        .lost_slack_ns
+                        .push(i64::try_from(r.detail).unwrap_or(i64::MAX) - i64::try_from(r.at).unwrap_or(0));
+                }
+            }
+            Kind::Fault => {
+                analysis.faults += 1;
+                let fault = FAULTS
+                    .get(usize::try_from(r.detail).unwrap_or(usize::MAX))
+                    .copied();
+                *analysis
+                    .faults_by_kind
+                    .entry(fault.unwrap_or("unknown"))
+                    .or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    for ((pid, _, key), enter) in open {
+        match killed_at.get(&pid) {
+            Some(&at) if at >= enter.at => intervals.entry(key).or_default().push((enter.at, at)),
+            _ => analysis.unmatched += 1,
+        }
+    }
+    for (key, mut spans) in intervals {
+        spans.sort_unstable();
+        let mut latest_exit = 0;
+        for (enter, exit) in spans {
+            if enter < latest_exit {
+                analysis.overlaps.push(Overlap {
+                    key: name(key),
+                    duration: Duration::from_nanos(latest_exit.min(exit) - enter),
+                    at: enter,
+                });
+            }
+            latest_exit = latest_exit.max(exit);
+        }
+    }
+    enters.sort_unstable();
+    for heal in records.iter().filter(|r| r.kind == Kind::Heal) {
+        let next = enters.partition_point(|&at| at < heal.at);
+        match enters.get(next) {
+            Some(&at) => analysis.heal_to_entry_ns.push(at - heal.at),
+            None => analysis.heals_without_entry += 1,
+        }
+    }
+    Ok(analysis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board() -> (tempfile::TempDir, Witness) {
+        let dir = tempfile::tempdir().expect("dir");
+        let witness = Witness::create(dir.path()).expect("board");
+        (dir, witness)
+    }
+
+    #[test]
+    fn a_second_body_inside_is_an_overlap_online_and_in_the_logs() {
+        let (dir, w) = board();
+        w.enter("k", 1, 5);
+        w.enter("k", 2, 6);
+        w.exit("k", 1, 5);
+        w.exit("k", 2, 6);
+        w.enter("k", 3, 7);
+        w.exit("k", 3, 7);
+        assert_eq!(w.seen("k").overlaps, 1);
+        assert_eq!(w.seen("k").entries, 3);
+        let analysis = analyze(dir.path(), &["k"]).expect("analyze");
+        assert_eq!(analysis.overlaps.len(), 1, "{analysis:?}");
+        assert_eq!(analysis.overlaps[0].key, "k");
+        assert_eq!(analysis.token_regressions, 0);
+        assert_eq!(analysis.unmatched, 0);
+    }
+
+    #[test]
+    fn back_to_back_bodies_and_other_keys_do_not_overlap() {
+        let (dir, w) = board();
+        for holder in 0..100 {
+            w.enter("a", holder, holder + 1);
+            w.enter("b", holder, holder + 1);
+            w.exit("a", holder, holder + 1);
+            w.exit("b", holder, holder + 1);
+        }
+        let analysis = analyze(dir.path(), &["a", "b"]).expect("analyze");
+        assert!(analysis.overlaps.is_empty(), "{analysis:?}");
+        assert_eq!((analysis.entries, analysis.token_regressions), (200, 0));
+        assert_eq!(w.seen("a").overlaps + w.seen("b").overlaps, 0);
+    }
+
+    #[test]
+    fn a_token_that_goes_back_is_a_regression_and_the_fenced_register_refuses_it() {
+        let (dir, w) = board();
+        w.enter("k", 1, 9);
+        assert!(w.write("k", 9, true));
+        w.exit("k", 1, 9);
+        w.enter("k", 2, 4);
+        assert!(!w.write("k", 4, true), "stale token applied");
+        assert!(w.write("k", 4, false), "the unfenced register applies anything");
+        w.exit("k", 2, 4);
+        let seen = w.seen("k");
+        assert_eq!((seen.stale_rejected, seen.stale_accepted), (1, 1));
+        assert_eq!(analyze(dir.path(), &[]).expect("analyze").token_regressions, 1);
+    }
+
+    #[test]
+    fn a_killed_holder_is_closed_at_its_kill_and_an_unclosed_one_is_reported() {
+        let (dir, w) = board();
+        w.enter("k", 1, 0);
+        w.killed(std::process::id());
+        w.vacate("k", 1);
+        w.enter("k", 2, 0);
+        w.exit("k", 2, 0);
+        w.enter("j", 3, 0);
+        let analysis = analyze(dir.path(), &["k"]).expect("analyze");
+        assert!(analysis.overlaps.is_empty(), "{analysis:?}");
+        assert_eq!(w.seen("k").overlaps, 0);
+        // The kill came before the entry on "j", so it cannot close it.
+        assert_eq!(analysis.unmatched, 1);
+    }
+
+    #[test]
+    fn lost_slack_and_heal_to_entry_come_from_the_logs() {
+        let (dir, w) = board();
+        w.fault(0);
+        w.enter("k", 1, 0);
+        w.lost("k", 1, 0, Instant::now() + Duration::from_millis(50));
+        w.heal(0);
+        w.enter("k", 2, 0);
+        w.exit("k", 2, 0);
+        w.heal(0);
+        let analysis = analyze(dir.path(), &[]).expect("analyze");
+        assert_eq!(analysis.lost_slack_ns.len(), 1);
+        assert!(analysis.lost_slack_ns[0] > 40_000_000, "{analysis:?}");
+        assert_eq!(analysis.faults_by_kind.get("server-sigstop"), Some(&1));
+        assert_eq!(analysis.heal_to_entry_ns.len(), 1);
+        assert_eq!(analysis.heals_without_entry, 1);
     }
 }

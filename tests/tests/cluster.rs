@@ -24,6 +24,75 @@ async fn sixteen_tasks_never_lose_an_update_on_the_cluster() {
         .await
         .expect("data connection");
     assert_eq!(increment_under_lock(&locks, data, 16, 50).await, 800);
+    c1_every_accepted_key_works_in_one_slot(&cluster, &locks).await;
+}
+
+/// C1 live (the offline half is `key.rs`'s property test over 60,000 keys):
+/// random keys over an alphabet chosen to break hash tags either take and
+/// release a fenced lock on the cluster, with the lock, its fence counter
+/// and its channel in one slot by `CLUSTER KEYSLOT`, or are refused before
+/// any I/O.
+async fn c1_every_accepted_key_works_in_one_slot(cluster: &Cluster, locks: &LockClient) {
+    use rand::{Rng, SeedableRng};
+    const ALPHABET: &[char] = &[
+        'a', 'Z', '0', ':', ' ', '{', '}', '\n', '\0', 'é', '漢', '🔒', '<', '.',
+    ];
+    let seed = 0xC1;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut probe = cluster.nodes[0].sync_connection().expect("probe");
+    let (mut accepted, mut refused, mut mismatches) = (0u32, 0u32, 0u32);
+    for _ in 0..300 {
+        let len = rng.random_range(0..10);
+        let name: String = (0..len)
+            .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())])
+            .collect();
+        let sent_before = Instant::now();
+        match locks.lock(name.as_str()).fencing(true).acquire().await {
+            Ok(guard) => {
+                guard.release().await.expect("release");
+                accepted += 1;
+                let slots: Vec<i64> = ["", ":fence", ":released"]
+                    .iter()
+                    .map(|suffix| {
+                        redis::cmd("CLUSTER")
+                            .arg("KEYSLOT")
+                            .arg(format!("lock:{{{name}}}{suffix}"))
+                            .query(&mut probe)
+                            .expect("keyslot")
+                    })
+                    .collect();
+                if slots.iter().any(|s| *s != slots[0]) {
+                    mismatches += 1;
+                }
+            }
+            Err(LockError::InvalidKey { .. }) => {
+                refused += 1;
+                assert!(
+                    sent_before.elapsed() < Duration::from_millis(5),
+                    "refused after I/O?"
+                );
+            }
+            Err(other) => panic!("{name:?}: {other}"),
+        }
+    }
+    assert_eq!(mismatches, 0);
+    assert!(
+        accepted > 50 && refused > 50,
+        "accepted {accepted}, refused {refused}"
+    );
+    lock_tests::report::write(
+        "C1",
+        serde_json::json!({
+            "scenario": "C1 co-location (live sample on a 3+3 cluster)",
+            "verdict": "PASS",
+            "seed": seed,
+            "acquisitions": accepted,
+            "refused_before_io": refused,
+            "slot_mismatches": mismatches,
+            "offline": "key.rs: 20,000 names x 3 prefixes, 0 mismatches",
+            "key_figure": format!("{accepted} fenced locks across the cluster, 0 CROSSSLOT, {refused} refused"),
+        }),
+    );
 }
 
 /// C4: a waiter whose client was seeded through another node is woken by

@@ -78,7 +78,34 @@ impl RedisBackend {
         let conn = ConnectionManager::new_with_config(client.clone(), manager_config(config))
             .await
             .map_err(|e| LockError::backend(&node, None, redact_error(e, url)))?;
-        Ok(RedisBackend::new(conn, Topology::Single(client), node))
+        let backend = RedisBackend::new(conn, Topology::Single(client), node);
+        backend.check_eviction_policy().await;
+        Ok(backend)
+    }
+
+    /// Lock keys always carry a TTL, so every eviction policy but
+    /// `noeviction` (the `volatile-*` ones first) may delete a held lock under
+    /// memory pressure, and a second holder then gets in. That is a deployment
+    /// choice the library cannot undo, so it says so once, at connect.
+    async fn check_eviction_policy(&self) {
+        let reply: Result<Vec<String>, RedisError> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut self.conn.clone())
+            .await;
+        match reply.as_deref() {
+            Ok([_, policy]) if policy != "noeviction" => tracing::warn!(
+                node = %self.node,
+                policy = %policy,
+                "maxmemory-policy `{policy}` can evict held locks under memory pressure, letting a second holder in; set `maxmemory-policy noeviction` on lock servers"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                node = %self.node,
+                error = %e,
+                "could not verify the eviction policy (CONFIG GET refused); lock servers need `maxmemory-policy noeviction`"
+            ),
+        }
     }
 
     /// Like [`connect`](Self::connect), but a node that does not answer now

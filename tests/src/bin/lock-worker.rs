@@ -4,19 +4,25 @@
 //!   lock, read the counter with GET and write it back plus one with SET.
 //! - `lock-worker hold <url> <key> <ttl-ms>`: take the lock, print `HELD`,
 //!   and keep it until killed; `hold-renewed` the same with lease renewal.
-//! - `lock-worker pause <url> <witness-url> <key> <ttl-ms>`: take the lock
-//!   with a fencing token, print `PAUSING`, stop itself (SIGSTOP) before its
-//!   write, and once continued write the token to the witness's fenced and
-//!   unfenced registers (keys `<key>:fenced`, `<key>:unfenced`).
+//! - `lock-worker pause <url> <witness-dir> <key> <ttl-ms>`: take the lock
+//!   with a fencing token, print `PAUSING`, stop itself (SIGSTOP: a failpoint
+//!   at a named point of its body, between check and write) and once
+//!   continued write the token to the checker's fenced and unfenced registers
+//!   (keys `<key>:fenced`, `<key>:unfenced`).
 //! - `lock-worker wait <url> <key>`: wait up to 30 s for the lock, then print
 //!   the wall-clock time it was acquired (ns since the epoch) and release it.
-//! - `lock-worker witness <lock-url> <witness-url> <key> <tasks> <ms> <lock>
-//!   <ttl-ms> <max-body-ms>`: `tasks` tasks take `lock` on `key` for `ms`
-//!   milliseconds, each body reporting to the witness (see
-//!   `lock_tests::witness`). `lock` is `library`, or a deliberately broken
-//!   lock the checker must catch: `del-release` (released by a plain DEL, no
-//!   owner check), `no-deadline` (the body ignores its lease running out) or
+//! - `lock-worker witness <target> <witness-dir> <keys> <tasks> <ms> <lock>
+//!   <ttl-ms> <max-body-ms>`: `tasks` tasks take `lock` on one of the
+//!   comma-separated `keys` at random for `ms` milliseconds, each body
+//!   reporting to the run's checker board in `witness-dir` (see
+//!   `lock_tests::witness`). `target` is a Redis URL, or `redlock=` followed by
+//!   comma-separated URLs. `lock` is `library`, or a deliberately broken lock
+//!   the checker must catch: `del-release` (released by a plain DEL, no owner
+//!   check), `no-deadline` (the body ignores its lease running out) or
 //!   `blind-renew` (renews with a plain SET, never noticing it lost the lock).
+//!   Prints one JSON line of counts, errors and the worst lateness of this
+//!   process's assumption monitor. `LOCK_WORKER_COMMAND_TIMEOUT_MS` sets the
+//!   client's command timeout.
 //! - `lock-worker fence <url> <key> <n>`: `n` times, take the lock with a
 //!   fencing token and, under the lock, append the token to the list
 //!   `fence-log`: the list's order is the acquisition order.
@@ -34,15 +40,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         [_, "count", url, key, counter, n] => count(url, key, counter, n.parse()?).await,
         [_, "hold", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?, false).await,
         [_, "hold-renewed", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?, true).await,
-        [_, "pause", url, witness_url, key, ttl_ms] => pause(url, witness_url, key, ttl_ms.parse()?).await,
+        [_, "pause", url, witness_dir, key, ttl_ms] => pause(url, witness_dir, key, ttl_ms.parse()?).await,
         [_, "wait", url, key] => wait(url, key).await,
         [_, "fence", url, key, n] => fence(url, key, n.parse()?).await,
         [
             _,
             "witness",
             url,
-            witness_url,
-            key,
+            witness_dir,
+            keys,
             tasks,
             ms,
             lock,
@@ -51,13 +57,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ] => {
             let run = WitnessRun {
                 url: (*url).to_owned(),
-                key: (*key).to_owned(),
+                keys: keys.split(',').map(str::to_owned).collect(),
                 duration: Duration::from_millis(ms.parse()?),
                 ttl: Duration::from_millis(ttl_ms.parse()?),
                 max_body: Duration::from_millis(max_body_ms.parse()?),
                 lock: (*lock).to_owned(),
             };
-            witness(run, witness_url, tasks.parse()?).await
+            witness(run, witness_dir, tasks.parse()?).await
         }
         _ => Err("usage: lock-worker count|hold|wait|fence URL KEY ...".into()),
     }
@@ -130,7 +136,7 @@ async fn fence(url: &str, key: &str, n: u32) -> Result<(), Box<dyn std::error::E
 #[derive(Clone)]
 struct WitnessRun {
     url: String,
-    key: String,
+    keys: Vec<String>,
     duration: Duration,
     ttl: Duration,
     max_body: Duration,
@@ -139,25 +145,71 @@ struct WitnessRun {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-async fn witness(run: WitnessRun, witness_url: &str, tasks: usize) -> Result<(), Box<dyn std::error::Error>> {
-    let checker = lock_tests::witness::Witness::connect(witness_url).await?;
-    let locks = LockClient::connect(&run.url).await?;
-    let raw = redis::Client::open(run.url.as_str())?
-        .get_multiplexed_async_connection()
-        .await?;
+/// What one task did.
+#[derive(Default)]
+struct Tally {
+    taken: u64,
+    lost: u64,
+    timeouts: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+async fn connect(target: &str) -> Result<LockClient, LockError> {
+    let mut builder = LockClient::builder();
+    if let Some(ms) = std::env::var("LOCK_WORKER_COMMAND_TIMEOUT_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+    {
+        builder = builder.command_timeout(Duration::from_millis(ms));
+    }
+    match target.strip_prefix("redlock=") {
+        Some(urls) => builder.redlock(urls.split(',')).await,
+        None => builder.connect(target).await,
+    }
+}
+
+async fn witness(run: WitnessRun, witness_dir: &str, tasks: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let monitor = lock_tests::monitor::Monitor::start();
+    let checker = lock_tests::witness::Witness::open(std::path::Path::new(witness_dir))?;
+    let locks = connect(&run.url).await?;
+    let raw = match run.lock.as_str() {
+        "library" => None,
+        _ => Some(
+            redis::Client::open(run.url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?,
+        ),
+    };
     let workers: Vec<_> = (0..tasks)
         .map(|task| {
             let (run, checker, locks, raw) = (run.clone(), checker.clone(), locks.clone(), raw.clone());
-            tokio::spawn(async move { witness_task(task, run, checker, locks, raw).await })
+            tokio::spawn(async move {
+                match raw {
+                    None => library_task(task, run, checker, locks).await,
+                    Some(raw) => broken_task(task, run, checker, raw).await,
+                }
+            })
         })
         .collect();
-    let (mut taken, mut lost) = (0u64, 0u64);
+    let mut total = Tally::default();
     for w in workers {
-        let (t, l) = w.await?.map_err(|e| e.to_string())?;
-        taken += t;
-        lost += l;
+        let tally = w.await?.map_err(|e| e.to_string())?;
+        total.taken += tally.taken;
+        total.lost += tally.lost;
+        total.timeouts += tally.timeouts;
+        total.errors += tally.errors;
+        total.first_error = total.first_error.or(tally.first_error);
     }
-    println!("{{\"taken\":{taken},\"lost\":{lost}}}");
+    println!(
+        "{{\"taken\":{},\"lost\":{},\"timeouts\":{},\"errors\":{},\"first_error\":{:?},\"worst_late_us\":{}}}",
+        total.taken,
+        total.lost,
+        total.timeouts,
+        total.errors,
+        total.first_error.unwrap_or_default(),
+        monitor.worst().as_micros()
+    );
     Ok(())
 }
 
@@ -168,116 +220,170 @@ fn body_length(max: Duration) -> Duration {
     Duration::from_nanos(rand::rng().random_range(0..=nanos))
 }
 
-async fn witness_task(
+fn pick(keys: &[String]) -> &str {
+    use rand::Rng;
+    &keys[rand::rng().random_range(0..keys.len())]
+}
+
+/// A holder id unique within this process.
+fn next_holder(task: usize) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    ((task as u64) << 48) | NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The library's lock, used as a careful user would: the body stops when the
+/// lock is lost, and writes through the fenced register when tokens exist.
+async fn library_task(
     task: usize,
     run: WitnessRun,
     checker: lock_tests::witness::Witness,
     locks: LockClient,
-    mut raw: redis::aio::MultiplexedConnection,
-) -> Result<(u64, u64), BoxError> {
+) -> Result<Tally, BoxError> {
     let start = std::time::Instant::now();
-    let (mut taken, mut lost) = (0, 0);
-    let holder = format!("{}:{task}", std::process::id());
+    let mut tally = Tally::default();
+    let fencing = !run.url.starts_with("redlock=");
     while start.elapsed() < run.duration {
+        let key = pick(&run.keys);
         let body = body_length(run.max_body);
-        match run.lock.as_str() {
-            "library" => {
-                let outcome = locks
-                    .lock(run.key.as_str())
-                    .ttl(run.ttl)
-                    .fencing(true)
-                    .wait(Duration::from_secs(10))
-                    .run(async {
-                        checker.enter(&run.key).await?;
-                        let token = lock_runtime::fencing_token().ok_or("no token")?;
-                        checker.write(&run.key, token, true).await?;
-                        checker.bump(&run.key).await?;
-                        tokio::time::sleep(body).await;
-                        checker.exit(&run.key).await?;
-                        Ok::<_, BoxError>(())
-                    })
-                    .await;
-                match outcome {
-                    Ok(result) => {
-                        result?;
-                        taken += 1;
-                    }
-                    Err(LockError::Lost { .. }) => lost += 1,
-                    Err(LockError::Timeout { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
+        let guard = match locks
+            .lock(key)
+            .ttl(run.ttl)
+            .fencing(fencing)
+            .wait(Duration::from_secs(3))
+            .acquire()
+            .await
+        {
+            Ok(guard) => guard,
+            Err(LockError::Timeout { .. }) => {
+                tally.timeouts += 1;
+                continue;
             }
-            broken => {
-                // SET NX PX, retried: a lock with its own bug to be caught.
-                let acquired: Option<String> = redis::cmd("SET")
-                    .arg(&run.key)
-                    .arg(&holder)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(run.ttl.as_millis() as u64)
-                    .query_async(&mut raw)
-                    .await?;
-                if acquired.is_none() {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    continue;
-                }
-                let deadline = std::time::Instant::now() + run.ttl - Duration::from_millis(5);
-                checker.enter(&run.key).await?;
-                checker.bump(&run.key).await?;
-                if broken == "no-deadline" {
-                    // Bug: keeps working after the lease ran out.
-                    tokio::time::sleep(body).await;
-                } else if broken == "blind-renew" {
-                    // Bug: renews by overwriting, so a renewal that comes late
-                    // takes the lock back from whoever got it meanwhile, and
-                    // the holder never learns it had lost it.
-                    let until = std::time::Instant::now() + body * 3;
-                    while std::time::Instant::now() < until {
-                        tokio::time::sleep(body_length(run.ttl * 2)).await;
-                        let _: () = redis::cmd("SET")
-                            .arg(&run.key)
-                            .arg(&holder)
-                            .arg("PX")
-                            .arg(run.ttl.as_millis() as u64)
-                            .query_async(&mut raw)
-                            .await?;
-                    }
-                } else {
-                    // Stops in time, like a correct holder...
-                    tokio::time::sleep_until(deadline.min(std::time::Instant::now() + body).into()).await;
-                }
-                checker.exit(&run.key).await?;
-                if broken == "del-release" {
-                    // ...but its release is slow and has no owner check: it
-                    // deletes whoever holds the key by then.
-                    tokio::time::sleep(run.ttl / 2).await;
-                    let _: i64 = raw.del(&run.key).await?;
-                } else {
-                    let _: i64 = redis::Script::new(
-                        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-                    )
-                    .key(&run.key)
-                    .arg(&holder)
-                    .invoke_async(&mut raw)
-                    .await?;
-                }
-                taken += 1;
+            Err(e) => {
+                // Faults make acquisitions fail; the run goes on, and the
+                // controller judges the counts.
+                tally.errors += 1;
+                tally.first_error.get_or_insert_with(|| e.to_string());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let holder = next_holder(task);
+        let token = guard.fencing_token().unwrap_or(0);
+        checker.enter(key, holder, token);
+        let work = async {
+            if token != 0 {
+                checker.write(key, token, true);
+            }
+            checker.bump(key).await;
+            tokio::time::sleep(body).await;
+        };
+        tokio::select! {
+            biased;
+            _ = guard.lost() => {
+                checker.lost(key, holder, token, guard.valid_until());
+                tally.lost += 1;
+            }
+            () = work => {
+                checker.exit(key, holder, token);
+                tally.taken += 1;
             }
         }
+        if let Err(e) = guard.release().await
+            && !matches!(e, LockError::Lost { .. } | LockError::NotHeld { .. })
+        {
+            tally.errors += 1;
+            tally.first_error.get_or_insert_with(|| e.to_string());
+        }
     }
-    Ok((taken, lost))
+    Ok(tally)
+}
+
+/// SET NX PX, retried: a lock with its own bug to be caught.
+async fn broken_task(
+    task: usize,
+    run: WitnessRun,
+    checker: lock_tests::witness::Witness,
+    mut raw: redis::aio::MultiplexedConnection,
+) -> Result<Tally, BoxError> {
+    let start = std::time::Instant::now();
+    let mut tally = Tally::default();
+    let owner = format!("{}:{task}", std::process::id());
+    while start.elapsed() < run.duration {
+        let key = pick(&run.keys);
+        let body = body_length(run.max_body);
+        let acquired: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(&owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(run.ttl.as_millis() as u64)
+            .query_async(&mut raw)
+            .await?;
+        if acquired.is_none() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
+        }
+        let holder = next_holder(task);
+        let deadline = std::time::Instant::now() + run.ttl - Duration::from_millis(5);
+        checker.enter(key, holder, 0);
+        checker.bump(key).await;
+        match run.lock.as_str() {
+            "no-deadline" => {
+                // Bug: keeps working after the lease ran out.
+                tokio::time::sleep(body).await;
+            }
+            "blind-renew" => {
+                // Bug: renews by overwriting, so a renewal that comes late
+                // takes the lock back from whoever got it meanwhile, and the
+                // holder never learns it had lost it.
+                let until = std::time::Instant::now() + body * 3;
+                while std::time::Instant::now() < until {
+                    tokio::time::sleep(body_length(run.ttl * 2)).await;
+                    let _: () = redis::cmd("SET")
+                        .arg(key)
+                        .arg(&owner)
+                        .arg("PX")
+                        .arg(run.ttl.as_millis() as u64)
+                        .query_async(&mut raw)
+                        .await?;
+                }
+            }
+            _ => {
+                // Stops in time, like a correct holder...
+                tokio::time::sleep_until(deadline.min(std::time::Instant::now() + body).into()).await;
+            }
+        }
+        checker.exit(key, holder, 0);
+        if run.lock == "del-release" {
+            // ...but its release is slow and has no owner check: it deletes
+            // whoever holds the key by then.
+            tokio::time::sleep(run.ttl / 2).await;
+            let _: i64 = raw.del(key).await?;
+        } else {
+            let _: i64 = redis::Script::new(
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+            )
+            .key(key)
+            .arg(&owner)
+            .invoke_async(&mut raw)
+            .await?;
+        }
+        tally.taken += 1;
+    }
+    Ok(tally)
 }
 
 /// A holder paused between its check and its write (a GC pause, a stalled
 /// VM): the lock cannot help it; only a fenced resource can.
 async fn pause(
     url: &str,
-    witness_url: &str,
+    witness_dir: &str,
     key: &str,
     ttl_ms: u64,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let locks = LockClient::connect(url).await?;
-    let checker = lock_tests::witness::Witness::connect(witness_url).await?;
+    let checker = lock_tests::witness::Witness::open(std::path::Path::new(witness_dir))?;
     let guard = locks
         .lock(key)
         .ttl(Duration::from_millis(ttl_ms))
@@ -288,8 +394,8 @@ async fn pause(
     let token = guard.fencing_token().ok_or("no token")?;
     println!("PAUSING {token}");
     nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGSTOP)?;
-    checker.write(&format!("{key}:fenced"), token, true).await?;
-    checker.write(&format!("{key}:unfenced"), token, false).await?;
+    checker.write(&format!("{key}:fenced"), token, true);
+    checker.write(&format!("{key}:unfenced"), token, false);
     println!("WROTE");
     drop(guard);
     Ok(())

@@ -1,0 +1,121 @@
+//! Scenario reports (RELIABILITY §5.2): one JSON record per scenario under
+//! `target/reliability/`, and the summary table `.ci/run` prints from them.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// `target/reliability` of the workspace.
+pub fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/reliability")
+}
+
+/// The `redis-server --version` line the scenarios ran against.
+pub fn redis_version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        std::process::Command::new(crate::redis_server_binary())
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_else(|e| format!("unknown ({e})"))
+    })
+}
+
+/// Writes `target/reliability/<id>.json`: `record` plus the scenario id,
+/// versions, and the seed when the scenario used one.
+pub fn write(id: &str, mut record: Value) {
+    if let Some(fields) = record.as_object_mut() {
+        fields.insert("id".into(), json!(id));
+        fields.insert(
+            "versions".into(),
+            json!({ "lock-runtime": env!("CARGO_PKG_VERSION"), "redis": redis_version() }),
+        );
+    }
+    let dir = dir();
+    std::fs::create_dir_all(&dir).expect("report dir");
+    let text = serde_json::to_string(&record).expect("report is JSON");
+    std::fs::write(dir.join(format!("{id}.json")), &text).expect("write report");
+    println!("{text}");
+}
+
+/// The `p`-quantile (0..=1) of sorted durations, in ms.
+pub fn quantile_ms(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
+}
+
+/// `{min, p50, p99, max}` of durations, in ms.
+pub fn spread_ms(mut values: Vec<Duration>) -> Value {
+    values.sort();
+    json!({
+        "n": values.len(),
+        "min": round(quantile_ms(&values, 0.0)),
+        "p50": round(quantile_ms(&values, 0.5)),
+        "p99": round(quantile_ms(&values, 0.99)),
+        "max": round(quantile_ms(&values, 1.0)),
+    })
+}
+
+fn round(ms: f64) -> Value {
+    if ms.is_finite() {
+        json!((ms * 100.0).round() / 100.0)
+    } else {
+        Value::Null
+    }
+}
+
+/// The summary table of every report in `target/reliability`, one row per
+/// scenario in id order.
+pub fn summary() -> String {
+    let mut rows: Vec<Value> = std::fs::read_dir(dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|text| serde_json::from_str(&text).ok())
+        .collect();
+    rows.sort_by_key(|r| sort_key(r["id"].as_str().unwrap_or("")));
+    let cell = |v: &Value| match v {
+        Value::Null => "–".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let slack = |v: &Value| match (&v["min"], &v["p50"]) {
+        (Value::Null, _) => "–".to_owned(),
+        (min, p50) => format!("{} / {}", cell(min), cell(p50)),
+    };
+    let mut table = String::from(
+        "| id | scenario | verdict | acquisitions | faults | overlaps | token regressions | lost slack ms min / p50 | key figure |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in &rows {
+        table.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            cell(&r["id"]),
+            cell(&r["scenario"]),
+            cell(&r["verdict"]),
+            cell(&r["acquisitions"]),
+            cell(&r["faults"]),
+            cell(&r["overlaps"]),
+            cell(&r["token_regressions"]),
+            slack(&r["lost_slack_ms"]),
+            cell(&r["key_figure"]),
+        ));
+    }
+    table
+}
+
+/// S2 before S10, R before C before X.
+fn sort_key(id: &str) -> (usize, u32, String) {
+    let family = "SRPCX".find(id.chars().next().unwrap_or('Z')).unwrap_or(9);
+    let number = id[1..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>();
+    (family, number.parse().unwrap_or(0), id.to_owned())
+}
