@@ -169,9 +169,21 @@ impl RedisServer {
     }
 
     /// Kills the server (SIGKILL) and restarts it on the same port with the
-    /// same arguments and an empty dataset.
+    /// same arguments: an empty dataset, unless the arguments persist it.
     pub fn restart(&mut self) {
         self.kill();
+        self.revive();
+    }
+
+    /// Deletes what the server persisted (AOF and RDB files), so that the
+    /// next start is empty whatever its arguments; call while it is killed.
+    pub fn wipe_data(&self) {
+        let _ = std::fs::remove_dir_all(self.dir.path().join("appendonlydir"));
+        let _ = std::fs::remove_file(self.dir.path().join("dump.rdb"));
+    }
+
+    /// Starts a killed server again on its port with its arguments.
+    pub fn revive(&mut self) {
         for _ in 0..100 {
             if self.spawn() {
                 return;
@@ -674,4 +686,58 @@ pub fn spawn_waiter(locks: &lock_runtime::LockClient, key: &str) -> tokio::task:
         guard.release().await.expect("release");
         acquired
     })
+}
+
+#[cfg(test)]
+mod proxy_tests {
+    use super::*;
+
+    async fn ping(conn: &mut redis::aio::MultiplexedConnection) -> redis::RedisResult<String> {
+        redis::cmd("PING").query_async(conn).await
+    }
+
+    #[tokio::test]
+    async fn delay_throttle_and_reset_do_what_they_say() {
+        let server = RedisServer::start();
+        let proxy = Proxy::start(server.port()).await;
+        let client = redis::Client::open(proxy.url()).expect("url");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+        ping(&mut conn).await.expect("pass");
+
+        proxy.delay(Duration::from_millis(30));
+        let start = Instant::now();
+        ping(&mut conn).await.expect("delayed");
+        // Held back once each way.
+        assert!(
+            start.elapsed() >= Duration::from_millis(60),
+            "{:?}",
+            start.elapsed()
+        );
+
+        proxy.throttle(1000);
+        let start = Instant::now();
+        let value = "v".repeat(200);
+        redis::cmd("SET")
+            .arg("k")
+            .arg(&value)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("throttled");
+        assert!(
+            start.elapsed() >= Duration::from_millis(200),
+            "{:?}",
+            start.elapsed()
+        );
+
+        proxy.pass();
+        proxy.reset();
+        assert!(ping(&mut conn).await.is_err(), "the connection survived a reset");
+        let mut fresh = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("reconnect");
+        ping(&mut fresh)
+            .await
+            .expect("new connections pass after a reset");
+    }
 }

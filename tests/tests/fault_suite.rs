@@ -125,7 +125,7 @@ async fn s0_baseline_after_its_controls_are_caught() {
                 "lost_updates": lost_updates,
                 "lost": tally.lost,
                 "invalid_runs": invalid_runs,
-                "worst_lateness_ms": worst_late.as_secs_f64() * 1e3,
+                "worst_lateness_ms": (worst_late.as_secs_f64() * 1e5).round() / 100.0,
                 "controls": controls,
                 "key_figure": format!("{} acquisitions, controls caught 15/15", logged.entries),
                 "seconds": started.elapsed().as_secs_f64(),

@@ -1,0 +1,928 @@
+//! The fault suite, tier 2 (RELIABILITY §5.3): the scenarios that take too
+//! long for every change, the negative controls that need several masters
+//! or a replica, and the X1/X2 campaigns. Every test here is `#[ignore]`d;
+//! `LOCK_FAULTS_TIER2=1 .ci/run` runs them one at a time, as does
+//! `cargo test -p lock-tests --test fault_campaigns -- --ignored --test-threads=1`.
+//! `LOCK_FAULTS_CAMPAIGN_SECS` sets the campaigns' length (default 600 s) and
+//! `LOCK_FAULTS_SEED` their seed (default: random, reported).
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::LockClient;
+use lock_tests::lab::{self, Board, Workers, Workload};
+use lock_tests::monitor::{self, Monitor};
+use lock_tests::report::{self, spread_ms};
+use lock_tests::witness::{Analysis, FAULTS, Witness, analyze};
+use lock_tests::{Proxy, RedisServer, eventually};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+const T: Duration = Duration::from_millis(1500);
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(100);
+
+fn seed() -> u64 {
+    std::env::var("LOCK_FAULTS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random())
+}
+
+fn campaign_length() -> Duration {
+    let secs = std::env::var("LOCK_FAULTS_CAMPAIGN_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(600);
+    Duration::from_secs(secs)
+}
+
+fn workload(target: String, keys: &[&str], duration: Duration, max_body: Duration) -> Workload {
+    Workload {
+        target,
+        keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+        lock: "library".into(),
+        tasks: 4,
+        duration,
+        ttl: T,
+        max_body,
+        command_timeout: Some(COMMAND_TIMEOUT),
+    }
+}
+
+fn slack_ms(analysis: &Analysis) -> serde_json::Value {
+    let slack: Vec<Duration> = analysis
+        .lost_slack_ns
+        .iter()
+        .map(|&ns| Duration::from_nanos(u64::try_from(ns).unwrap_or(0)))
+        .collect();
+    spread_ms(slack)
+}
+
+/// A Redis node and the proxies the workers reach it through (one per
+/// worker process, so that a link fault can hit one client).
+struct Node {
+    server: RedisServer,
+    proxies: Vec<Proxy>,
+}
+
+impl Node {
+    async fn start(workers: usize, extra: &[&str]) -> Node {
+        let server = RedisServer::start_with(extra);
+        let mut proxies = Vec::new();
+        for _ in 0..workers {
+            proxies.push(Proxy::start(server.port()).await);
+        }
+        Node { server, proxies }
+    }
+}
+
+/// Applies fault `fault` (an index into `FAULTS`) to the nodes `chosen`,
+/// with lengths drawn from `rng`, and returns once it is healed.
+async fn inflict(fault: usize, nodes: &mut [Node], chosen: &[usize], rng: &mut StdRng) {
+    let between = |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..=hi));
+    match FAULTS[fault] {
+        "server-sigstop" => {
+            let length = between(rng, 200, 3000);
+            chosen.iter().for_each(|&i| nodes[i].server.pause());
+            tokio::time::sleep(length).await;
+            chosen.iter().for_each(|&i| nodes[i].server.resume());
+        }
+        "debug-sleep" => {
+            let length = between(rng, 200, 3000);
+            let sleepers: Vec<_> = chosen
+                .iter()
+                .map(|&i| {
+                    let mut conn = nodes[i].server.sync_connection().expect("admin");
+                    tokio::task::spawn_blocking(move || {
+                        let _ = redis::cmd("DEBUG")
+                            .arg("SLEEP")
+                            .arg(length.as_secs_f64())
+                            .query::<()>(&mut conn);
+                    })
+                })
+                .collect();
+            for s in sleepers {
+                s.await.expect("DEBUG SLEEP");
+            }
+        }
+        "client-pause" => {
+            let length = between(rng, 200, 1000);
+            for &i in chosen {
+                nodes[i].server.query::<()>(
+                    redis::cmd("CLIENT")
+                        .arg("PAUSE")
+                        .arg(length.as_millis() as u64)
+                        .arg(if rng.random_bool(0.5) { "WRITE" } else { "ALL" }),
+                );
+            }
+            tokio::time::sleep(length).await;
+        }
+        "proxy-delay" => {
+            let delay = between(rng, 50, 400);
+            chosen
+                .iter()
+                .for_each(|&i| nodes[i].proxies.iter().for_each(|p| p.delay(delay)));
+            tokio::time::sleep(between(rng, 1000, 3000)).await;
+            chosen
+                .iter()
+                .for_each(|&i| nodes[i].proxies.iter().for_each(Proxy::pass));
+        }
+        "proxy-blackhole" => {
+            let worker = rng.random_range(0..nodes[0].proxies.len());
+            chosen.iter().for_each(|&i| nodes[i].proxies[worker].blackhole());
+            tokio::time::sleep(between(rng, 500, 3000)).await;
+            chosen.iter().for_each(|&i| nodes[i].proxies[worker].pass());
+        }
+        "proxy-throttle" => {
+            chosen
+                .iter()
+                .for_each(|&i| nodes[i].proxies.iter().for_each(|p| p.throttle(2000)));
+            tokio::time::sleep(between(rng, 500, 2000)).await;
+            chosen
+                .iter()
+                .for_each(|&i| nodes[i].proxies.iter().for_each(Proxy::pass));
+        }
+        "proxy-reset" => chosen
+            .iter()
+            .for_each(|&i| nodes[i].proxies.iter().for_each(Proxy::reset)),
+        "client-kill" => {
+            for &i in chosen {
+                nodes[i]
+                    .server
+                    .query::<i64>(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal"));
+            }
+        }
+        "script-flush" => {
+            for &i in chosen {
+                nodes[i].server.query::<()>(redis::cmd("SCRIPT").arg("FLUSH"));
+            }
+        }
+        "kill-restart-aof" => tokio::task::block_in_place(|| {
+            chosen.iter().for_each(|&i| nodes[i].server.restart());
+        }),
+        "kill-restart-delayed" => {
+            for &i in chosen {
+                nodes[i].server.kill();
+                nodes[i].server.wipe_data();
+            }
+            tokio::time::sleep(T + Duration::from_millis(200)).await;
+            tokio::task::block_in_place(|| chosen.iter().for_each(|&i| nodes[i].server.revive()));
+        }
+        other => panic!("no such fault: {other}"),
+    }
+}
+
+/// A campaign: workers on `nodes` for `length`, a fault from `mix` every
+/// 3–6 s on up to `at_once` nodes, every fault and heal logged.
+async fn campaign(
+    board: &Board,
+    nodes: &mut [Node],
+    target: String,
+    mix: &[usize],
+    at_once: usize,
+    seed: u64,
+) -> (lab::Tally, Duration) {
+    let length = campaign_length();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let controller = Monitor::start();
+    let workers = Workers::spawn(
+        board,
+        &workload(target, &["x:a", "x:b", "x:c"], length, Duration::from_millis(20)),
+        2,
+    );
+    let end = Instant::now() + length;
+    while Instant::now() + Duration::from_secs(8) < end {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(3000..=6000))).await;
+        let fault = mix[rng.random_range(0..mix.len())];
+        let mut chosen: Vec<usize> = (0..nodes.len()).collect();
+        let count = rng.random_range(1..=at_once.min(nodes.len()));
+        while chosen.len() > count {
+            chosen.swap_remove(rng.random_range(0..chosen.len()));
+        }
+        board.witness.fault(fault);
+        inflict(fault, nodes, &chosen, &mut rng).await;
+        board.witness.heal(fault);
+    }
+    let tally = tokio::task::block_in_place(|| workers.finish());
+    let worst = tally.worst_late.max(controller.worst());
+    (tally, worst)
+}
+
+fn fault_index(name: &str) -> usize {
+    FAULTS.iter().position(|f| *f == name).expect("a known fault")
+}
+
+/// Judges a campaign: no overlap, no token regression, and after every heal
+/// some body entered within T + 1 s. A run whose monitor saw a process
+/// starved beyond δ/2 and that shows a violation is INVALID, not failed.
+fn judge(id: &str, scenario: &str, board: &Board, tally: &lab::Tally, worst: Duration, seed: u64) {
+    let keys = ["x:a", "x:b", "x:c"];
+    let logged = analyze(board.path(), &keys).expect("analyze");
+    let online: u64 = keys.iter().map(|k| board.witness.seen(k).overlaps).sum();
+    let stale_accepted: u64 = keys.iter().map(|k| board.witness.seen(k).stale_accepted).sum();
+    let stale_rejected: u64 = keys.iter().map(|k| board.witness.seen(k).stale_rejected).sum();
+    let worst_heal = logged.heal_to_entry_ns.iter().max().copied().unwrap_or(0);
+    let violations = online + logged.overlaps.len() as u64 + logged.token_regressions + stale_accepted;
+    let late = worst > monitor::bound(T);
+    let verdict = match (violations, late) {
+        (0, _) => "PASS",
+        (_, true) => "INVALID",
+        (_, false) => "FAIL",
+    };
+    let heals: Vec<Duration> = logged
+        .heal_to_entry_ns
+        .iter()
+        .map(|&ns| Duration::from_nanos(ns))
+        .collect();
+    report::write(
+        id,
+        json!({
+            "scenario": scenario,
+            "verdict": verdict,
+            "seed": seed,
+            "parameters": {"seconds": campaign_length().as_secs(), "processes": 2, "tasks": 4, "keys": 3, "ttl_ms": T.as_millis(), "command_timeout_ms": COMMAND_TIMEOUT.as_millis()},
+            "acquisitions": logged.entries,
+            "faults": logged.faults,
+            "faults_by_kind": logged.faults_by_kind,
+            "overlaps": online.max(logged.overlaps.len() as u64),
+            "overlap_details": logged.overlaps.iter().take(5).map(|o| format!("{} {:?}", o.key, o.duration)).collect::<Vec<_>>(),
+            "token_regressions": logged.token_regressions,
+            "stale_writes_accepted": stale_accepted,
+            "stale_writes_rejected": stale_rejected,
+            "lost": tally.lost,
+            "lost_slack_ms": slack_ms(&logged),
+            "acquire_timeouts": tally.timeouts,
+            "acquire_or_release_errors": tally.errors,
+            "first_error": tally.first_error,
+            "heal_to_entry_ms": spread_ms(heals),
+            "heals_without_entry": logged.heals_without_entry,
+            "unmatched_entries": logged.unmatched,
+            "worst_lateness_ms": (worst.as_secs_f64() * 1e5).round() / 100.0,
+            "key_figure": format!("{} faults, {} acquisitions, worst heal→entry {:.0} ms", logged.faults, logged.entries, worst_heal as f64 / 1e6),
+        }),
+    );
+    assert_ne!(verdict, "FAIL", "{id}: {logged:?}");
+    assert!(
+        Duration::from_nanos(worst_heal) <= T + Duration::from_secs(1),
+        "{id}: a heal was followed by no entry for {:?}",
+        Duration::from_nanos(worst_heal)
+    );
+    assert_eq!(logged.unmatched, 0, "{id}: a body never left");
+}
+
+/// X1: one node behind a proxy per worker, fencing on; every 3–6 s a fault
+/// that keeps the lock's assumptions (stalls, link faults, killed clients,
+/// script flushes, kill -9 + restart with `appendfsync always`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
+async fn x1_assumption_preserving_campaign_on_one_node() {
+    let seed = seed();
+    let board = Board::new();
+    let mut nodes = [Node::start(2, &["--appendonly", "yes", "--appendfsync", "always"]).await];
+    let mix: Vec<usize> = [
+        "server-sigstop",
+        "debug-sleep",
+        "client-pause",
+        "proxy-delay",
+        "proxy-blackhole",
+        "client-kill",
+        "script-flush",
+        "kill-restart-aof",
+        "proxy-reset",
+        "proxy-throttle",
+    ]
+    .iter()
+    .map(|f| fault_index(f))
+    .collect();
+    // Each worker reaches the server through a proxy of its own.
+    let (tally, worst) = campaign_per_worker_proxy(&board, &mut nodes, &mix, seed).await;
+    judge(
+        "X1",
+        "X1 campaign, one node, assumption-preserving faults",
+        &board,
+        &tally,
+        worst,
+        seed,
+    );
+}
+
+/// Like [`campaign`], but each worker process gets its own proxy: the first
+/// worker the first proxy, and so on.
+async fn campaign_per_worker_proxy(
+    board: &Board,
+    nodes: &mut [Node],
+    mix: &[usize],
+    seed: u64,
+) -> (lab::Tally, Duration) {
+    let length = campaign_length();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let controller = Monitor::start();
+    let spawn = |proxy: &Proxy| {
+        Workers::spawn(
+            board,
+            &workload(
+                proxy.url(),
+                &["x:a", "x:b", "x:c"],
+                length,
+                Duration::from_millis(20),
+            ),
+            1,
+        )
+    };
+    let first = spawn(&nodes[0].proxies[0]);
+    let second = spawn(&nodes[0].proxies[1]);
+    let end = Instant::now() + length;
+    while Instant::now() + Duration::from_secs(8) < end {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(3000..=6000))).await;
+        let fault = mix[rng.random_range(0..mix.len())];
+        board.witness.fault(fault);
+        inflict(fault, nodes, &[0], &mut rng).await;
+        board.witness.heal(fault);
+    }
+    let (a, b) = tokio::task::block_in_place(|| (first.finish(), second.finish()));
+    let tally = lab::Tally {
+        taken: a.taken + b.taken,
+        lost: a.lost + b.lost,
+        timeouts: a.timeouts + b.timeouts,
+        errors: a.errors + b.errors,
+        first_error: a.first_error.or(b.first_error),
+        worst_late: a.worst_late.max(b.worst_late),
+    };
+    let worst = tally.worst_late.max(controller.worst());
+    (tally, worst)
+}
+
+/// X2: Redlock over 5 masters; the same mix on up to 2 masters at a time,
+/// plus kill -9 with a restart delayed past the lease and no data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
+async fn x2_redlock_campaign_on_five_masters() {
+    let seed = seed();
+    let board = Board::new();
+    let mut nodes = Vec::new();
+    for _ in 0..5 {
+        nodes.push(Node::start(1, &["--appendonly", "yes", "--appendfsync", "always"]).await);
+    }
+    // Both workers share each master's proxy: a link fault hits a master.
+    let target = format!(
+        "redlock={}",
+        nodes
+            .iter()
+            .map(|n| n.proxies[0].url())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let mix: Vec<usize> = [
+        "server-sigstop",
+        "debug-sleep",
+        "client-pause",
+        "proxy-delay",
+        "proxy-blackhole",
+        "client-kill",
+        "script-flush",
+        "kill-restart-aof",
+        "kill-restart-delayed",
+        "proxy-reset",
+    ]
+    .iter()
+    .map(|f| fault_index(f))
+    .collect();
+    let (tally, worst) = campaign(&board, &mut nodes, target, &mix, 2, seed).await;
+    judge(
+        "X2",
+        "X2 campaign, Redlock N=5, faults on up to 2 masters",
+        &board,
+        &tally,
+        worst,
+        seed,
+    );
+}
+
+/// S0 at full length: 60 s, two processes of four tasks on three keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
+async fn s0_long_baseline() {
+    let server = RedisServer::start();
+    let board = Board::new();
+    let keys = ["s0:a", "s0:b", "s0:c"];
+    let controller = Monitor::start();
+    let mut load = workload(
+        server.url(),
+        &keys,
+        Duration::from_secs(60),
+        Duration::from_millis(2),
+    );
+    load.command_timeout = None;
+    let tally = tokio::task::block_in_place(|| lab::run(&board, &load, 2));
+    let logged = analyze(board.path(), &keys).expect("analyze");
+    let lost_updates: u64 = keys
+        .iter()
+        .map(|k| {
+            let s = board.witness.seen(k);
+            s.entries - s.counter.min(s.entries)
+        })
+        .sum();
+    let worst = tally.worst_late.max(controller.worst());
+    report::write(
+        "S0L",
+        json!({
+            "scenario": "S0 baseline, 60 s",
+            "verdict": if logged.overlaps.is_empty() && logged.token_regressions == 0 && lost_updates == 0 { "PASS" } else { "FAIL" },
+            "acquisitions": logged.entries,
+            "faults": 0,
+            "overlaps": logged.overlaps.len(),
+            "token_regressions": logged.token_regressions,
+            "lost_updates": lost_updates,
+            "lost": tally.lost,
+            "worst_lateness_ms": (worst.as_secs_f64() * 1e5).round() / 100.0,
+            "key_figure": format!("{} acquisitions in 60 s", logged.entries),
+        }),
+    );
+    assert!(logged.overlaps.is_empty() && logged.token_regressions == 0 && lost_updates == 0);
+    assert!(logged.entries >= 20_000, "{} acquisitions", logged.entries);
+}
+
+/// R1: Redlock baseline, N = 3 and N = 5, 30 s each: no overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
+async fn r1_redlock_baseline() {
+    let mut per_n = Vec::new();
+    let mut total = 0;
+    for n in [3usize, 5] {
+        let masters = lock_tests::start_masters(n);
+        let board = Board::new();
+        let target = format!(
+            "redlock={}",
+            masters.iter().map(RedisServer::url).collect::<Vec<_>>().join(",")
+        );
+        let keys = ["r1:a", "r1:b", "r1:c"];
+        let tally = tokio::task::block_in_place(|| {
+            lab::run(
+                &board,
+                &workload(target, &keys, Duration::from_secs(30), Duration::from_millis(2)),
+                2,
+            )
+        });
+        let logged = analyze(board.path(), &keys).expect("analyze");
+        let online: u64 = keys.iter().map(|k| board.witness.seen(k).overlaps).sum();
+        assert_eq!((online, logged.overlaps.len()), (0, 0), "N={n}: {logged:?}");
+        assert_eq!(tally.lost, 0, "N={n}: lost on healthy masters");
+        total += logged.entries;
+        per_n.push(json!({"n": n, "acquisitions": logged.entries, "overlaps": 0, "errors": tally.errors}));
+    }
+    report::write(
+        "R1",
+        json!({
+            "scenario": "R1 Redlock baseline, N = 3 and 5, 30 s each",
+            "verdict": "PASS",
+            "acquisitions": total,
+            "faults": 0,
+            "overlaps": 0,
+            "per_n": per_n,
+            "key_figure": format!("{total} acquisitions, 0 overlaps"),
+        }),
+    );
+}
+
+/// Three masters; `a` reaches them through proxies, `b` directly.
+struct Trio {
+    masters: Vec<RedisServer>,
+    proxies: Vec<Proxy>,
+    a: LockClient,
+    b: LockClient,
+}
+
+impl Trio {
+    async fn start(extra: &[&str]) -> Trio {
+        let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(extra)).collect();
+        let mut proxies = Vec::new();
+        for m in &masters {
+            proxies.push(Proxy::start(m.port()).await);
+        }
+        let client = |urls: Vec<String>| async move {
+            LockClient::builder()
+                .command_timeout(COMMAND_TIMEOUT)
+                .node_timeout(Duration::from_millis(50))
+                .redlock(urls)
+                .await
+                .expect("redlock")
+        };
+        let a = client(proxies.iter().map(Proxy::url).collect()).await;
+        let b = client(masters.iter().map(RedisServer::url).collect()).await;
+        Trio {
+            masters,
+            proxies,
+            a,
+            b,
+        }
+    }
+}
+
+/// A holds `key` on masters 0 and 1 only (its link to master 2 is cut);
+/// `fault` then takes its lock off master 1; B tries. Returns whether the
+/// checker saw the two overlap.
+async fn split_majority_trial(
+    witness: &Witness,
+    key: &str,
+    extra: &[&str],
+    fault: impl AsyncFnOnce(&mut Trio),
+) -> bool {
+    let mut trio = Trio::start(extra).await;
+    trio.proxies[2].blackhole();
+    let guard = trio.a.lock(key).ttl(T).acquire().await.expect("A holds 0 and 1");
+    witness.enter(key, 1, 0);
+    // A's body stops the moment it hears of the loss, as a careful user's would.
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let body = {
+        let (witness, key) = (witness.clone(), key.to_owned());
+        tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                _ = guard.lost() => witness.lost(&key, 1, 0, guard.valid_until()),
+                _ = done_rx => witness.exit(&key, 1, 0),
+            }
+            drop(guard);
+        })
+    };
+    fault(&mut trio).await;
+    let _ = trio
+        .b
+        .lock(key)
+        .wait(Duration::from_millis(500))
+        .run(async {
+            witness.enter(key, 2, 0);
+            witness.exit(key, 2, 0);
+        })
+        .await;
+    // A learns at its next renewal, at the latest at D.
+    tokio::time::sleep(T / 2).await;
+    let _ = done_tx.send(());
+    body.await.expect("A's body");
+    trio.proxies[2].pass();
+    witness.seen(key).overlaps > 0
+}
+
+/// R5 (NEG) and its mitigations: a master holding the lock is restarted
+/// empty at once (antirez's K5): the checker must catch the overlap. With a
+/// restart delayed past the lease, or with `appendfsync always`, none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
+async fn r5_a_master_restarted_empty_lets_a_second_holder_in() {
+    let board = Board::new();
+    let trials = 10;
+    let mut results = serde_json::Map::new();
+    for variant in ["immediate", "delayed", "aof"] {
+        let extra: &[&str] = if variant == "aof" {
+            &["--appendonly", "yes", "--appendfsync", "always"]
+        } else {
+            &[]
+        };
+        let mut overlapped = 0;
+        for trial in 0..trials {
+            let key = format!("r5:{variant}:{trial}");
+            let hit = split_majority_trial(&board.witness, &key, extra, async |trio: &mut Trio| {
+                trio.masters[1].kill();
+                if variant == "delayed" {
+                    trio.masters[1].wipe_data();
+                    tokio::time::sleep(T + Duration::from_millis(200)).await;
+                }
+                tokio::task::block_in_place(|| trio.masters[1].revive());
+            })
+            .await;
+            overlapped += u32::from(hit);
+        }
+        results.insert(
+            variant.into(),
+            json!({"trials": trials, "overlaps_caught": overlapped}),
+        );
+        if variant == "immediate" {
+            assert!(
+                overlapped * 100 >= trials * 95,
+                "control caught in {overlapped}/{trials}"
+            );
+        } else {
+            assert_eq!(overlapped, 0, "{variant}: overlaps with the mitigation");
+        }
+    }
+    let logged = analyze(board.path(), &[]).expect("analyze");
+    report::write(
+        "R5",
+        json!({
+            "scenario": "R5 master restarted without persistence (NEG) / delayed / appendfsync always",
+            "verdict": "PASS; control caught",
+            "variants": results,
+            "lost_slack_ms": slack_ms(&logged),
+            "key_figure": format!("immediate: caught {}; delayed and AOF: 0 overlaps", results["immediate"]["overlaps_caught"]),
+        }),
+    );
+}
+
+/// R6 (NEG): a master's clock jumping forward, emulated by expiring the key
+/// on it: a second holder gets in and the checker must catch it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
+async fn r6_a_clock_jump_on_one_master_lets_a_second_holder_in() {
+    let board = Board::new();
+    let trials = 10;
+    let mut overlapped = 0;
+    for trial in 0..trials {
+        let key = format!("r6:{trial}");
+        let redis_key = format!("lock:{{{key}}}");
+        let hit = split_majority_trial(&board.witness, &key, &[], async |trio: &mut Trio| {
+            trio.masters[1].query::<i64>(redis::cmd("PEXPIRE").arg(&redis_key).arg(1));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        })
+        .await;
+        overlapped += u32::from(hit);
+    }
+    assert!(
+        overlapped * 100 >= trials * 95,
+        "control caught in {overlapped}/{trials}"
+    );
+    report::write(
+        "R6",
+        json!({
+            "scenario": "R6 clock jump on one master (emulated by PEXPIRE 1), NEG",
+            "verdict": "PASS; control caught",
+            "trials": trials,
+            "overlaps_caught": overlapped,
+            "key_figure": format!("caught {overlapped}/{trials}"),
+        }),
+    );
+}
+
+/// R7: every link delayed past the lease during one acquisition: the call
+/// never returns a lock it got too late, and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
+async fn r7_a_slow_acquisition_is_not_a_success() {
+    let trio = Trio::start(&[]).await;
+    let ttl = Duration::from_millis(300);
+    let mut false_successes = 0;
+    let mut residue_ms = Vec::new();
+    for trial in 0..5 {
+        let key = format!("r7:{trial}");
+        trio.proxies
+            .iter()
+            .for_each(|p| p.delay(ttl / 2 + Duration::from_millis(50)));
+        let start = Instant::now();
+        let outcome = trio.a.lock(key.as_str()).ttl(ttl).renew(false).acquire().await;
+        if let Ok(guard) = outcome {
+            if start.elapsed() >= ttl - ttl / 100 - Duration::from_millis(2) {
+                false_successes += 1;
+            }
+            drop(guard);
+        }
+        trio.proxies.iter().for_each(Proxy::pass);
+        let passed = Instant::now();
+        let redis_key = format!("lock:{{{key}}}");
+        let clean = eventually(Duration::from_secs(2), || {
+            trio.masters
+                .iter()
+                .all(|m| m.query::<i64>(redis::cmd("EXISTS").arg(&redis_key)) == 0)
+        })
+        .await;
+        assert!(clean.is_some(), "trial {trial}: residue left");
+        residue_ms.push(passed.elapsed());
+    }
+    assert_eq!(false_successes, 0);
+    report::write(
+        "R7",
+        json!({
+            "scenario": "R7 slow acquisition (every link delayed past the lease)",
+            "verdict": "PASS",
+            "trials": 5,
+            "false_successes": false_successes,
+            "residue_cleared_after_heal_ms": spread_ms(residue_ms),
+            "key_figure": "0 late successes, no residue",
+        }),
+    );
+}
+
+/// P1 (NEG): a write acknowledged by the master but never replicated; the
+/// master dies and its replica is promoted: a second holder gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
+async fn p1_a_promoted_replica_that_missed_the_write_lets_a_second_holder_in() {
+    let board = Board::new();
+    let trials = 5;
+    let mut overlapped = 0;
+    for trial in 0..trials {
+        let key = format!("p1:{trial}");
+        let mut master = RedisServer::start();
+        let link = Proxy::start(master.port()).await;
+        let link_port = link
+            .url()
+            .trim_start_matches("redis://127.0.0.1:")
+            .trim_end_matches('/')
+            .to_owned();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &link_port]);
+        let synced = eventually(Duration::from_secs(10), || {
+            replica
+                .query::<String>(redis::cmd("INFO").arg("replication"))
+                .contains("master_link_status:up")
+        })
+        .await;
+        assert!(synced.is_some(), "the replica never synced");
+        link.blackhole();
+        let a = LockClient::connect(&master.url()).await.expect("connect");
+        let guard = a.lock(key.as_str()).ttl(T).acquire().await.expect("acquire");
+        board.witness.enter(&key, 1, 0);
+        tokio::task::block_in_place(|| master.kill());
+        replica.query::<()>(redis::cmd("REPLICAOF").arg("NO").arg("ONE"));
+        let b = LockClient::connect(&replica.url()).await.expect("connect");
+        let _ = b
+            .lock(key.as_str())
+            .wait(Duration::from_millis(500))
+            .run(async {
+                board.witness.enter(&key, 2, 0);
+                board.witness.exit(&key, 2, 0);
+            })
+            .await;
+        board.witness.exit(&key, 1, 0);
+        drop(guard);
+        overlapped += u32::from(board.witness.seen(&key).overlaps > 0);
+    }
+    assert_eq!(overlapped, trials, "the control must be caught every time");
+    report::write(
+        "P1",
+        json!({
+            "scenario": "P1 promoted replica missed the write (NEG)",
+            "verdict": "PASS; control caught",
+            "trials": trials,
+            "overlaps_caught": overlapped,
+            "mitigation": "not built: the library has no replica-acknowledgement (WAIT) policy",
+            "key_figure": format!("caught {overlapped}/{trials}; WAIT policy not built"),
+        }),
+    );
+}
+
+/// S3: a holder process paused for 0.6 s (less than the lease minus a
+/// renewal interval) keeps its lock, and nobody gets in meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
+async fn s3_a_short_holder_pause_costs_nothing() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let server = RedisServer::start();
+    let rival = LockClient::connect(&server.url()).await.expect("connect");
+    let trials = 5;
+    for trial in 0..trials {
+        let key = format!("s3:{trial}");
+        let mut holder = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
+            .args(["hold-renewed", &server.url(), &key, &T.as_millis().to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn holder");
+        let mut line = String::new();
+        BufReader::new(holder.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("holder output");
+        assert_eq!(line.trim(), "HELD");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(holder.id()).expect("pid"));
+        tokio::time::sleep(Duration::from_millis(100 * trial)).await;
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+        let refused = rival
+            .lock(key.as_str())
+            .wait(Duration::from_millis(1500))
+            .acquire()
+            .await;
+        assert!(
+            refused.is_err(),
+            "trial {trial}: a rival got in after a short pause"
+        );
+        let pttl: i64 = server.query(redis::cmd("PTTL").arg(format!("lock:{{{key}}}")));
+        assert!(pttl > 0, "trial {trial}: the holder's lease lapsed");
+        holder.kill().expect("kill");
+        holder.wait().expect("reap");
+    }
+    report::write(
+        "S3",
+        json!({
+            "scenario": "S3 holder process paused 0.6 s (lease 1.5 s)",
+            "verdict": "PASS",
+            "trials": trials,
+            "lost": 0,
+            "overlaps": 0,
+            "key_figure": "0 lost, rival refused every time",
+        }),
+    );
+}
+
+/// S12: a foreign script keeps the server busy past the lease: the holder
+/// is told before D, and the waiter sees a wait, not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
+async fn s12_a_foreign_busy_script_is_a_stall() {
+    let server = RedisServer::start_with(&["--busy-reply-threshold", "100"]);
+    let board = Board::new();
+    let url = server.url();
+    let connect = || {
+        LockClient::builder()
+            .command_timeout(COMMAND_TIMEOUT)
+            .connect(&url)
+    };
+    let (holder, rival) = (
+        connect().await.expect("connect"),
+        connect().await.expect("connect"),
+    );
+    let guard = holder.lock("s12").ttl(T).acquire().await.expect("acquire");
+    board.witness.enter("s12", 1, 0);
+    let mut conn = server.sync_connection().expect("admin");
+    let busy = tokio::task::spawn_blocking(move || {
+        redis::cmd("EVAL")
+            .arg("local t0 = redis.call('TIME') local start = t0[1] * 1000 + t0[2] / 1000 while true do local t = redis.call('TIME') if t[1] * 1000 + t[2] / 1000 - start > 2000 then return 1 end end")
+            .arg(0)
+            .query::<i64>(&mut conn)
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let rival_run = {
+        let witness = board.witness.clone();
+        tokio::spawn(async move {
+            rival
+                .lock("s12")
+                .wait(Duration::from_secs(5))
+                .run(async {
+                    witness.enter("s12", 2, 0);
+                    witness.exit("s12", 2, 0);
+                })
+                .await
+        })
+    };
+    tokio::time::timeout(T * 2, guard.lost())
+        .await
+        .expect("the holder is told its lock could not be kept");
+    board.witness.lost("s12", 1, 0, guard.valid_until());
+    busy.await.expect("join").expect("the script ran");
+    let rival_outcome = rival_run.await.expect("join");
+    assert!(
+        rival_outcome.is_ok(),
+        "BUSY is a wait, not an error: {rival_outcome:?}"
+    );
+    let logged = analyze(board.path(), &[]).expect("analyze");
+    assert!(logged.overlaps.is_empty(), "{logged:?}");
+    assert!(logged.lost_slack_ns.iter().all(|&ns| ns >= 0), "{logged:?}");
+    report::write(
+        "S12",
+        json!({
+            "scenario": "S12 foreign 2 s script (busy-reply-threshold 100)",
+            "verdict": "PASS",
+            "acquisitions": logged.entries,
+            "faults": 1,
+            "overlaps": 0,
+            "lost_slack_ms": slack_ms(&logged),
+            "key_figure": "holder told before D; waiter got the lock after the script",
+        }),
+    );
+}
+
+/// S13: with active expiry off, a dead holder's lock frees by lazy expiry
+/// alone, within the S1 bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
+async fn s13_lazy_expiry_alone_frees_a_dead_holders_lock() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let server = RedisServer::start();
+    server.query::<()>(redis::cmd("DEBUG").arg("SET-ACTIVE-EXPIRE").arg(0));
+    let locks = LockClient::connect(&server.url()).await.expect("connect");
+    let ttl = Duration::from_millis(600);
+    let mut unavailable = Vec::new();
+    for trial in 0..5 {
+        let key = format!("s13:{trial}");
+        let mut holder = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
+            .args(["hold-renewed", &server.url(), &key, &ttl.as_millis().to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn holder");
+        let mut line = String::new();
+        BufReader::new(holder.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("holder output");
+        holder.kill().expect("SIGKILL");
+        let killed = Instant::now();
+        holder.wait().expect("reap");
+        let guard = locks
+            .lock(key.as_str())
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .expect("acquire");
+        unavailable.push(killed.elapsed());
+        guard.release().await.expect("release");
+    }
+    let max = *unavailable.iter().max().expect("trials");
+    assert!(max <= ttl + Duration::from_millis(250), "{max:?}");
+    report::write(
+        "S13",
+        json!({
+            "scenario": "S13 active expiry off, holder SIGKILLed",
+            "verdict": "PASS",
+            "faults": 5,
+            "unavail_ms": spread_ms(unavailable),
+            "key_figure": format!("unavailable at most {:.0} ms (ttl {} ms)", max.as_secs_f64() * 1e3, ttl.as_millis()),
+        }),
+    );
+}
