@@ -54,6 +54,8 @@ pub struct Workload {
     pub max_body: Duration,
     /// The client's command timeout, when not the default.
     pub command_timeout: Option<Duration>,
+    /// Percent of bodies that last 0.5–2.5 s instead (renewed while they run).
+    pub long_body_percent: u32,
 }
 
 /// What the workers of a run said about themselves.
@@ -107,10 +109,14 @@ impl Workers {
                     ])
                     .stdout(Stdio::piped())
                     .stderr(Stdio::inherit());
+                command.env(
+                    "LOCK_WORKER_LONG_BODY_PERCENT",
+                    workload.long_body_percent.to_string(),
+                );
                 if let Some(timeout) = workload.command_timeout {
                     command.env("LOCK_WORKER_COMMAND_TIMEOUT_MS", timeout.as_millis().to_string());
                 }
-                command.spawn().expect("spawn worker")
+                crate::spawn_owned(command).expect("spawn worker")
             })
             .collect();
         Workers { children }

@@ -87,20 +87,18 @@ impl RedisServer {
         ];
         args.extend(self.extra.iter().map(String::as_str));
         let mut command = Command::new(redis_server_binary());
-        die_with_parent(&mut command);
-        let child = command
+        command
             .args(&args)
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run {}: {e}; install redis-server (apt-get install redis-server)",
-                    redis_server_binary().display()
-                )
-            });
+            .stderr(Stdio::null());
+        let child = spawn_owned(command).unwrap_or_else(|e| {
+            panic!(
+                "cannot run {}: {e}; install redis-server (apt-get install redis-server)",
+                redis_server_binary().display()
+            )
+        });
         self.child = Some(child);
         self.wait_until_ready()
     }
@@ -247,8 +245,35 @@ impl Drop for RedisServer {
     }
 }
 
-/// Makes the child die when the thread that spawned it ends, so that no
-/// server outlives its test, even when the test process is killed.
+/// Spawns `command` so that the child dies with this process, even when the
+/// process is killed: PR_SET_PDEATHSIG fires when the spawning *thread* ends,
+/// and tokio's blocking threads end when idle, so every child is spawned
+/// from one thread that lives as long as the process.
+pub(crate) fn spawn_owned(mut command: Command) -> std::io::Result<Child> {
+    type Request = (Command, std::sync::mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Request>>> = OnceLock::new();
+    die_with_parent(&mut command);
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("child-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("spawn the child-spawner thread");
+        std::sync::Mutex::new(tx)
+    });
+    let (reply, child) = std::sync::mpsc::channel();
+    spawner
+        .lock()
+        .expect("spawner")
+        .send((command, reply))
+        .expect("the spawner thread lives as long as the process");
+    child.recv().expect("the spawner answers")
+}
+
 #[allow(unsafe_code)]
 fn die_with_parent(command: &mut Command) {
     use std::os::unix::process::CommandExt;

@@ -46,6 +46,16 @@ fn workload(target: String, keys: &[&str], duration: Duration, max_body: Duratio
         ttl: T,
         max_body,
         command_timeout: Some(COMMAND_TIMEOUT),
+        long_body_percent: 0,
+    }
+}
+
+/// The campaigns' load: short bodies, and 1% of bodies long enough to need
+/// renewals, so that stalls cost locks and the lost path is exercised.
+fn campaign_workload(target: String, length: Duration) -> Workload {
+    Workload {
+        long_body_percent: 1,
+        ..workload(target, &["x:a", "x:b", "x:c"], length, Duration::from_millis(20))
     }
 }
 
@@ -185,11 +195,7 @@ async fn campaign(
     let length = campaign_length();
     let mut rng = StdRng::seed_from_u64(seed);
     let controller = Monitor::start();
-    let workers = Workers::spawn(
-        board,
-        &workload(target, &["x:a", "x:b", "x:c"], length, Duration::from_millis(20)),
-        2,
-    );
+    let workers = Workers::spawn(board, &campaign_workload(target, length), 2);
     let end = Instant::now() + length;
     while Instant::now() + Duration::from_secs(8) < end {
         tokio::time::sleep(Duration::from_millis(rng.random_range(3000..=6000))).await;
@@ -240,7 +246,7 @@ fn judge(id: &str, scenario: &str, board: &Board, tally: &lab::Tally, worst: Dur
             "scenario": scenario,
             "verdict": verdict,
             "seed": seed,
-            "parameters": {"seconds": campaign_length().as_secs(), "processes": 2, "tasks": 4, "keys": 3, "ttl_ms": T.as_millis(), "command_timeout_ms": COMMAND_TIMEOUT.as_millis()},
+            "parameters": {"seconds": campaign_length().as_secs(), "processes": 2, "tasks": 4, "keys": 3, "ttl_ms": T.as_millis(), "command_timeout_ms": COMMAND_TIMEOUT.as_millis(), "bodies": "99% up to 20 ms, 1% 0.5-2.5 s"},
             "acquisitions": logged.entries,
             "faults": logged.faults,
             "faults_by_kind": logged.faults_by_kind,
@@ -317,18 +323,7 @@ async fn campaign_per_worker_proxy(
     let length = campaign_length();
     let mut rng = StdRng::seed_from_u64(seed);
     let controller = Monitor::start();
-    let spawn = |proxy: &Proxy| {
-        Workers::spawn(
-            board,
-            &workload(
-                proxy.url(),
-                &["x:a", "x:b", "x:c"],
-                length,
-                Duration::from_millis(20),
-            ),
-            1,
-        )
-    };
+    let spawn = |proxy: &Proxy| Workers::spawn(board, &campaign_workload(proxy.url(), length), 1);
     let first = spawn(&nodes[0].proxies[0]);
     let second = spawn(&nodes[0].proxies[1]);
     let end = Instant::now() + length;

@@ -29,6 +29,7 @@ fn broken_or_library(target: &str, keys: &[&str], lock: &str, duration: Duration
         ttl: T,
         max_body: Duration::from_millis(2),
         command_timeout: None,
+        long_body_percent: 0,
     }
 }
 

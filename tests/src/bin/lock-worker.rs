@@ -22,7 +22,8 @@
 //!   `blind-renew` (renews with a plain SET, never noticing it lost the lock).
 //!   Prints one JSON line of counts, errors and the worst lateness of this
 //!   process's assumption monitor. `LOCK_WORKER_COMMAND_TIMEOUT_MS` sets the
-//!   client's command timeout.
+//!   client's command timeout; `LOCK_WORKER_LONG_BODY_PERCENT` makes that
+//!   share of the library's bodies last 0.5–2.5 s instead.
 //! - `lock-worker fence <url> <key> <n>`: `n` times, take the lock with a
 //!   fencing token and, under the lock, append the token to the list
 //!   `fence-log`: the list's order is the acquisition order.
@@ -243,9 +244,18 @@ async fn library_task(
     let start = std::time::Instant::now();
     let mut tally = Tally::default();
     let fencing = !run.url.starts_with("redlock=");
+    let long_percent: u32 = std::env::var("LOCK_WORKER_LONG_BODY_PERCENT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
     while start.elapsed() < run.duration {
         let key = pick(&run.keys);
-        let body = body_length(run.max_body);
+        let body = if rand::random_ratio(long_percent.min(100), 100) {
+            // Long enough to need renewals, so that stalls can cost the lock.
+            Duration::from_millis(500) + body_length(Duration::from_millis(2000))
+        } else {
+            body_length(run.max_body)
+        };
         let guard = match locks
             .lock(key)
             .ttl(run.ttl)
