@@ -58,7 +58,8 @@ pub struct Workload {
     pub long_body_percent: u32,
 }
 
-/// What the workers of a run said about themselves.
+/// What workers did: counted by each task, summed per process (printed as
+/// one JSON line), and summed again over the processes of a run.
 #[derive(Debug, Clone, Default)]
 pub struct Tally {
     /// Bodies that ran to their end.
@@ -71,8 +72,47 @@ pub struct Tally {
     pub errors: u64,
     /// The first such error's message.
     pub first_error: Option<String>,
-    /// The worst lateness any worker's assumption monitor saw.
+    /// The worst lateness an assumption monitor saw.
     pub worst_late: Duration,
+}
+
+impl Tally {
+    /// Adds `other`'s counts; keeps the first error and the worst lateness.
+    pub fn add(&mut self, other: Tally) {
+        self.taken += other.taken;
+        self.lost += other.lost;
+        self.timeouts += other.timeouts;
+        self.errors += other.errors;
+        self.first_error = self.first_error.take().or(other.first_error);
+        self.worst_late = self.worst_late.max(other.worst_late);
+    }
+
+    /// The JSON line a worker prints.
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "taken": self.taken,
+            "lost": self.lost,
+            "timeouts": self.timeouts,
+            "errors": self.errors,
+            "first_error": self.first_error,
+            "worst_late_us": u64::try_from(self.worst_late.as_micros()).unwrap_or(u64::MAX),
+        })
+        .to_string()
+    }
+
+    /// Reads a worker's line back.
+    pub fn from_json(line: &str) -> Tally {
+        let v: serde_json::Value = serde_json::from_str(line.trim()).expect("worker JSON line");
+        let n = |field: &str| v[field].as_u64().unwrap_or(0);
+        Tally {
+            taken: n("taken"),
+            lost: n("lost"),
+            timeouts: n("timeouts"),
+            errors: n("errors"),
+            first_error: v["first_error"].as_str().map(str::to_owned),
+            worst_late: Duration::from_micros(n("worst_late_us")),
+        }
+    }
 }
 
 /// `lock-worker`, built next to the test binary (`target/<profile>/`; test
@@ -92,8 +132,14 @@ pub struct Workers {
 impl Workers {
     /// Starts `processes` workers on `board`.
     pub fn spawn(board: &Board, workload: &Workload, processes: usize) -> Workers {
-        let children = (0..processes)
-            .map(|_| {
+        Self::spawn_each(board, &vec![workload.clone(); processes])
+    }
+
+    /// Starts one worker per workload on `board`.
+    pub fn spawn_each(board: &Board, workloads: &[Workload]) -> Workers {
+        let children = workloads
+            .iter()
+            .map(|workload| {
                 let mut command = Command::new(worker_binary());
                 command
                     .args([
@@ -122,31 +168,13 @@ impl Workers {
         Workers { children }
     }
 
-    /// The workers' process ids.
-    pub fn pids(&self) -> Vec<u32> {
-        self.children.iter().map(Child::id).collect()
-    }
-
     /// Waits for every worker and sums what they said.
     pub fn finish(mut self) -> Tally {
         let mut total = Tally::default();
         for child in std::mem::take(&mut self.children) {
             let output = child.wait_with_output().expect("worker output");
             assert!(output.status.success(), "a worker failed: {:?}", output.status);
-            let text = String::from_utf8_lossy(&output.stdout);
-            let line: serde_json::Value = serde_json::from_str(text.trim()).expect("worker JSON line");
-            let n = |field: &str| line[field].as_u64().unwrap_or(0);
-            total.taken += n("taken");
-            total.lost += n("lost");
-            total.timeouts += n("timeouts");
-            total.errors += n("errors");
-            if total.first_error.is_none() {
-                total.first_error = line["first_error"]
-                    .as_str()
-                    .filter(|e| !e.is_empty())
-                    .map(str::to_owned);
-            }
-            total.worst_late = total.worst_late.max(Duration::from_micros(n("worst_late_us")));
+            total.add(Tally::from_json(&String::from_utf8_lossy(&output.stdout)));
         }
         total
     }
@@ -164,4 +192,147 @@ impl Drop for Workers {
 /// Runs `processes` workers to completion on `board`.
 pub fn run(board: &Board, workload: &Workload, processes: usize) -> Tally {
     Workers::spawn(board, workload, processes).finish()
+}
+
+/// A `lock-worker hold` process that holds one lock until it is killed: a
+/// holder the controller can stop, continue or kill like any process.
+#[derive(Debug)]
+pub struct Holder {
+    child: Child,
+}
+
+impl Holder {
+    /// Starts a holder of `key` on `url` with lease `ttl` (renewed by its
+    /// watchdog when `renew`), and returns once it holds the lock.
+    pub fn spawn(url: &str, key: &str, ttl: Duration, renew: bool) -> Holder {
+        use std::io::{BufRead, BufReader};
+        let mut command = Command::new(worker_binary());
+        command
+            .args([
+                if renew { "hold-renewed" } else { "hold" },
+                url,
+                key,
+                &ttl.as_millis().to_string(),
+            ])
+            .stdout(Stdio::piped());
+        let mut child = crate::spawn_owned(command).expect("spawn holder");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("holder stdout"))
+            .read_line(&mut line)
+            .expect("holder output");
+        assert_eq!(line.trim(), "HELD", "the holder did not get `{key}`");
+        Holder { child }
+    }
+
+    /// The holder's process id.
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits i32"))
+    }
+
+    /// SIGKILLs the holder and reaps it.
+    pub fn kill(mut self) {
+        self.reap();
+    }
+
+    fn reap(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT);
+        self.reap();
+    }
+}
+
+/// Starts a renewed holder of `key`, SIGKILLs it `after` it got the lock,
+/// and returns how long `locks` then waits for the lock (S1, S13).
+pub async fn unavailable_after_holder_killed(
+    url: &str,
+    locks: &lock_runtime::LockClient,
+    key: &str,
+    ttl: Duration,
+    after: Duration,
+) -> Duration {
+    let holder = Holder::spawn(url, key, ttl, true);
+    tokio::time::sleep(after).await;
+    holder.kill();
+    let killed = std::time::Instant::now();
+    let acquired = crate::spawn_waiter(locks, key)
+        .await
+        .expect("the dead holder's lock frees");
+    acquired - killed
+}
+
+/// How a server stalls (RELIABILITY S6–S8, and the campaigns' stalls).
+#[derive(Debug, Clone, Copy)]
+pub enum Stall {
+    /// SIGSTOP of the redis-server process.
+    Stop,
+    /// `DEBUG SLEEP`: connections accepted, nothing answered.
+    DebugSleep,
+    /// `CLIENT PAUSE <ms> WRITE`.
+    PauseWrite,
+    /// `CLIENT PAUSE <ms> ALL`.
+    PauseAll,
+}
+
+impl Stall {
+    /// Its name in [`crate::witness::FAULTS`].
+    pub fn fault(self) -> &'static str {
+        match self {
+            Stall::Stop => "server-sigstop",
+            Stall::DebugSleep => "debug-sleep",
+            Stall::PauseWrite | Stall::PauseAll => "client-pause",
+        }
+    }
+
+    /// Stalls every server of `servers` at once for `length`; returns when
+    /// the stall is over.
+    pub async fn apply(self, servers: &[&crate::RedisServer], length: Duration) {
+        match self {
+            Stall::Stop => {
+                servers.iter().for_each(|s| s.pause());
+                tokio::time::sleep(length).await;
+                servers.iter().for_each(|s| s.resume());
+            }
+            Stall::DebugSleep => {
+                // On blocking threads: the caller's other tasks must keep
+                // running while the admin connections wait.
+                let sleepers: Vec<_> = servers
+                    .iter()
+                    .map(|s| {
+                        let mut conn = s.sync_connection().expect("admin connection");
+                        tokio::task::spawn_blocking(move || {
+                            redis::cmd("DEBUG")
+                                .arg("SLEEP")
+                                .arg(length.as_secs_f64())
+                                .query::<()>(&mut conn)
+                        })
+                    })
+                    .collect();
+                for sleeper in sleepers {
+                    sleeper.await.expect("DEBUG SLEEP thread").expect("DEBUG SLEEP");
+                }
+            }
+            Stall::PauseWrite | Stall::PauseAll => {
+                let mode = if matches!(self, Stall::PauseWrite) {
+                    "WRITE"
+                } else {
+                    "ALL"
+                };
+                for s in servers {
+                    s.query::<()>(
+                        redis::cmd("CLIENT")
+                            .arg("PAUSE")
+                            .arg(u64::try_from(length.as_millis()).unwrap_or(u64::MAX))
+                            .arg(mode),
+                    );
+                }
+                tokio::time::sleep(length).await;
+            }
+        }
+    }
 }

@@ -43,11 +43,6 @@ impl Monitor {
     pub fn worst(&self) -> Duration {
         Duration::from_micros(self.worst_us.load(Ordering::Relaxed))
     }
-
-    /// Forgets what was seen (after a planned stall of this process).
-    pub fn reset(&self) {
-        self.worst_us.store(0, Ordering::Relaxed);
-    }
 }
 
 impl Drop for Monitor {

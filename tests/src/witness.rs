@@ -52,16 +52,12 @@ pub enum Kind {
     Exit = 2,
     /// The body ended because its lock was lost; `detail` is its deadline D.
     Lost = 3,
-    /// A fenced write was applied.
-    FenceOk = 4,
     /// A fenced write was refused as stale.
     FenceRejected = 5,
     /// The controller began a fault; `detail` is its index in [`FAULTS`].
     Fault = 6,
     /// The controller healed the fault.
     Heal = 7,
-    /// The controller killed process `detail` at this instant.
-    Killed = 8,
 }
 
 /// Names of the faults the controller logs, by index.
@@ -77,6 +73,8 @@ pub const FAULTS: &[&str] = &[
     "proxy-reset",
     "kill-restart-delayed",
     "proxy-throttle",
+    "eviction",
+    "kill-restart-empty",
 ];
 
 /// The raw `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process
@@ -273,26 +271,14 @@ impl Witness {
         }
     }
 
-    /// The controller logs a fault beginning (`fault` indexes [`FAULTS`]).
-    pub fn fault(&self, fault: usize) {
-        self.append(Kind::Fault, 0, 0, 0, 0, fault as u64);
+    /// The controller logs a fault (one of [`FAULTS`]) beginning.
+    pub fn fault(&self, fault: &str) {
+        self.append(Kind::Fault, 0, 0, 0, 0, fault_index(fault));
     }
 
     /// The controller logs the fault healed.
-    pub fn heal(&self, fault: usize) {
-        self.append(Kind::Heal, 0, 0, 0, 0, fault as u64);
-    }
-
-    /// The controller logs that it killed process `pid` now: the analysis
-    /// closes that process's open bodies here.
-    pub fn killed(&self, pid: u32) {
-        self.append(Kind::Killed, 0, 0, 0, 0, u64::from(pid));
-    }
-
-    /// Forgets that `pid`'s killed bodies are inside, so later entries are not
-    /// blamed on them (call after [`Witness::killed`]).
-    pub fn vacate(&self, key: &str, bodies: u64) {
-        self.slot(key)[OCCUPANCY].fetch_sub(bodies, Ordering::SeqCst);
+    pub fn heal(&self, fault: &str) {
+        self.append(Kind::Heal, 0, 0, 0, 0, fault_index(fault));
     }
 
     /// Everything the board saw for `key`.
@@ -307,6 +293,13 @@ impl Witness {
             stale_accepted: v(STALE_ACCEPTED),
         }
     }
+}
+
+fn fault_index(fault: &str) -> u64 {
+    FAULTS
+        .iter()
+        .position(|f| *f == fault)
+        .unwrap_or_else(|| panic!("`{fault}` is not in witness::FAULTS")) as u64
 }
 
 fn map(file: &File) -> std::io::Result<memmap2::MmapMut> {
@@ -336,7 +329,7 @@ pub struct Record {
     pub seq: u64,
     /// When, on the raw monotonic clock.
     pub at: u64,
-    /// Deadline (Lost), fault index (Fault, Heal), pid (Killed), max token (FenceRejected).
+    /// Deadline (Lost), fault index (Fault, Heal), max token (FenceRejected).
     pub detail: u64,
 }
 
@@ -358,11 +351,9 @@ pub fn read_logs(dir: &Path) -> std::io::Result<Vec<Record>> {
                 1 => Kind::Enter,
                 2 => Kind::Exit,
                 3 => Kind::Lost,
-                4 => Kind::FenceOk,
                 5 => Kind::FenceRejected,
                 6 => Kind::Fault,
                 7 => Kind::Heal,
-                8 => Kind::Killed,
                 other => panic!("corrupt witness record kind {other} in {}", path.display()),
             };
             records.push(Record {
@@ -401,7 +392,7 @@ pub struct Analysis {
     pub overlaps: Vec<Overlap>,
     /// Entries whose token was not above the previous entry's on the same key.
     pub token_regressions: u64,
-    /// Entries with no exit, no lost and no kill of their process.
+    /// Entries with no exit and no lost.
     pub unmatched: u64,
     /// `D − t_lost` of every body that ended on a lost lock, in ns (negative:
     /// it noticed after its deadline).
@@ -428,11 +419,6 @@ pub fn analyze(dir: &Path, keys: &[&str]) -> std::io::Result<Analysis> {
             .map_or_else(|| format!("{id:#x}"), |n| (*n).to_owned())
     };
     let mut analysis = Analysis::default();
-    let killed_at: BTreeMap<u32, u64> = records
-        .iter()
-        .filter(|r| r.kind == Kind::Killed)
-        .map(|r| (u32::try_from(r.detail).unwrap_or(0), r.at))
-        .collect();
 
     // Intervals per key: (enter, exit) of each holder.
     let mut open: BTreeMap<(u32, u64, u64), Record> = BTreeMap::new();
@@ -477,12 +463,7 @@ pub fn analyze(dir: &Path, keys: &[&str]) -> std::io::Result<Analysis> {
             _ => {}
         }
     }
-    for ((pid, _, key), enter) in open {
-        match killed_at.get(&pid) {
-            Some(&at) if at >= enter.at => intervals.entry(key).or_default().push((enter.at, at)),
-            _ => analysis.unmatched += 1,
-        }
-    }
+    analysis.unmatched = open.len() as u64;
     for spans in intervals.values_mut() {
         spans.sort_unstable();
     }
@@ -584,31 +565,25 @@ mod tests {
     }
 
     #[test]
-    fn a_killed_holder_is_closed_at_its_kill_and_an_unclosed_one_is_reported() {
+    fn a_body_that_never_left_is_reported() {
         let (dir, w) = board();
         w.enter("k", 1, 0);
-        w.killed(std::process::id());
-        w.vacate("k", 1);
-        w.enter("k", 2, 0);
-        w.exit("k", 2, 0);
-        w.enter("j", 3, 0);
-        let analysis = analyze(dir.path(), &["k"]).expect("analyze");
-        assert!(analysis.overlaps.is_empty(), "{analysis:?}");
-        assert_eq!(w.seen("k").overlaps, 0);
-        // The kill came before the entry on "j", so it cannot close it.
+        w.exit("k", 1, 0);
+        w.enter("j", 2, 0);
+        let analysis = analyze(dir.path(), &[]).expect("analyze");
         assert_eq!(analysis.unmatched, 1);
     }
 
     #[test]
     fn lost_slack_and_heal_to_entry_come_from_the_logs() {
         let (dir, w) = board();
-        w.fault(0);
+        w.fault("server-sigstop");
         w.enter("k", 1, 0);
         w.lost("k", 1, 0, Instant::now() + Duration::from_millis(50));
-        w.heal(0);
+        w.heal("server-sigstop");
         w.enter("k", 2, 0);
         w.exit("k", 2, 0);
-        w.heal(0);
+        w.heal("server-sigstop");
         let analysis = analyze(dir.path(), &[]).expect("analyze");
         assert_eq!(analysis.lost_slack_ns.len(), 1);
         assert!(analysis.lost_slack_ns[0] > 40_000_000, "{analysis:?}");
@@ -621,7 +596,7 @@ mod tests {
     fn a_body_inside_at_the_heal_is_not_counted_as_a_stall() {
         let (dir, w) = board();
         w.enter("k", 1, 0);
-        w.heal(0);
+        w.heal("server-sigstop");
         std::thread::sleep(Duration::from_millis(30));
         w.exit("k", 1, 0);
         w.enter("k", 2, 0);

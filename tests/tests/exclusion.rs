@@ -3,7 +3,6 @@
 //! PTTLs, command counts). `behaviour.rs` runs the backend-neutral cases on
 //! both backends.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -143,18 +142,7 @@ async fn waiting_gives_up_after_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holder_frees_the_lock_at_its_ttl() {
     let server = RedisServer::start();
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
-        .args(["hold", &server.url(), "crashy", "700"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn worker");
-    let mut line = String::new();
-    BufReader::new(worker.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("worker output");
-    assert_eq!(line.trim(), "HELD");
-    worker.kill().expect("SIGKILL worker");
-    worker.wait().expect("reap worker");
+    lock_tests::lab::Holder::spawn(&server.url(), "crashy", Duration::from_millis(700), false).kill();
 
     let locks = client(&server).await;
     let start = Instant::now();

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::LockClient;
-use lock_tests::lab::{self, Board, Workers, Workload};
+use lock_tests::lab::{self, Board, Holder, Stall, Workers, Workload};
 use lock_tests::monitor::{self, Monitor};
 use lock_tests::report::{self, spread_ms};
 use lock_tests::witness::{Analysis, FAULTS, Witness, analyze};
@@ -86,47 +86,23 @@ impl Node {
     }
 }
 
-/// Applies fault `fault` (an index into `FAULTS`) to the nodes `chosen`,
-/// with lengths drawn from `rng`, and returns once it is healed.
-async fn inflict(fault: usize, nodes: &mut [Node], chosen: &[usize], rng: &mut StdRng) {
+/// Applies `fault` (one of `witness::FAULTS`) to the nodes `chosen`, with
+/// lengths drawn from `rng`, and returns once it is healed.
+async fn inflict(fault: &str, nodes: &mut [Node], chosen: &[usize], rng: &mut StdRng) {
     let between = |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..=hi));
-    match FAULTS[fault] {
-        "server-sigstop" => {
-            let length = between(rng, 200, 3000);
-            chosen.iter().for_each(|&i| nodes[i].server.pause());
-            tokio::time::sleep(length).await;
-            chosen.iter().for_each(|&i| nodes[i].server.resume());
-        }
-        "debug-sleep" => {
-            let length = between(rng, 200, 3000);
-            let sleepers: Vec<_> = chosen
-                .iter()
-                .map(|&i| {
-                    let mut conn = nodes[i].server.sync_connection().expect("admin");
-                    tokio::task::spawn_blocking(move || {
-                        let _ = redis::cmd("DEBUG")
-                            .arg("SLEEP")
-                            .arg(length.as_secs_f64())
-                            .query::<()>(&mut conn);
-                    })
-                })
-                .collect();
-            for s in sleepers {
-                s.await.expect("DEBUG SLEEP");
-            }
-        }
-        "client-pause" => {
-            let length = between(rng, 200, 1000);
-            for &i in chosen {
-                nodes[i].server.query::<()>(
-                    redis::cmd("CLIENT")
-                        .arg("PAUSE")
-                        .arg(length.as_millis() as u64)
-                        .arg(if rng.random_bool(0.5) { "WRITE" } else { "ALL" }),
-                );
-            }
-            tokio::time::sleep(length).await;
-        }
+    let stall = match fault {
+        "server-sigstop" => Some((Stall::Stop, between(rng, 200, 3000))),
+        "debug-sleep" => Some((Stall::DebugSleep, between(rng, 200, 3000))),
+        "client-pause" if rng.random_bool(0.5) => Some((Stall::PauseWrite, between(rng, 200, 1000))),
+        "client-pause" => Some((Stall::PauseAll, between(rng, 200, 1000))),
+        _ => None,
+    };
+    if let Some((stall, length)) = stall {
+        let servers: Vec<&RedisServer> = chosen.iter().map(|&i| &nodes[i].server).collect();
+        stall.apply(&servers, length).await;
+        return;
+    }
+    match fault {
         "proxy-delay" => {
             let delay = between(rng, 50, 400);
             chosen
@@ -182,21 +158,21 @@ async fn inflict(fault: usize, nodes: &mut [Node], chosen: &[usize], rng: &mut S
     }
 }
 
-/// A campaign: workers on `nodes` for `length`, a fault from `mix` every
-/// 3–6 s on up to `at_once` nodes, every fault and heal logged.
+/// A campaign: one worker process per workload, and every 3–6 s a fault
+/// from `mix` on up to `at_once` of `nodes`, every fault and heal logged.
+/// Returns what the workers did and the worst lateness any process saw.
 async fn campaign(
     board: &Board,
     nodes: &mut [Node],
-    target: String,
-    mix: &[usize],
+    workloads: &[Workload],
+    mix: &[&str],
     at_once: usize,
     seed: u64,
 ) -> (lab::Tally, Duration) {
-    let length = campaign_length();
     let mut rng = StdRng::seed_from_u64(seed);
     let controller = Monitor::start();
-    let workers = Workers::spawn(board, &campaign_workload(target, length), 2);
-    let end = Instant::now() + length;
+    let workers = Workers::spawn_each(board, workloads);
+    let end = Instant::now() + campaign_length();
     while Instant::now() + Duration::from_secs(8) < end {
         tokio::time::sleep(Duration::from_millis(rng.random_range(3000..=6000))).await;
         let fault = mix[rng.random_range(0..mix.len())];
@@ -214,8 +190,13 @@ async fn campaign(
     (tally, worst)
 }
 
-fn fault_index(name: &str) -> usize {
-    FAULTS.iter().position(|f| *f == name).expect("a known fault")
+/// Every fault the campaigns draw from, but `left_out`.
+fn mix_without(left_out: &str) -> Vec<&'static str> {
+    FAULTS
+        .iter()
+        .copied()
+        .filter(|f| *f != left_out && !["eviction", "kill-restart-empty"].contains(f))
+        .collect()
 }
 
 /// Judges a campaign: no overlap, no token regression, and after every heal
@@ -285,23 +266,15 @@ async fn x1_assumption_preserving_campaign_on_one_node() {
     let seed = seed();
     let board = Board::new();
     let mut nodes = [Node::start(2, &["--appendonly", "yes", "--appendfsync", "always"]).await];
-    let mix: Vec<usize> = [
-        "server-sigstop",
-        "debug-sleep",
-        "client-pause",
-        "proxy-delay",
-        "proxy-blackhole",
-        "client-kill",
-        "script-flush",
-        "kill-restart-aof",
-        "proxy-reset",
-        "proxy-throttle",
-    ]
-    .iter()
-    .map(|f| fault_index(f))
-    .collect();
-    // Each worker reaches the server through a proxy of its own.
-    let (tally, worst) = campaign_per_worker_proxy(&board, &mut nodes, &mix, seed).await;
+    // Each worker process reaches the server through a proxy of its own.
+    let workloads: Vec<Workload> = nodes[0]
+        .proxies
+        .iter()
+        .map(|p| campaign_workload(p.url(), campaign_length()))
+        .collect();
+    // A restart after T without data is X2's: one node has no majority to keep.
+    let mix = mix_without("kill-restart-delayed");
+    let (tally, worst) = campaign(&board, &mut nodes, &workloads, &mix, 1, seed).await;
     judge(
         "X1",
         "X1 campaign, one node, assumption-preserving faults",
@@ -310,41 +283,6 @@ async fn x1_assumption_preserving_campaign_on_one_node() {
         worst,
         seed,
     );
-}
-
-/// Like [`campaign`], but each worker process gets its own proxy: the first
-/// worker the first proxy, and so on.
-async fn campaign_per_worker_proxy(
-    board: &Board,
-    nodes: &mut [Node],
-    mix: &[usize],
-    seed: u64,
-) -> (lab::Tally, Duration) {
-    let length = campaign_length();
-    let mut rng = StdRng::seed_from_u64(seed);
-    let controller = Monitor::start();
-    let spawn = |proxy: &Proxy| Workers::spawn(board, &campaign_workload(proxy.url(), length), 1);
-    let first = spawn(&nodes[0].proxies[0]);
-    let second = spawn(&nodes[0].proxies[1]);
-    let end = Instant::now() + length;
-    while Instant::now() + Duration::from_secs(8) < end {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(3000..=6000))).await;
-        let fault = mix[rng.random_range(0..mix.len())];
-        board.witness.fault(fault);
-        inflict(fault, nodes, &[0], &mut rng).await;
-        board.witness.heal(fault);
-    }
-    let (a, b) = tokio::task::block_in_place(|| (first.finish(), second.finish()));
-    let tally = lab::Tally {
-        taken: a.taken + b.taken,
-        lost: a.lost + b.lost,
-        timeouts: a.timeouts + b.timeouts,
-        errors: a.errors + b.errors,
-        first_error: a.first_error.or(b.first_error),
-        worst_late: a.worst_late.max(b.worst_late),
-    };
-    let worst = tally.worst_late.max(controller.worst());
-    (tally, worst)
 }
 
 /// X2: Redlock over 5 masters; the same mix on up to 2 masters at a time,
@@ -367,22 +305,10 @@ async fn x2_redlock_campaign_on_five_masters() {
             .collect::<Vec<_>>()
             .join(",")
     );
-    let mix: Vec<usize> = [
-        "server-sigstop",
-        "debug-sleep",
-        "client-pause",
-        "proxy-delay",
-        "proxy-blackhole",
-        "client-kill",
-        "script-flush",
-        "kill-restart-aof",
-        "kill-restart-delayed",
-        "proxy-reset",
-    ]
-    .iter()
-    .map(|f| fault_index(f))
-    .collect();
-    let (tally, worst) = campaign(&board, &mut nodes, target, &mix, 2, seed).await;
+    // Throttling stays in X1: on five masters it only slows the majority.
+    let mix = mix_without("proxy-throttle");
+    let workloads = vec![campaign_workload(target, campaign_length()); 2];
+    let (tally, worst) = campaign(&board, &mut nodes, &workloads, &mix, 2, seed).await;
     judge(
         "X2",
         "X2 campaign, Redlock N=5, faults on up to 2 masters",
@@ -757,28 +683,17 @@ async fn p1_a_promoted_replica_that_missed_the_write_lets_a_second_holder_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
 async fn s3_a_short_holder_pause_costs_nothing() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
+    use nix::sys::signal::{Signal, kill};
     let server = RedisServer::start();
     let rival = LockClient::connect(&server.url()).await.expect("connect");
     let trials = 5;
     for trial in 0..trials {
         let key = format!("s3:{trial}");
-        let mut holder = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
-            .args(["hold-renewed", &server.url(), &key, &T.as_millis().to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn holder");
-        let mut line = String::new();
-        BufReader::new(holder.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("holder output");
-        assert_eq!(line.trim(), "HELD");
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(holder.id()).expect("pid"));
+        let holder = Holder::spawn(&server.url(), &key, T, true);
         tokio::time::sleep(Duration::from_millis(100 * trial)).await;
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        kill(holder.pid(), Signal::SIGSTOP).expect("SIGSTOP");
         tokio::time::sleep(Duration::from_millis(600)).await;
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+        kill(holder.pid(), Signal::SIGCONT).expect("SIGCONT");
         let refused = rival
             .lock(key.as_str())
             .wait(Duration::from_millis(1500))
@@ -790,8 +705,7 @@ async fn s3_a_short_holder_pause_costs_nothing() {
         );
         let pttl: i64 = server.query(redis::cmd("PTTL").arg(format!("lock:{{{key}}}")));
         assert!(pttl > 0, "trial {trial}: the holder's lease lapsed");
-        holder.kill().expect("kill");
-        holder.wait().expect("reap");
+        holder.kill();
     }
     report::write(
         "S3",
@@ -878,8 +792,6 @@ async fn s12_a_foreign_busy_script_is_a_stall() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "tier 2: LOCK_FAULTS_TIER2=1 .ci/run"]
 async fn s13_lazy_expiry_alone_frees_a_dead_holders_lock() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
     let server = RedisServer::start();
     server.query::<()>(redis::cmd("DEBUG").arg("SET-ACTIVE-EXPIRE").arg(0));
     let locks = LockClient::connect(&server.url()).await.expect("connect");
@@ -887,26 +799,9 @@ async fn s13_lazy_expiry_alone_frees_a_dead_holders_lock() {
     let mut unavailable = Vec::new();
     for trial in 0..5 {
         let key = format!("s13:{trial}");
-        let mut holder = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
-            .args(["hold-renewed", &server.url(), &key, &ttl.as_millis().to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn holder");
-        let mut line = String::new();
-        BufReader::new(holder.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("holder output");
-        holder.kill().expect("SIGKILL");
-        let killed = Instant::now();
-        holder.wait().expect("reap");
-        let guard = locks
-            .lock(key.as_str())
-            .wait(Duration::from_secs(5))
-            .acquire()
-            .await
-            .expect("acquire");
-        unavailable.push(killed.elapsed());
-        guard.release().await.expect("release");
+        unavailable.push(
+            lab::unavailable_after_holder_killed(&server.url(), &locks, &key, ttl, Duration::ZERO).await,
+        );
     }
     let max = *unavailable.iter().max().expect("trials");
     assert!(max <= ttl + Duration::from_millis(250), "{max:?}");

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::lab::{self, Board, Workload};
+use lock_tests::lab::{self, Board, Stall, Workload};
 use lock_tests::monitor::{self, Monitor};
 use lock_tests::report::{self, spread_ms};
 use lock_tests::witness::analyze;
@@ -140,36 +140,17 @@ async fn s0_baseline_after_its_controls_are_caught() {
 /// lock within the ttl (plus the waiter's poll) of its death.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s1_a_killed_holder_frees_the_lock_within_its_ttl() {
-    use std::io::{BufRead, BufReader};
     let server = RedisServer::start();
     let locks = LockClient::connect(&server.url()).await.expect("connect");
     let ttl = Duration::from_millis(600);
     let mut unavailable = Vec::new();
     for trial in 0..8 {
-        let key = format!("s1:{trial}");
-        let mut holder = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
-            .args(["hold-renewed", &server.url(), &key, &ttl.as_millis().to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn holder");
-        let mut line = String::new();
-        BufReader::new(holder.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("holder output");
-        assert_eq!(line.trim(), "HELD");
         // Die at a varying point of the renewal cycle.
-        tokio::time::sleep(ttl * (trial % 4 + 1) / 4).await;
-        holder.kill().expect("SIGKILL");
-        let killed = Instant::now();
-        holder.wait().expect("reap");
-        let guard = locks
-            .lock(key.as_str())
-            .wait(Duration::from_secs(5))
-            .acquire()
-            .await
-            .expect("acquire");
-        unavailable.push(killed.elapsed());
-        guard.release().await.expect("release");
+        let after = ttl * (trial % 4 + 1) / 4;
+        unavailable.push(
+            lab::unavailable_after_holder_killed(&server.url(), &locks, &format!("s1:{trial}"), ttl, after)
+                .await,
+        );
     }
     let max = *unavailable.iter().max().expect("trials");
     report::write(
@@ -300,7 +281,7 @@ async fn s4_a_holder_cut_off_stops_before_its_deadline() {
             .expect("acquire");
         board.witness.enter(&key, 1, 0);
         tokio::time::sleep(ttl / 2).await;
-        board.witness.fault(4);
+        board.witness.fault("proxy-blackhole");
         proxy.blackhole();
         let rival_run = {
             let (witness, key) = (board.witness.clone(), key.clone());
@@ -327,7 +308,7 @@ async fn s4_a_holder_cut_off_stops_before_its_deadline() {
         gaps.push(entered.saturating_duration_since(stopped));
         assert_eq!(board.witness.seen(&key).overlaps, 0, "trial {trial}");
         proxy.pass();
-        board.witness.heal(4);
+        board.witness.heal("proxy-blackhole");
         drop(guard);
     }
     let logged = analyze(board.path(), &[]).expect("analyze");
@@ -402,79 +383,19 @@ async fn s5_a_half_open_acquire_leaves_no_orphan() {
     );
 }
 
-/// How a server stalls.
-#[derive(Debug, Clone, Copy)]
-enum Stall {
-    /// SIGSTOP of the redis-server process.
-    Stop,
-    /// `DEBUG SLEEP`: connections accepted, nothing answered.
-    DebugSleep,
-    /// `CLIENT PAUSE <ms> WRITE`.
-    PauseWrite,
-    /// `CLIENT PAUSE <ms> ALL`.
-    PauseAll,
-}
-
-impl Stall {
-    fn fault(self) -> usize {
-        match self {
-            Stall::Stop => 0,
-            Stall::DebugSleep => 1,
-            Stall::PauseWrite | Stall::PauseAll => 2,
-        }
-    }
-
-    /// Stalls `server` for `length`; returns when the stall is over.
-    async fn apply(self, server: &RedisServer, length: Duration) {
-        match self {
-            Stall::Stop => {
-                server.pause();
-                tokio::time::sleep(length).await;
-                server.resume();
-            }
-            Stall::DebugSleep => {
-                // On a blocking thread: the holder's task must stay free to
-                // hear of its loss while the admin connection waits.
-                let mut conn = server.sync_connection().expect("admin");
-                tokio::task::spawn_blocking(move || {
-                    redis::cmd("DEBUG")
-                        .arg("SLEEP")
-                        .arg(length.as_secs_f64())
-                        .query::<()>(&mut conn)
-                        .expect("DEBUG SLEEP");
-                })
-                .await
-                .expect("DEBUG SLEEP thread");
-            }
-            Stall::PauseWrite | Stall::PauseAll => {
-                let mode = if matches!(self, Stall::PauseWrite) {
-                    "WRITE"
-                } else {
-                    "ALL"
-                };
-                server.query::<()>(
-                    redis::cmd("CLIENT")
-                        .arg("PAUSE")
-                        .arg(length.as_millis() as u64)
-                        .arg(mode),
-                );
-                tokio::time::sleep(length).await;
-            }
-        }
-    }
-}
-
 /// What one stall trial showed.
 #[derive(Debug)]
 struct StallOutcome {
     lost: bool,
-    unavailable: Option<Duration>,
+    /// From the end of the stall to the rival holding the lock.
+    rival_after_heal: Option<Duration>,
     errors: Vec<String>,
 }
 
 /// One holder (watchdog on, lease T, command timeout 100 ms) and one waiter,
-/// while the server stalls for `length`: checks the holder stops before D
-/// if it loses the lock, and that the witness saw no overlap.
+/// while the server stalls for `length`. The stall runs on its own, as a
+/// fault would: a holder that hears of its loss stops its body, not the
+/// fault. The witness sees the bodies.
 async fn stall_trial(
     server: &RedisServer,
     board: &Board,
@@ -494,146 +415,84 @@ async fn stall_trial(
     let rival_run = {
         let (witness, key) = (board.witness.clone(), key.to_owned());
         tokio::spawn(async move {
-            let outcome = rival
+            rival
                 .lock(key.as_str())
                 .wait(Duration::from_secs(10))
                 .run(async {
                     witness.enter(&key, 2, 0);
-                    let entered = Instant::now();
                     witness.exit(&key, 2, 0);
-                    entered
+                    Instant::now()
                 })
-                .await;
-            outcome.map_err(|e| e.to_string())
+                .await
+                .map_err(|e| e.to_string())
         })
     };
-    let work = async {
+    let stalling = async {
         tokio::time::sleep(Duration::from_millis(200)).await;
         board.witness.fault(stall.fault());
-        stall.apply(server, length).await;
+        stall.apply(&[server], length).await;
         board.witness.heal(stall.fault());
-        let healed = Instant::now();
-        // Keep working past the stall, through at least one renewal.
-        tokio::time::sleep(T / 2).await;
-        healed
+        Instant::now()
     };
-    let (lost, healed) = tokio::select! {
-        biased;
-        _ = guard.lost() => {
-            board.witness.lost(key, 1, 0, guard.valid_until());
-            (true, None)
-        }
-        healed = work => {
-            board.witness.exit(key, 1, 0);
-            (false, Some(healed))
+    // The body works through the stall and at least one renewal after it.
+    let holding = async {
+        tokio::select! {
+            biased;
+            _ = guard.lost() => {
+                board.witness.lost(key, 1, 0, guard.valid_until());
+                true
+            }
+            () = tokio::time::sleep(Duration::from_millis(200) + length + T / 2) => {
+                board.witness.exit(key, 1, 0);
+                false
+            }
         }
     };
+    let (healed, lost) = tokio::join!(stalling, holding);
     let mut errors = Vec::new();
     if let Err(e) = guard.release().await
         && !lost
     {
         errors.push(e.to_string());
     }
-    let entered = rival_run.await.expect("join");
-    let unavailable = match (&entered, healed) {
-        (Ok(at), Some(healed)) => Some(at.saturating_duration_since(healed)),
-        (Ok(at), None) => Some(*at - Instant::now().min(*at)),
-        (Err(e), _) => {
-            errors.push(e.clone());
+    let rival_after_heal = match rival_run.await.expect("join") {
+        Ok(entered) => Some(entered.saturating_duration_since(healed)),
+        Err(e) => {
+            errors.push(e);
             None
         }
     };
     StallOutcome {
         lost,
-        unavailable,
+        rival_after_heal,
         errors,
     }
 }
 
-/// S6: the server is SIGSTOPped (a) for 0.4 s, shorter than the lease less a
-/// renewal interval: nothing is lost, nobody overlaps; (b) for 3 s, longer
-/// than the lease: the holder is told before D and nobody overlaps.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s6_a_stopped_server_costs_a_lock_only_when_it_outlasts_the_lease() {
-    let server = RedisServer::start();
-    let board = Board::new();
-    let short = stall_trial(&server, &board, "s6:a", Stall::Stop, Duration::from_millis(400)).await;
-    assert!(!short.lost, "a 0.4 s stop cost the lock: {short:?}");
-    assert!(short.errors.is_empty(), "{short:?}");
-    let long = stall_trial(&server, &board, "s6:b", Stall::Stop, Duration::from_secs(3)).await;
-    assert!(long.lost, "a 3 s stop outlasts a 1.5 s lease: {long:?}");
-    let logged = analyze(board.path(), &["s6:a", "s6:b"]).expect("analyze");
-    assert!(logged.overlaps.is_empty(), "{logged:?}");
-    assert!(logged.lost_slack_ns.iter().all(|&ns| ns >= 0), "{logged:?}");
-    let slack_ms = logged
-        .lost_slack_ns
-        .first()
-        .map(|&ns| (ns as f64 / 1e4).round() / 100.0);
-    report::write(
-        "S6",
-        json!({
-            "scenario": "S6 server SIGSTOP 0.4 s / 3 s",
-            "verdict": "PASS",
-            "parameters": {"ttl_ms": T.as_millis(), "command_timeout_ms": 100},
-            "acquisitions": logged.entries,
-            "faults": logged.faults,
-            "overlaps": 0,
-            "lost": {"a": short.lost, "b": long.lost},
-            "lost_slack_ms": {"min": slack_ms, "p50": slack_ms},
-            "unavail_after_cont_ms": long.unavailable.map(|d| d.as_secs_f64() * 1e3),
-            "key_figure": "0.4 s: kept; 3 s: lost before D",
-        }),
-    );
-}
-
-/// S7: `DEBUG SLEEP` stalls the server with connections accepted: as S6,
-/// and no call outlives its deadline by more than 50 ms.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s7_a_sleeping_server_is_a_stall_with_bounded_calls() {
-    let server = RedisServer::start();
+/// S6 and S7: a 0.4 s stall (shorter than the lease less a renewal
+/// interval) costs nothing; a 3 s one costs the lock, the holder hears of it
+/// before D, and the rival gets in within 300 ms of the stall's end; nobody
+/// overlaps. Returns the figures for the report.
+async fn short_and_long_stall(server: &RedisServer, stall: Stall, id: &str) -> serde_json::Value {
     let board = Board::new();
     let short = stall_trial(
-        &server,
+        server,
         &board,
-        "s7:a",
-        Stall::DebugSleep,
+        &format!("{id}:a"),
+        stall,
         Duration::from_millis(400),
     )
     .await;
-    assert!(!short.lost && short.errors.is_empty(), "{short:?}");
-    let long = stall_trial(&server, &board, "s7:b", Stall::DebugSleep, Duration::from_secs(3)).await;
-    assert!(long.lost, "a 3 s sleep outlasts a 1.5 s lease: {long:?}");
-    // A call made during a long sleep ends by its wait, not by the server.
-    let locks = LockClient::builder()
-        .command_timeout(Duration::from_millis(100))
-        .connect(&server.url())
-        .await
-        .expect("connect");
-    let _held = locks.lock("s7:c").ttl(T).acquire().await.expect("acquire");
-    let sleeper = {
-        let url = server.url();
-        std::thread::spawn(move || {
-            let mut conn = redis::Client::open(url)
-                .expect("url")
-                .get_connection()
-                .expect("admin");
-            redis::cmd("DEBUG")
-                .arg("SLEEP")
-                .arg(2)
-                .query::<()>(&mut conn)
-                .expect("DEBUG SLEEP");
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let wait = Duration::from_millis(500);
-    let start = Instant::now();
-    let outcome = locks.lock("s7:d").wait(wait).acquire().await;
-    let overrun = start.elapsed().saturating_sub(wait);
-    tokio::task::block_in_place(|| sleeper.join()).expect("sleeper");
-    assert!(outcome.is_err(), "nothing answered, so nothing was acquired");
+    assert!(!short.lost, "a 0.4 s stall cost the lock: {short:?}");
+    assert!(short.errors.is_empty(), "{short:?}");
+    let long = stall_trial(server, &board, &format!("{id}:b"), stall, Duration::from_secs(3)).await;
+    assert!(long.lost, "a 3 s stall outlasts a 1.5 s lease: {long:?}");
+    let rival_after_heal = long
+        .rival_after_heal
+        .expect("the rival got the lock after the stall");
     assert!(
-        overrun <= Duration::from_millis(50),
-        "the call overran its wait by {overrun:?}"
+        rival_after_heal <= Duration::from_millis(300),
+        "the rival waited {rival_after_heal:?} after the stall ended"
     );
     let logged = analyze(board.path(), &[]).expect("analyze");
     assert!(logged.overlaps.is_empty(), "{logged:?}");
@@ -642,19 +501,83 @@ async fn s7_a_sleeping_server_is_a_stall_with_bounded_calls() {
         .lost_slack_ns
         .first()
         .map(|&ns| (ns as f64 / 1e4).round() / 100.0);
+    json!({
+        "verdict": "PASS",
+        "parameters": {"ttl_ms": T.as_millis(), "command_timeout_ms": 100},
+        "acquisitions": logged.entries,
+        "faults": logged.faults,
+        "overlaps": 0,
+        "lost_slack_ms": {"min": slack_ms, "p50": slack_ms},
+        "rival_after_heal_ms": rival_after_heal.as_secs_f64() * 1e3,
+    })
+}
+
+fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    if let (Some(base), serde_json::Value::Object(extra)) = (base.as_object_mut(), extra) {
+        base.extend(extra);
+    }
+    base
+}
+
+/// S6: the server is SIGSTOPped for 0.4 s, then for 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s6_a_stopped_server_costs_a_lock_only_when_it_outlasts_the_lease() {
+    let server = RedisServer::start();
+    let figures = short_and_long_stall(&server, Stall::Stop, "s6").await;
+    let key_figure = format!(
+        "0.4 s: kept; 3 s: lost before D, rival in {:.0} ms after SIGCONT",
+        figures["rival_after_heal_ms"].as_f64().unwrap_or(f64::NAN)
+    );
+    report::write(
+        "S6",
+        merged(
+            figures,
+            json!({"scenario": "S6 server SIGSTOP 0.4 s / 3 s", "key_figure": key_figure}),
+        ),
+    );
+}
+
+/// S7: `DEBUG SLEEP` stalls the server with connections accepted: as S6,
+/// and no call outlives its wait by more than 50 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_a_sleeping_server_is_a_stall_with_bounded_calls() {
+    let server = RedisServer::start();
+    let figures = short_and_long_stall(&server, Stall::DebugSleep, "s7").await;
+    // A call made during a long sleep ends by its wait, not by the server.
+    let locks = LockClient::builder()
+        .command_timeout(Duration::from_millis(100))
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    let servers = [&server];
+    let sleeping = Stall::DebugSleep.apply(&servers, Duration::from_secs(2));
+    let calling = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let wait = Duration::from_millis(500);
+        let start = Instant::now();
+        let outcome = locks.lock("s7:c").wait(wait).acquire().await;
+        (outcome.is_err(), start.elapsed().saturating_sub(wait))
+    };
+    let ((), (refused, overrun)) = tokio::join!(sleeping, calling);
+    assert!(refused, "nothing answered, so nothing was acquired");
+    assert!(
+        overrun <= Duration::from_millis(50),
+        "the call overran its wait by {overrun:?}"
+    );
+    let key_figure = format!(
+        "3 s: lost before D; a call overran its wait by {:.1} ms",
+        overrun.as_secs_f64() * 1e3
+    );
     report::write(
         "S7",
-        json!({
-            "scenario": "S7 DEBUG SLEEP 0.4 s / 3 s",
-            "verdict": "PASS",
-            "acquisitions": logged.entries,
-            "faults": logged.faults + 1,
-            "overlaps": 0,
-            "lost_slack_ms": {"min": slack_ms, "p50": slack_ms},
-            "unavail_after_sleep_ms": long.unavailable.map(|d| d.as_secs_f64() * 1e3),
-            "call_overrun_ms": overrun.as_secs_f64() * 1e3,
-            "key_figure": format!("3 s: lost before D; a call overran its wait by {:.1} ms", overrun.as_secs_f64() * 1e3),
-        }),
+        merged(
+            figures,
+            json!({
+                "scenario": "S7 DEBUG SLEEP 0.4 s / 3 s",
+                "call_overrun_ms": overrun.as_secs_f64() * 1e3,
+                "key_figure": key_figure,
+            }),
+        ),
     );
 }
 
@@ -723,9 +646,14 @@ async fn s9_restarts_lose_locks_unless_the_server_persists_them() {
             })
         };
         entered_rx.await.expect("the holder is inside");
-        board.witness.fault(7);
+        let fault = if variant.starts_with('a') {
+            "kill-restart-empty"
+        } else {
+            "kill-restart-aof"
+        };
+        board.witness.fault(fault);
         tokio::task::block_in_place(|| server.restart());
-        board.witness.heal(7);
+        board.witness.heal(fault);
         let rival_run = rival
             .lock(key.as_str())
             .wait(Duration::from_secs(3))
@@ -801,7 +729,7 @@ async fn s10_script_flushes_under_load_are_invisible() {
     let mut flushes = 0;
     while Instant::now() < stop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        board.witness.fault(6);
+        board.witness.fault("script-flush");
         server.query::<()>(redis::cmd("SCRIPT").arg("FLUSH"));
         flushes += 1;
     }
@@ -883,7 +811,7 @@ async fn s11_eviction_is_caught_and_oom_fails_closed() {
     let rival = LockClient::connect(&server.url()).await.expect("connect");
     let guard = holder.lock("s11:a").ttl(T).acquire().await.expect("acquire");
     board.witness.enter("s11:a", 1, 0);
-    board.witness.fault(0);
+    board.witness.fault("eviction");
     let mut admin = server.sync_connection().expect("admin");
     let value = "x".repeat(1024);
     let mut filled = 0u64;
@@ -990,6 +918,29 @@ async fn s11_eviction_is_caught_and_oom_fails_closed() {
             "key_figure": format!("evicted lock caught; OOM refused in {:.1} ms", refused_in.as_secs_f64() * 1e3),
         }),
     );
+}
+
+/// The eviction check of S11 also covers Redlock masters, and says so when
+/// it cannot look (`CONFIG` renamed away, as managed services do).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_eviction_check_names_the_master_and_warns_when_it_cannot_look() {
+    let evicting = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let safe: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let urls = [evicting.url(), safe[0].url(), safe[1].url()];
+    let (client, logs) = with_captured_logs(LockClient::redlock(&urls)).await;
+    client.expect("redlock");
+    let evicting_node = format!("127.0.0.1:{}", evicting.port());
+    let warnings: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("can evict held locks"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{logs}");
+    assert!(warnings[0].contains(&evicting_node), "{logs}");
+
+    let hidden = RedisServer::start_with(&["--rename-command", "CONFIG", ""]);
+    let (client, logs) = with_captured_logs(LockClient::connect(&hidden.url())).await;
+    client.expect("connect");
+    assert!(logs.contains("could not verify the eviction policy"), "{logs}");
 }
 
 /// S15: every way out of the body releases the lock. Per path, 200

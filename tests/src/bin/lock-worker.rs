@@ -31,6 +31,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
+use lock_tests::lab::Tally;
 
 use redis::AsyncCommands;
 
@@ -146,16 +147,6 @@ struct WitnessRun {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What one task did.
-#[derive(Default)]
-struct Tally {
-    taken: u64,
-    lost: u64,
-    timeouts: u64,
-    errors: u64,
-    first_error: Option<String>,
-}
-
 async fn connect(target: &str) -> Result<LockClient, LockError> {
     let mut builder = LockClient::builder();
     if let Some(ms) = std::env::var("LOCK_WORKER_COMMAND_TIMEOUT_MS")
@@ -195,22 +186,10 @@ async fn witness(run: WitnessRun, witness_dir: &str, tasks: usize) -> Result<(),
         .collect();
     let mut total = Tally::default();
     for w in workers {
-        let tally = w.await?.map_err(|e| e.to_string())?;
-        total.taken += tally.taken;
-        total.lost += tally.lost;
-        total.timeouts += tally.timeouts;
-        total.errors += tally.errors;
-        total.first_error = total.first_error.or(tally.first_error);
+        total.add(w.await?.map_err(|e| e.to_string())?);
     }
-    println!(
-        "{{\"taken\":{},\"lost\":{},\"timeouts\":{},\"errors\":{},\"first_error\":{:?},\"worst_late_us\":{}}}",
-        total.taken,
-        total.lost,
-        total.timeouts,
-        total.errors,
-        total.first_error.unwrap_or_default(),
-        monitor.worst().as_micros()
-    );
+    total.worst_late = monitor.worst();
+    println!("{}", total.to_json());
     Ok(())
 }
 
