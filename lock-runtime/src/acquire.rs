@@ -16,11 +16,12 @@ use rand::Rng;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
-use crate::backend::{AcquireReply, AcquireRequest, Backend};
+use crate::backend::{AcquireReply, AcquireRequest, Backend, Failure};
 use crate::client::ClientInner;
 use crate::key::LockKey;
-use crate::lease::{Lease, LeaseState, drift, is_usable, millis, stop_margin, validity_deadline};
+use crate::lease::{Lease, LeaseState};
 use crate::spec::LockOptions;
+use crate::timing::{millis, stop_margin, validity_deadline};
 use crate::waiter::{POLL, Watch};
 use crate::{LockError, holder};
 
@@ -53,18 +54,6 @@ async fn acquire_within_wait(
                 .into(),
         });
     }
-    if !is_usable(opts.ttl) {
-        return Err(LockError::InvalidConfig {
-            node: client.node.clone(),
-            reason: format!(
-                "a ttl of {}ms for lock `{}` leaves no time after the {}ms clock-drift allowance and the {}ms stop margin; use at least 8ms",
-                millis(opts.ttl),
-                key.name,
-                millis(drift(opts.ttl)),
-                millis(stop_margin(opts.ttl))
-            ),
-        });
-    }
     let started = Instant::now();
     let give_up_at = started + opts.wait;
     let mut pending = Pending {
@@ -76,6 +65,9 @@ async fn acquire_within_wait(
     let config = &client.config;
     let mut backoff = config.retry_min;
     let mut attempts = 0u32;
+    // The latest attempt that failed for a reason of its own, kept to
+    // explain a give-up whose last attempt only ran out of time.
+    let mut last_failure: Option<LockError> = None;
     // Subscribed to the lock's release channel once the first attempt finds
     // it held and there is time left to wait.
     let mut watch: Option<Watch> = None;
@@ -112,9 +104,21 @@ async fn acquire_within_wait(
                 .command_timeout
                 .min(give_up_at.saturating_duration_since(sent).max(LATE_ATTEMPT_FLOOR))
         };
-        let attempt = tokio::time::timeout(budget, client.backend.acquire(&request))
-            .await
-            .unwrap_or_else(|_| Err(client.timed_out(&pending.key, "acquire")));
+        let attempt = match tokio::time::timeout(budget, client.backend.acquire(&request)).await {
+            Ok(attempt) => attempt,
+            // Cut short by what was left of `wait`: that says nothing about
+            // the server, so an earlier attempt's failure (a Redlock's
+            // per-master causes, say) is the better account.
+            Err(_) if budget < config.command_timeout => Err(match last_failure.take() {
+                Some(error) => Failure {
+                    error,
+                    transient: true,
+                    reconnecting: false,
+                },
+                None => client.timed_out(&pending.key, "acquire", budget),
+            }),
+            Err(_) => Err(client.timed_out(&pending.key, "acquire", budget)),
+        };
 
         let mut sleep_cap = None;
         let mut retry_now = false;
@@ -130,6 +134,7 @@ async fn acquire_within_wait(
                         holder,
                         token,
                         opts.ttl,
+                        opts.renew,
                         sent,
                     ));
                     if opts.renew {
@@ -186,7 +191,7 @@ async fn acquire_within_wait(
             let error = match outcome {
                 Outcome::Held { no_expiry } => LockError::Timeout {
                     key: pending.key.name.clone(),
-                    waited: now - started,
+                    wait: opts.wait,
                     no_expiry,
                 },
                 Outcome::Failed(error) => error,
@@ -195,10 +200,17 @@ async fn acquire_within_wait(
             return Err(error);
         }
 
+        let held = match outcome {
+            Outcome::Held { .. } => true,
+            Outcome::Failed(error) => {
+                last_failure = Some(error);
+                false
+            }
+        };
         if retry_now {
             continue;
         }
-        if watch.is_none() && matches!(outcome, Outcome::Held { .. }) {
+        if watch.is_none() && held {
             watch = Some(client.notifier.watch(&pending.key.channel).await);
             // The release may have come while we subscribed: look again now.
             continue;

@@ -7,12 +7,16 @@ use std::time::Duration;
 use once_cell::sync::OnceCell;
 
 use crate::LockError;
+use crate::backend::cluster::ClusterLink;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::redis::{RedisBackend, Topology, redact_url};
+use crate::backend::redis::{RedisBackend, Topology, connect_error, open_url, redact_error, redact_url};
 use crate::backend::redlock::RedlockBackend;
 use crate::backend::{AnyBackend, Failure};
+use crate::config::ClientConfig;
 use crate::guard::LockRequest;
+use crate::guards::GuardTable;
 use crate::key::{LockKey, validate_prefix};
+use crate::timing::{MAX_TIMEOUT, ttl_problem};
 use crate::waiter::Notifier;
 use crate::watchdog::Watchdog;
 
@@ -38,6 +42,7 @@ pub(crate) struct ClientInner {
     pub(crate) config: ClientConfig,
     pub(crate) watchdog: Watchdog,
     pub(crate) notifier: Arc<Notifier>,
+    pub(crate) guards: Arc<GuardTable>,
     /// The node(s) this client talks to, for messages; never with a password.
     pub(crate) node: String,
 }
@@ -45,43 +50,20 @@ pub(crate) struct ClientInner {
 impl ClientInner {
     /// The failure recorded when an attempt got no answer in time. It is
     /// transient, hence in doubt: the command may still be applied.
-    pub(crate) fn timed_out(&self, key: &LockKey, what: &str) -> Failure {
+    pub(crate) fn timed_out(&self, key: &LockKey, what: &str, budget: Duration) -> Failure {
+        let limit = if budget < self.config.command_timeout {
+            format!("{}ms left of the wait", budget.as_millis())
+        } else {
+            format!("{}ms command timeout", budget.as_millis())
+        };
         Failure {
             error: LockError::backend(
                 &self.node,
                 Some(&key.name),
-                format!(
-                    "{what} got no reply within the {}ms command timeout",
-                    self.config.command_timeout.as_millis()
-                ),
+                format!("{what} got no reply within the {limit}"),
             ),
             transient: true,
             reconnecting: false,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct ClientConfig {
-    pub(crate) prefix: String,
-    pub(crate) default_ttl: Duration,
-    pub(crate) default_wait: Duration,
-    pub(crate) retry_min: Duration,
-    pub(crate) retry_max: Duration,
-    pub(crate) command_timeout: Duration,
-    pub(crate) node_timeout: Duration,
-}
-
-impl Default for ClientConfig {
-    fn default() -> Self {
-        ClientConfig {
-            prefix: "lock:".into(),
-            default_ttl: Duration::from_secs(30),
-            default_wait: Duration::ZERO,
-            retry_min: Duration::from_millis(2),
-            retry_max: Duration::from_millis(50),
-            command_timeout: Duration::from_secs(1),
-            node_timeout: Duration::from_millis(50),
         }
     }
 }
@@ -160,7 +142,7 @@ impl LockClientBuilder {
     }
 
     /// How long to wait for a held lock when a call does not say (default 0:
-    /// try once).
+    /// try once). `Duration::MAX` waits until the lock is free.
     pub fn default_wait(mut self, wait: Duration) -> Self {
         self.config.default_wait = wait;
         self
@@ -191,6 +173,18 @@ impl LockClientBuilder {
         self
     }
 
+    /// Connect on first use rather than now, for services that must start
+    /// while Redis is down: construction then sends nothing and fails only
+    /// on an unusable URL, and the first lock call connects (failing like
+    /// any call while the server is unreachable). Without it (the default),
+    /// construction connects, authenticates and checks that every node
+    /// answers, so a wrong password fails at start-up. A lazy Redlock skips
+    /// its start-up checks (masters answering, independent, not clustered).
+    pub fn lazy(mut self) -> Self {
+        self.config.lazy = true;
+        self
+    }
+
     fn check(&self, node: &str) -> Result<(), LockError> {
         let invalid = |reason: String| LockError::InvalidConfig {
             node: node.to_owned(),
@@ -198,15 +192,22 @@ impl LockClientBuilder {
         };
         validate_prefix(&self.config.prefix).map_err(invalid)?;
         let c = &self.config;
-        if c.default_ttl.is_zero() {
-            return Err(invalid("the default ttl must be at least 1ms".into()));
+        if let Some(problem) = ttl_problem(c.default_ttl) {
+            return Err(invalid(format!("default ttl: {problem}")));
         }
-        if c.command_timeout.is_zero() {
-            return Err(invalid("the command timeout must be at least 1ms".into()));
+        for (what, timeout) in [
+            ("command timeout", c.command_timeout),
+            ("node timeout", c.node_timeout),
+        ] {
+            if timeout < Duration::from_millis(1) || timeout > MAX_TIMEOUT {
+                return Err(invalid(format!(
+                    "the {what} must be between 1ms and 1h, got {timeout:?}"
+                )));
+            }
         }
-        if c.retry_min.is_zero() || c.retry_min > c.retry_max {
+        if c.retry_min.is_zero() || c.retry_min > c.retry_max || c.retry_max > MAX_TIMEOUT {
             return Err(invalid(format!(
-                "retry backoff needs 0 < min <= max, got min {:?} and max {:?}",
+                "retry backoff needs 0 < min <= max <= 1h, got min {:?} and max {:?}",
                 c.retry_min, c.retry_max
             )));
         }
@@ -216,7 +217,11 @@ impl LockClientBuilder {
     /// Connects to one Redis node; see [`LockClient::connect`].
     pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
         self.check(&redact_url(url))?;
-        let backend = RedisBackend::connect(url, &self.config).await?;
+        let backend = if self.config.lazy {
+            RedisBackend::connect_lazily(url, &self.config)?
+        } else {
+            RedisBackend::connect(url, &self.config).await?
+        };
         let node = backend.node().to_owned();
         let notifier = Notifier::new(Some(backend.topology().clone()));
         Ok(self.build(AnyBackend::Redis(backend), notifier, node))
@@ -243,8 +248,12 @@ impl LockClientBuilder {
         if urls.is_empty() {
             return Err(invalid("a Redlock needs at least one master URL".into()));
         }
-        if self.config.node_timeout.is_zero() {
-            return Err(invalid("the node timeout must be at least 1ms".into()));
+        if self.config.lazy {
+            let nodes = urls
+                .iter()
+                .map(|url| RedisBackend::connect_lazily(url, &self.config))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(self.build_redlock(nodes, name));
         }
         let mut nodes = Vec::with_capacity(urls.len());
         let mut answering = 0;
@@ -282,15 +291,15 @@ impl LockClientBuilder {
             }
             seen.push((run_id, node.node()));
         }
-        let backend = RedlockBackend::new(nodes, self.config.node_timeout);
-        if answering < backend.quorum() {
+        let quorum = urls.len() / 2 + 1;
+        if answering < quorum {
             return Err(LockError::backend(
                 &name,
                 None,
                 format!(
                     "only {answering} of {} masters answer; a majority ({}) is needed",
                     urls.len(),
-                    backend.quorum()
+                    quorum
                 ),
             ));
         }
@@ -300,9 +309,14 @@ impl LockClientBuilder {
                 "a Redlock of fewer than 3, or an even number of, masters tolerates no more failures than the next smaller odd number"
             );
         }
+        Ok(self.build_redlock(nodes, name))
+    }
+
+    fn build_redlock(self, nodes: Vec<RedisBackend>, name: String) -> LockClient {
+        let backend = RedlockBackend::new(nodes, self.config.node_timeout);
         // Releases go to every master, so one subscription hears them.
         let notifier = Notifier::new(backend.nodes().first().map(|n| n.topology().clone()));
-        Ok(self.build(AnyBackend::Redlock(backend), notifier, name))
+        self.build(AnyBackend::Redlock(backend), notifier, name)
     }
 
     /// A Redis Cluster client; see [`LockClient::cluster`].
@@ -321,21 +335,35 @@ impl LockClientBuilder {
             return Err(invalid("a cluster client needs at least one seed URL".into()));
         }
         for url in &urls {
-            redis::Client::open(url.as_str()).map_err(|e| invalid(format!("`{}`: {e}", redact_url(url))))?;
+            open_url(url)?;
         }
         let timeout = self.config.command_timeout;
         let client = redis::cluster::ClusterClientBuilder::new(urls.clone())
             .connection_timeout(timeout)
             .response_timeout(timeout)
             .build()
-            .map_err(|e| invalid(e.to_string()))?;
-        let conn = client
-            .get_async_connection()
-            .await
-            .map_err(|e| LockError::backend(&name, None, e))?;
-        let topology = Topology::Cluster { urls, timeout };
+            .map_err(|e| {
+                invalid(redact_error(
+                    e,
+                    &urls.iter().map(String::as_str).collect::<Vec<_>>(),
+                ))
+            })?;
+        let link = ClusterLink::new(client);
+        let topology = Topology::Cluster {
+            urls: urls.clone(),
+            timeout,
+        };
         let notifier = Notifier::new(Some(topology.clone()));
-        let backend = RedisBackend::new(conn, topology, name.clone());
+        let backend = RedisBackend::new(link.clone(), topology, name.clone());
+        if !self.config.lazy {
+            // Reaches the seeds, learns the slots, then checks the
+            // credentials on a node with `PING`.
+            let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+            link.connection()
+                .await
+                .map_err(|e| connect_error(&name, e, &seeds))?;
+            backend.verify(&seeds).await?;
+        }
         Ok(self.build(AnyBackend::Cluster(backend), notifier, name))
     }
 
@@ -361,6 +389,7 @@ impl LockClientBuilder {
                 config: self.config,
                 watchdog: Watchdog::default(),
                 notifier,
+                guards: Arc::default(),
                 node,
             }),
         }

@@ -12,12 +12,13 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum LockError {
     /// The lock stayed held by someone else for the whole `wait`.
-    #[error("timed out after {} waiting for lock `{key}`{}", fmt_duration(*waited), no_expiry_note(*no_expiry))]
+    #[error("timed out after {} waiting for lock `{key}`{}", fmt_duration(*wait), no_expiry_note(*no_expiry))]
     Timeout {
         /// The lock's key.
         key: String,
-        /// How long the caller waited.
-        waited: Duration,
+        /// The `wait` the call was given (not the time measured, which is a
+        /// little longer and differs from call to call).
+        wait: Duration,
         /// The lock's Redis key was found without an expiry: something other
         /// than this library wrote it, and it will never free itself.
         no_expiry: bool,
@@ -58,8 +59,10 @@ pub enum LockError {
         reason: String,
     },
 
-    /// A value this library did not write sits at the lock's Redis key. It is
-    /// left untouched.
+    /// A value that will never free itself sits at the lock's Redis key: a
+    /// value of another type, or a string without an expiry. It is left
+    /// untouched. (Another library's lock, a string with an expiry, is a
+    /// holder like any other: it is waited for.)
     #[error(
         "lock `{key}` conflicts with a foreign value at Redis key `{redis_key}` (type `{found_type}`); it was left untouched"
     )]
@@ -70,6 +73,26 @@ pub enum LockError {
         redis_key: String,
         /// The Redis type found there (`string` for a foreign string value).
         found_type: String,
+    },
+
+    /// This call's options are unusable (a ttl outside the limits). Checked
+    /// before any I/O.
+    #[error("invalid lock request for `{key}`: {reason}")]
+    InvalidRequest {
+        /// The lock's key.
+        key: String,
+        /// What is wrong, and what is accepted.
+        reason: String,
+    },
+
+    /// The task asking for the lock already holds it through a
+    /// [`LockGuard`](crate::LockGuard): waiting would wait on itself.
+    #[error(
+        "lock `{key}` is already held by a guard of this task, so waiting for it would wait forever; release that guard first, or take the lock with `.run(..)` so that nested calls re-enter"
+    )]
+    WouldDeadlock {
+        /// The lock's key.
+        key: String,
     },
 
     /// The client's configuration (URL, prefix, timeouts) is unusable.
@@ -125,6 +148,8 @@ pub enum LostReason {
     Expired,
     /// The server reported the lock gone or owned by someone else.
     TakenOver,
+    /// A fixed lease (`renew = false`) ran out while the body still ran.
+    LeaseEnded,
 }
 
 impl std::fmt::Display for LostReason {
@@ -132,6 +157,7 @@ impl std::fmt::Display for LostReason {
         f.write_str(match self {
             LostReason::Expired => "its lease expired before a renewal was confirmed",
             LostReason::TakenOver => "the server no longer holds it for this holder",
+            LostReason::LeaseEnded => "its fixed lease (`renew = false`) ran out before the body finished",
         })
     }
 }
@@ -190,7 +216,7 @@ mod tests {
     fn timeout_message_names_key_and_wait() {
         let e = LockError::Timeout {
             key: "stock:42".into(),
-            waited: Duration::from_secs(5),
+            wait: Duration::from_secs(5),
             no_expiry: false,
         };
         assert_eq!(e.to_string(), "timed out after 5s waiting for lock `stock:42`");

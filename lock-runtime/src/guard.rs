@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::key::LockKey;
+use crate::entry::{self, Entered};
+use crate::guards::GuardMark;
 use crate::lease::{Lease, LeaseState};
 use crate::spec::LockSpec;
-use crate::{LockError, LostReason, acquire, holder, with_lock};
+use crate::{LockError, LostReason, with_lock};
 
 /// A lock request being configured. Nothing is sent until
 /// [`acquire`](Self::acquire) or [`run`](Self::run).
@@ -30,14 +31,17 @@ impl<'c> LockRequest<'c> {
         }
     }
 
-    /// The lease length (default: the client's, 30 s unless configured).
+    /// The lease length (default: the client's, 30 s unless configured):
+    /// from 8ms to 24h, as in the attribute; outside that the call fails
+    /// with [`LockError::InvalidRequest`] before any I/O.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.spec = self.spec.ttl(ttl);
         self
     }
 
     /// How long to wait for a held lock (default: the client's, 0 unless
-    /// configured, which tries once).
+    /// configured, which tries once). `Duration::MAX` waits until the lock
+    /// is free.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.spec = self.spec.wait(wait);
         self
@@ -59,29 +63,31 @@ impl<'c> LockRequest<'c> {
     /// structural re-entry, release on every exit path, cancellation when the
     /// lease is lost.
     pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
-        let inner = &self.client.inner;
-        with_lock::run_with(inner, self.key, self.spec.resolve(&inner.config), body).await
+        with_lock::run_with(&self.client.inner, self.key, &self.spec, body).await
     }
 
     /// Takes the lock and returns a guard that holds it until
     /// [`LockGuard::release`] or drop. Called inside a body that already holds
     /// this lock, it returns a re-entrant guard whose release leaves the lock
     /// to the enclosing holder.
+    ///
+    /// A guard is not a scope: a second `acquire()` (or `run`) of the same
+    /// key in the task that holds the guard is not nested in anything, and
+    /// fails at once with [`LockError::WouldDeadlock`] rather than wait for
+    /// itself. Use [`run`](Self::run) for calls that should re-enter.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let inner = &self.client.inner;
-        let opts = self.spec.resolve(&inner.config);
-        let key = LockKey::new(&inner.config.prefix, self.key)?;
-        if let Some(held) = holder::find(inner, &key) {
-            held.extend_to(opts.ttl).await?;
-            return Ok(LockGuard {
-                state: held,
+        Ok(match entry::enter(inner, self.key, &self.spec).await? {
+            Entered::Reentered(state) => LockGuard {
+                state,
                 lease: None,
-            });
-        }
-        let lease = acquire::acquire(inner, key, &opts).await?;
-        Ok(LockGuard {
-            state: Arc::clone(lease.state()),
-            lease: Some(lease),
+                _mark: None,
+            },
+            Entered::Acquired(lease) => LockGuard {
+                state: Arc::clone(lease.state()),
+                _mark: Some(inner.guards.mark(&lease.state().key)),
+                lease: Some(lease),
+            },
         })
     }
 }
@@ -94,6 +100,8 @@ pub struct LockGuard {
     state: Arc<LeaseState>,
     /// `None` for a re-entrant guard: the enclosing holder owns the release.
     lease: Option<Lease>,
+    /// While the guard lives, its task cannot wait for the same lock.
+    _mark: Option<GuardMark>,
 }
 
 impl LockGuard {

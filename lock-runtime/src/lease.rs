@@ -8,14 +8,8 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::client::ClientInner;
 use crate::key::LockKey;
+use crate::timing::{millis, renewal_interval, stop_margin, validity_deadline};
 use crate::{LockError, LostReason};
-
-/// The allowance for clock-rate differences between this process and the
-/// server: 1% of the lease plus 2 ms for Redis's millisecond expiry precision
-/// (RELIABILITY §1.1).
-pub(crate) fn drift(ttl: Duration) -> Duration {
-    Duration::from_millis(millis(ttl) / 100 + 2)
-}
 
 /// The state of one acquisition, shared between its owner ([`Lease`]) and the
 /// scopes nested inside its body.
@@ -26,6 +20,9 @@ pub(crate) struct LeaseState {
     pub(crate) holder: String,
     pub(crate) token: Option<u64>,
     ttl_ms: AtomicU64,
+    /// Renewed by the watchdog; `false` for a fixed lease (`renew = false`),
+    /// whose end is not a failure to renew.
+    renews: bool,
     /// After this instant the server may already have expired the key.
     deadline: Mutex<Instant>,
     /// When the watchdog should renew next (unused with `renew = false`).
@@ -44,6 +41,7 @@ impl LeaseState {
         holder: String,
         token: Option<u64>,
         ttl: Duration,
+        renews: bool,
         sent: Instant,
     ) -> Self {
         LeaseState {
@@ -52,6 +50,7 @@ impl LeaseState {
             holder,
             token,
             ttl_ms: AtomicU64::new(millis(ttl)),
+            renews,
             deadline: Mutex::new(validity_deadline(sent, ttl)),
             next_renewal: Mutex::new(sent + renewal_interval(ttl)),
             ended: AtomicBool::new(false),
@@ -93,6 +92,7 @@ impl LeaseState {
         let code = match reason {
             LostReason::Expired => 1,
             LostReason::TakenOver => 2,
+            LostReason::LeaseEnded => 3,
         };
         if self
             .lost
@@ -108,7 +108,8 @@ impl LeaseState {
         match self.lost.load(Ordering::Acquire) {
             0 => None,
             1 => Some(LostReason::Expired),
-            _ => Some(LostReason::TakenOver),
+            2 => Some(LostReason::TakenOver),
+            _ => Some(LostReason::LeaseEnded),
         }
     }
 
@@ -150,8 +151,14 @@ impl LeaseState {
             }
             let cutoff = self.cutoff();
             if Instant::now() >= cutoff {
-                self.mark_lost(LostReason::Expired);
-                return LostReason::Expired;
+                let reason = if self.renews {
+                    LostReason::Expired
+                } else {
+                    LostReason::LeaseEnded
+                };
+                self.mark_lost(reason);
+                // A concurrent `mark_lost` may have won: report what stuck.
+                return self.lost_reason().unwrap_or(reason);
             }
             tokio::select! {
                 () = signal => {}
@@ -199,31 +206,6 @@ impl LeaseState {
             Err(failure) => Err(failure.error),
         }
     }
-}
-
-/// How long before its deadline a body is stopped: timers fire at or after
-/// their instant, never before, and the task may need a moment to be polled.
-pub(crate) fn stop_margin(ttl: Duration) -> Duration {
-    (ttl / 200).max(Duration::from_millis(5))
-}
-
-/// Whether a lease of `ttl` leaves any time to run a body in.
-pub(crate) fn is_usable(ttl: Duration) -> bool {
-    ttl > drift(ttl) + stop_margin(ttl)
-}
-
-/// The watchdog renews a lease after a third of it, leaving two more
-/// chances before it runs out.
-pub(crate) fn renewal_interval(ttl: Duration) -> Duration {
-    ttl / 3
-}
-
-pub(crate) fn validity_deadline(sent: Instant, ttl: Duration) -> Instant {
-    sent + ttl.saturating_sub(drift(ttl))
-}
-
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The owner of an acquisition. Releasing consumes it; dropping it without a
@@ -274,26 +256,5 @@ impl Drop for Lease {
                 tracing::warn!(key = %state.key.name, error = %e, "background release failed; the lock will expire by its TTL");
             }
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn drift_is_one_percent_plus_two_ms() {
-        assert_eq!(drift(Duration::from_secs(30)), Duration::from_millis(302));
-        assert_eq!(drift(Duration::from_millis(1)), Duration::from_millis(2));
-    }
-
-    #[test]
-    fn deadline_never_precedes_sending() {
-        let now = Instant::now();
-        assert_eq!(validity_deadline(now, Duration::from_millis(1)), now);
-        assert_eq!(
-            validity_deadline(now, Duration::from_millis(1000)),
-            now + Duration::from_millis(988)
-        );
     }
 }

@@ -27,12 +27,16 @@
 mod acquire;
 mod backend;
 mod client;
+mod config;
+mod entry;
 mod error;
 mod guard;
+mod guards;
 mod holder;
 mod key;
 mod lease;
 mod spec;
+mod timing;
 mod waiter;
 mod watchdog;
 mod with_lock;
@@ -68,8 +72,7 @@ pub mod __private {
             Ok(client) => &client.inner,
             Err(e) => return LockOutput::from_lock_error(e),
         };
-        let opts = spec.resolve(&client.config);
-        match crate::with_lock::run_with(client, key, opts, body).await {
+        match crate::with_lock::run_with(client, key, spec, body).await {
             Ok(output) => output,
             Err(e) => LockOutput::from_lock_error(e),
         }

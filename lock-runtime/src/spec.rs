@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use crate::LockError;
-use crate::client::ClientConfig;
+use crate::config::ClientConfig;
+use crate::key::LockKey;
+use crate::timing::{FOREVER, ttl_problem};
 
 /// The attribute's arguments, fixed at compile time. Emitted by
 /// `#[distributed_lock]` as a `static`; `None` means "the client's default".
@@ -57,7 +59,8 @@ impl LockSpec {
     pub(crate) fn resolve(&self, config: &ClientConfig) -> LockOptions {
         LockOptions {
             ttl: self.ttl.unwrap_or(config.default_ttl),
-            wait: self.wait.unwrap_or(config.default_wait),
+            // Any longer wait means "until the lock is free".
+            wait: self.wait.unwrap_or(config.default_wait).min(FOREVER),
             renew: self.renew,
             fencing: self.fencing,
         }
@@ -71,6 +74,20 @@ pub(crate) struct LockOptions {
     pub(crate) wait: Duration,
     pub(crate) renew: bool,
     pub(crate) fencing: bool,
+}
+
+impl LockOptions {
+    /// Refuses, before any I/O, a call whose lease could not work: the same
+    /// bounds the attribute checks at compile time.
+    pub(crate) fn check(&self, key: &LockKey) -> Result<(), LockError> {
+        match ttl_problem(self.ttl) {
+            Some(reason) => Err(LockError::InvalidRequest {
+                key: key.name.clone(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// What an annotated function may return: something that can carry a

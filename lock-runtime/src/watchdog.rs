@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use crate::LostReason;
 use crate::backend::{Backend, RenewItem, Renewal};
 use crate::client::ClientInner;
-use crate::lease::{LeaseState, millis, renewal_interval};
+use crate::lease::LeaseState;
+use crate::timing::{millis, renewal_interval};
 
 /// How many leases one renewal script call carries. Bounds how long one
 /// call keeps Redis busy (about 3 µs per lease).

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 
 use crate::client::ClientInner;
-use crate::key::LockKey;
-use crate::spec::LockOptions;
-use crate::{LockError, acquire, holder};
+use crate::entry::{self, Entered};
+use crate::spec::LockSpec;
+use crate::{LockError, holder};
 
 /// Runs `body` while holding the lock `name`; releases it on every way out.
 ///
@@ -26,19 +26,16 @@ use crate::{LockError, acquire, holder};
 pub(crate) async fn run_with<F: Future>(
     client: &Arc<ClientInner>,
     name: String,
-    opts: LockOptions,
+    spec: &LockSpec,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let key = LockKey::new(&client.config.prefix, name)?;
-    if let Some(held) = holder::find(client, &key) {
-        held.extend_to(opts.ttl).await?;
+    let lease = match entry::enter(client, name, spec).await? {
         // The enclosing call watches the lease and releases it; its
         // cancellation also drops this nested body. The scope makes this
         // lock the innermost again, for `fencing_token()`.
-        return Ok(holder::scope(held, body).await);
-    }
-
-    let lease = acquire::acquire(client, key, &opts).await?;
+        Entered::Reentered(held) => return Ok(holder::scope(held, body).await),
+        Entered::Acquired(lease) => lease,
+    };
     let state = Arc::clone(lease.state());
     let outcome = {
         let body = std::pin::pin!(holder::scope(

@@ -50,6 +50,13 @@ impl RedisServer {
         Self::start_on(free_port, extra)
     }
 
+    /// Starts a fresh server that requires `password` (`--requirepass`).
+    /// The harness's own connections authenticate; [`url`](Self::url) does
+    /// not carry it, [`url_with_password`](Self::url_with_password) does.
+    pub fn start_with_password(password: &str) -> RedisServer {
+        Self::start_with(&["--requirepass", password])
+    }
+
     /// Starts a server whose port comes from `pick`, retried while taken.
     fn start_on(pick: fn() -> u16, extra: &[&str]) -> RedisServer {
         // A port found free can be taken before redis binds it: retry.
@@ -137,10 +144,27 @@ impl RedisServer {
         self.dir.path()
     }
 
-    /// A plain blocking connection for inspecting the server from a test.
+    /// `redis://:<password>@127.0.0.1:<port>/` with the password
+    /// percent-encoded, for a server started with a password.
+    pub fn url_with_password(&self) -> String {
+        let password = self.password().unwrap_or_default();
+        format!("redis://:{}@127.0.0.1:{}/", percent_encode(password), self.port)
+    }
+
+    fn password(&self) -> Option<&str> {
+        let at = self.extra.iter().position(|a| a == "--requirepass")?;
+        self.extra.get(at + 1).map(String::as_str)
+    }
+
+    /// A plain blocking connection for inspecting the server from a test
+    /// (authenticated when the server has a password).
     pub fn sync_connection(&self) -> redis::RedisResult<redis::Connection> {
         let client = redis::Client::open(self.url())?;
-        client.get_connection_with_timeout(Duration::from_secs(2))
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        if let Some(password) = self.password() {
+            redis::cmd("AUTH").arg(password).query::<()>(&mut conn)?;
+        }
+        Ok(conn)
     }
 
     /// Runs one command and returns its reply; panics on failure (tests only).
@@ -313,6 +337,20 @@ pub fn install_global_client() -> &'static RedisServer {
             .expect("spawn the global client thread");
         ready_rx.recv().expect("global client installed")
     })
+}
+
+/// Every byte but ASCII letters and digits as `%XX`: any password fits in a
+/// URL's userinfo this way.
+pub fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 /// A loopback port that was free a moment ago.

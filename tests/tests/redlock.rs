@@ -295,3 +295,46 @@ async fn redlock_configuration_errors_are_refused() {
         "{fenced:?}"
     );
 }
+
+/// With two of three masters dead, a call that waits gives up with the
+/// quorum's account (which masters refused, and why), not with a command
+/// timeout it never waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_dead_masters_are_named_when_the_wait_runs_out() {
+    let mut masters = start_masters(3);
+    let locks = redlock(&urls(&masters)).await;
+    let dead: Vec<String> = masters[1..]
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port()))
+        .collect();
+    for m in &mut masters[1..] {
+        m.kill();
+    }
+    let started = Instant::now();
+    let err = locks
+        .lock("k")
+        .wait(Duration::from_millis(500))
+        .run(async {})
+        .await
+        .expect_err("no majority");
+    let took = started.elapsed();
+    match &err {
+        LockError::QuorumNotReached {
+            granted,
+            needed,
+            causes,
+            ..
+        } => {
+            assert!(*granted <= 1 && *needed == 2, "{err}");
+            for node in &dead {
+                assert!(causes.contains(node.as_str()), "{node} missing from {causes}");
+            }
+        }
+        other => panic!("expected QuorumNotReached, got {other}"),
+    }
+    assert!(!err.to_string().contains("command timeout"), "{err}");
+    assert!(
+        took < Duration::from_millis(500) + Duration::from_millis(250),
+        "gave up after {took:?}"
+    );
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::LockError;
 use crate::key::LockKey;
 
+pub(crate) mod cluster;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod redlock;
@@ -124,7 +125,7 @@ pub(crate) enum AnyBackend {
     Redis(redis::RedisBackend),
     Memory(memory::MemoryBackend),
     Redlock(redlock::RedlockBackend),
-    Cluster(redis::RedisBackend<::redis::cluster_async::ClusterConnection>),
+    Cluster(redis::RedisBackend<cluster::ClusterLink>),
 }
 
 impl AnyBackend {

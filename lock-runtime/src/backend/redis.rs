@@ -14,9 +14,9 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 use crate::LockError;
-use crate::client::ClientConfig;
+use crate::config::ClientConfig;
 use crate::key::LockKey;
-use crate::lease::millis;
+use crate::timing::millis;
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
@@ -30,7 +30,7 @@ pub(crate) trait Connection: ConnectionLike + Clone + Send + Sync + 'static {}
 impl<T: ConnectionLike + Clone + Send + Sync + 'static> Connection for T {}
 
 /// How releases are announced, and where their subscriptions connect.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) enum Topology {
     /// One node: PUBLISH, heard on a pub/sub connection to that node.
     Single(redis::Client),
@@ -38,6 +38,16 @@ pub(crate) enum Topology {
     /// SSUBSCRIBE through a RESP3 cluster client of its own (built from
     /// these seed URLs), which follows slots as they move.
     Cluster { urls: Vec<String>, timeout: Duration },
+}
+
+/// Says which kind only: the client and the seed URLs carry credentials.
+impl std::fmt::Debug for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Topology::Single(_) => "Single",
+            Topology::Cluster { .. } => "Cluster",
+        })
+    }
 }
 
 pub(crate) struct RedisBackend<C = ConnectionManager> {
@@ -69,18 +79,27 @@ impl<C: Connection> RedisBackend<C> {
 }
 
 impl RedisBackend {
+    /// Connects, authenticates and checks that the node answers `PING`, so
+    /// that a wrong password or an unreachable server fails here, not at the
+    /// first lock.
     pub(crate) async fn connect(url: &str, config: &ClientConfig) -> Result<Self, LockError> {
-        let client = redis::Client::open(url).map_err(|e| LockError::InvalidConfig {
-            node: redact_url(url),
-            reason: redact_secrets(&e.to_string(), url),
-        })?;
-        let node = client.get_connection_info().addr().to_string();
+        let (client, node) = open_url(url)?;
         let conn = ConnectionManager::new_with_config(client.clone(), manager_config(config))
             .await
-            .map_err(|e| LockError::backend(&node, None, redact_error(e, url)))?;
+            .map_err(|e| connect_error(&node, e, &[url]))?;
         let backend = RedisBackend::new(conn, Topology::Single(client), node);
+        backend.verify(&[url]).await?;
         backend.check_eviction_policy().await;
         Ok(backend)
+    }
+
+    /// A node connected on first use: nothing is sent now, and only an
+    /// unusable URL is an error.
+    pub(crate) fn connect_lazily(url: &str, config: &ClientConfig) -> Result<Self, LockError> {
+        let (client, node) = open_url(url)?;
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))
+            .map_err(|e| connect_error(&node, e, &[url]))?;
+        Ok(RedisBackend::new(conn, Topology::Single(client), node))
     }
 
     /// Lock keys always carry a TTL, so every eviction policy but
@@ -118,16 +137,9 @@ impl RedisBackend {
     ) -> Result<(Self, bool), LockError> {
         match Self::connect(url, config).await {
             Ok(backend) => Ok((backend, true)),
-            Err(LockError::Backend { .. }) => {
-                let client = redis::Client::open(url).map_err(|e| LockError::InvalidConfig {
-                    node: redact_url(url),
-                    reason: redact_secrets(&e.to_string(), url),
-                })?;
-                let node = client.get_connection_info().addr().to_string();
-                let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))
-                    .map_err(|e| LockError::backend(&node, None, redact_error(e, url)))?;
-                Ok((RedisBackend::new(conn, Topology::Single(client), node), false))
-            }
+            // Down or unreachable: kept for later. A wrong password is not
+            // tolerated: it is a configuration error (`InvalidConfig`).
+            Err(LockError::Backend { .. }) => Ok((Self::connect_lazily(url, config)?, false)),
             Err(other) => Err(other),
         }
     }
@@ -152,6 +164,15 @@ impl RedisBackend {
 }
 
 impl<C: Connection> RedisBackend<C> {
+    /// `PING`: the first command that needs the connection's credentials.
+    pub(crate) async fn verify(&self, urls: &[&str]) -> Result<(), LockError> {
+        redis::cmd("PING")
+            .query_async::<Value>(&mut self.conn.clone())
+            .await
+            .map(drop)
+            .map_err(|e| connect_error(&self.node, e, urls))
+    }
+
     fn failure(&self, key: &LockKey, e: RedisError) -> Failure {
         let transient = e.is_io_error()
             || e.is_timeout()
@@ -339,6 +360,34 @@ impl<C: Connection> RedisBackend<C> {
     }
 }
 
+/// Parses a node's URL: the client, and the node's name for messages.
+pub(crate) fn open_url(url: &str) -> Result<(redis::Client, String), LockError> {
+    let client = redis::Client::open(url).map_err(|e| LockError::InvalidConfig {
+        node: redact_url(url),
+        reason: redact_secrets(&e.to_string(), url),
+    })?;
+    let node = client.get_connection_info().addr().to_string();
+    Ok((client, node))
+}
+
+/// A failure to connect or to answer the first command. Refused credentials
+/// are the configuration's fault, and retrying cannot fix them: they are
+/// `InvalidConfig`, everything else `Backend`.
+pub(crate) fn connect_error(node: &str, e: RedisError, urls: &[&str]) -> LockError {
+    let refused = e.kind() == ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"));
+    if refused {
+        return LockError::InvalidConfig {
+            node: node.to_owned(),
+            reason: format!(
+                "the server refused the credentials ({}); give them in the URL, `redis://user:password@host:port`",
+                redact_error(e, urls)
+            ),
+        };
+    }
+    LockError::backend(node, None, redact_error(e, urls))
+}
+
 fn manager_config(config: &ClientConfig) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         // Our own loops retry within the caller's wait; a reconnect that
@@ -348,65 +397,114 @@ fn manager_config(config: &ClientConfig) -> ConnectionManagerConfig {
         .set_response_timeout(Some(config.command_timeout))
 }
 
-/// The URL with any password replaced by `***`, for messages. Handles URLs
-/// that do not parse, since those are exactly the ones that end up in errors.
+/// The URL with any credentials replaced by `***`, for messages.
+///
+/// It must work on URLs that do not parse, since those are exactly the ones
+/// that end up in errors, and a generated password may hold any character,
+/// `/`, `?`, `#` and `@` included. So nothing is guessed from the password's
+/// content: everything between `://` and the *last* `@` of the URL is
+/// credentials. (A path or query that contains `@` is redacted too: more
+/// than needed, never less.) A `pass`/`password` query parameter, which
+/// `redis+unix://` URLs use, takes the whole query with it.
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        // Malformed: no telling where the authority ends, so keep only what
-        // follows the last `@`.
-        return match url.rfind('@') {
-            Some(at) => format!("***{}", &url[at..]),
+    let (head, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    // No authority (`redis+unix:///path?pass=...`): no userinfo either, and
+    // the query may hold credentials with any character in them.
+    if rest.starts_with('/') {
+        return match rest.find('?') {
+            Some(q) => format!("{head}{}?***", &rest[..q]),
             None => url.to_owned(),
         };
+    }
+    let rest = match rest.rfind('@') {
+        Some(at) => format!("***{}", &rest[at..]),
+        None => rest.to_owned(),
     };
-    let (head, rest) = url.split_at(scheme_end + 3);
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rfind('@') {
-        Some(at) => format!("***{}", &authority[at..]),
-        None => authority.to_owned(),
+    let rest = match rest.find('?') {
+        Some(q) if rest[q..].to_ascii_lowercase().contains("pass") => format!("{}?***", &rest[..q]),
+        _ => rest,
     };
-    // `redis+unix:///sock?pass=secret` carries the password in the query.
-    let tail = match tail.find('?') {
-        Some(q) if tail[q..].contains("pass") => format!("{}?***", &tail[..q]),
-        _ => tail.to_owned(),
-    };
-    format!("{head}{authority}{tail}")
+    format!("{head}{rest}")
 }
 
-/// Removes the URL's secrets from a message that may quote the URL.
+/// Removes the URL's secrets from a message that may quote the URL, or the
+/// password alone, raw or percent-decoded (as the redis crate holds it).
 fn redact_secrets(message: &str, url: &str) -> String {
-    let redacted = redact_url(url);
-    let mut out = message.replace(url, &redacted);
+    let mut out = message.replace(url, &redact_url(url));
     for secret in secrets_of(url) {
-        out = out.replace(secret, "***");
+        if secret.is_empty() {
+            continue;
+        }
+        out = out.replace(&secret, "***");
     }
     out
 }
 
-fn secrets_of(url: &str) -> Vec<&str> {
+/// The secrets a URL carries, in every spelling a message might quote: the
+/// userinfo's password (and the whole userinfo), and `pass` query values.
+fn secrets_of(url: &str) -> Vec<String> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let mut found = Vec::new();
-    if let Some((userinfo, _)) = rest.rsplit_once('@')
-        && let Some((_, password)) = userinfo.split_once(':')
-        && !password.is_empty()
-    {
-        found.push(password);
+    let mut raw: Vec<&str> = Vec::new();
+    if let Some((userinfo, _)) = rest.rsplit_once('@') {
+        raw.push(userinfo);
+        if let Some((_, password)) = userinfo.split_once(':') {
+            raw.push(password);
+        }
     }
     if let Some((_, query)) = rest.split_once('?') {
-        found.extend(
+        raw.extend(
             query
                 .split('&')
                 .filter_map(|kv| kv.split_once('='))
-                .filter(|(k, v)| k.contains("pass") && !v.is_empty())
+                .filter(|(k, _)| k.to_ascii_lowercase().contains("pass"))
                 .map(|(_, v)| v),
         );
     }
+    let mut found: Vec<String> = Vec::new();
+    for secret in raw.into_iter().filter(|s| !s.is_empty()) {
+        found.push(secret.to_owned());
+        let decoded = percent_decode(secret);
+        if decoded != secret {
+            found.push(decoded);
+        }
+    }
+    // Longest first, so that a password inside the userinfo does not leave
+    // half of the userinfo behind.
+    found.sort_by_key(|s| std::cmp::Reverse(s.len()));
     found
 }
 
-fn redact_error(e: RedisError, url: &str) -> String {
-    redact_secrets(&e.to_string(), url)
+/// `%XX` decoding as URL parsers apply it to a password. Hand-written: the
+/// one place it is needed, and only to find the text to scrub.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(h), Some(l)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The error's text without the secrets of any of `urls`.
+pub(crate) fn redact_error(e: RedisError, urls: &[&str]) -> String {
+    urls.iter()
+        .fold(e.to_string(), |message, url| redact_secrets(&message, url))
 }
 
 #[cfg(test)]
@@ -419,11 +517,39 @@ mod tests {
         assert_eq!(redact_url("redis://app:hunter2@db"), "redis://***@db");
         assert_eq!(redact_url("redis://db:6379"), "redis://db:6379");
         assert_eq!(redact_url("redis//app:hunter2@db"), "***@db");
+        assert_eq!(redact_url("redis://app:a/b?c#d@db:1/0"), "redis://***@db:1/0");
         assert_eq!(
             redact_url("redis+unix:///tmp/r.sock?pass=hunter2"),
             "redis+unix:///tmp/r.sock?***"
         );
         let msg = redact_secrets("bad url redis://u:hunter2@x: hunter2", "redis://u:hunter2@x");
         assert!(!msg.contains("hunter2"), "{msg}");
+        let msg = redact_secrets("password `a/b` refused", "redis://u:a%2Fb@x");
+        assert!(!msg.contains("a/b"), "{msg}");
+    }
+
+    /// Every printable ASCII character, alone in a password and all of them
+    /// in one: no fragment of the password survives in any URL shape.
+    #[test]
+    fn passwords_of_every_printable_character_are_redacted() {
+        let mut passwords: Vec<String> = (0x20u8..0x7f)
+            .map(|c| format!("Zq7{}Wv3", char::from(c)))
+            .collect();
+        passwords.push((0x20u8..0x7f).map(char::from).collect::<String>() + "Zq7Wv3");
+        for password in &passwords {
+            for url in [
+                format!("redis://app:{password}@127.0.0.1:6379/0"),
+                format!("redis://:{password}@db"),
+                format!("rediss://app:{password}@db:6380"),
+                format!("redis//app:{password}@db"),
+                format!("redis+unix:///tmp/r.sock?db=0&pass={password}"),
+            ] {
+                let shown = redact_url(&url);
+                assert!(
+                    !shown.contains("Zq7") && !shown.contains("Wv3"),
+                    "{url} -> {shown}"
+                );
+            }
+        }
     }
 }

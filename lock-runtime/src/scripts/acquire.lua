@@ -11,8 +11,10 @@
 --
 -- Returns one of
 --   {1, token}      acquired (token 0 when ARGV[3] is '0')
---   {0, pttl}       held by another holder; pttl is -1 when the key has no expiry
---   {-1, type}      a value this library did not write sits at KEYS[1]
+--   {0, pttl}       held by another holder (ours, or another library's string
+--                   with an expiry); pttl is -1 when our value has no expiry
+--   {-1, type}      a value that never frees sits at KEYS[1]: another type,
+--                   or a foreign string without an expiry
 --
 -- Every argument is checked before the first write: a script that fails
 -- midway keeps the writes it already made.
@@ -53,14 +55,23 @@ if current == holder or current == holder .. '+w' then
   end
   return {1, 0}
 end
+local pttl = redis.call('PTTL', KEYS[1])
+local ours = string.match(current, '^%x+:%d+$')
 local marked = string.match(current, '^%x+:%d+%+w$')
-if not marked and not string.match(current, '^%x+:%d+$') then
+if not ours and not marked then
+  -- Another library's lock (redis-py's `Lock`, node-redlock, a plain
+  -- `SET NX PX`): a string with an expiry is a holder that frees by its
+  -- release or its expiry, so wait for it like for any holder. It is never
+  -- written to: its owner compares the value on release. A string without
+  -- an expiry never frees: that is a conflict, not a holder.
+  if pttl > 0 then
+    return {0, pttl}
+  end
   return {-1, 'string'}
 end
-local pttl = redis.call('PTTL', KEYS[1])
--- A key without expiry was not written by a live holder of ours: leave it
+-- A key of ours without expiry was not written by a live holder: leave it
 -- untouched. APPEND keeps the key's expiry.
-if ARGV[4] == '1' and not marked and pttl > 0 then
+if ARGV[4] == '1' and ours and pttl > 0 then
   redis.call('APPEND', KEYS[1], '+w')
 end
 return {0, pttl}

@@ -1,0 +1,64 @@
+//! The connection to a Redis Cluster, made on first use when the client is
+//! lazy. The redis crate connects a cluster client eagerly only, so this
+//! wraps it: the first command connects (through the seeds), later ones
+//! reuse that connection, which follows slots and failovers by itself.
+
+use std::sync::Arc;
+
+use redis::aio::ConnectionLike;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use tokio::sync::OnceCell;
+
+/// Cheap to clone: clones share the one connection.
+#[derive(Clone)]
+pub(crate) struct ClusterLink(Arc<Link>);
+
+struct Link {
+    client: ClusterClient,
+    conn: OnceCell<ClusterConnection>,
+}
+
+impl ClusterLink {
+    pub(crate) fn new(client: ClusterClient) -> Self {
+        ClusterLink(Arc::new(Link {
+            client,
+            conn: OnceCell::new(),
+        }))
+    }
+
+    /// The connection, made now if this is the first use. A failed attempt
+    /// leaves nothing behind: the next command tries again.
+    pub(crate) async fn connection(&self) -> RedisResult<ClusterConnection> {
+        let link = &self.0;
+        link.conn
+            .get_or_try_init(|| link.client.get_async_connection())
+            .await
+            .cloned()
+    }
+}
+
+impl ConnectionLike for ClusterLink {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move { self.connection().await?.req_packed_command(cmd).await })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            self.connection()
+                .await?
+                .req_packed_commands(pipeline, offset, count)
+                .await
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}

@@ -1,0 +1,42 @@
+//! The one way into a lock, for the attribute, `LockRequest::run` and
+//! `LockRequest::acquire` alike: resolve the call's options, check them and
+//! the key before any I/O, then re-enter a lock the running code is nested
+//! inside, or acquire it.
+
+use std::sync::Arc;
+
+use crate::acquire;
+use crate::client::ClientInner;
+use crate::key::LockKey;
+use crate::lease::{Lease, LeaseState};
+use crate::spec::LockSpec;
+use crate::{LockError, holder};
+
+/// How a call got its lock.
+pub(crate) enum Entered {
+    /// The running code is nested inside a body that holds this lock: it is
+    /// the same holder, and the enclosing call owns the release.
+    Reentered(Arc<LeaseState>),
+    /// A new acquisition, released when this lease is.
+    Acquired(Lease),
+}
+
+pub(crate) async fn enter(
+    client: &Arc<ClientInner>,
+    name: String,
+    spec: &LockSpec,
+) -> Result<Entered, LockError> {
+    let opts = spec.resolve(&client.config);
+    let key = LockKey::new(&client.config.prefix, name)?;
+    opts.check(&key)?;
+    if let Some(held) = holder::find(client, &key) {
+        // Only a longer lease costs a round trip; a shorter one never
+        // shortens the lease the enclosing call holds.
+        held.extend_to(opts.ttl).await?;
+        return Ok(Entered::Reentered(held));
+    }
+    if client.guards.held_by_this_task(&key) {
+        return Err(LockError::WouldDeadlock { key: key.name });
+    }
+    acquire::acquire(client, key, &opts).await.map(Entered::Acquired)
+}

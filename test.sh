@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the tests need when it is missing,
+# then runs the whole workspace's tests. Extra arguments go to `cargo test`.
+#
+# The tests start their own servers on free loopback ports and stop them;
+# they need the programs, not a running service:
+#   - Debian packages `redis-server` and `redis-tools` (redis-server, redis-cli)
+#   - the PyPI package `redis` (redis-py), whose `Lock` the interoperability
+#     test holds a key with
+set -euo pipefail
+cd "$(dirname "$0")"
+
+if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+
+missing_debs=()
+command -v redis-server >/dev/null 2>&1 || missing_debs+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing_debs+=(redis-tools)
+if [ "${#missing_debs[@]}" -gt 0 ]; then
+  echo "--- installing ${missing_debs[*]} (Debian)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing_debs[@]}"
+  # The package starts a system service on 6379; the tests never use it.
+  $SUDO systemctl stop redis-server >/dev/null 2>&1 || $SUDO service redis-server stop >/dev/null 2>&1 || true
+fi
+
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c 'import redis' >/dev/null 2>&1; then
+  echo "--- installing redis-py (PyPI)"
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check redis
+fi
+
+redis-server --version
+"$PYTHON" -c 'import redis; print("redis-py", redis.__version__)'
+
+exec cargo test --workspace "$@"
