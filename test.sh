@@ -5,6 +5,7 @@
 # The tests start their own servers on free loopback ports and stop them;
 # they need the programs, not a running service:
 #   - Debian packages `redis-server` and `redis-tools` (redis-server, redis-cli)
+#     and `openssl` (the TLS test makes its certificates with it)
 #   - the PyPI package `redis` (redis-py), whose `Lock` the interoperability
 #     test holds a key with
 set -euo pipefail
@@ -15,6 +16,7 @@ if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
 missing_debs=()
 command -v redis-server >/dev/null 2>&1 || missing_debs+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing_debs+=(redis-tools)
+command -v openssl >/dev/null 2>&1 || missing_debs+=(openssl)
 if [ "${#missing_debs[@]}" -gt 0 ]; then
   echo "--- installing ${missing_debs[*]} (Debian)"
   $SUDO apt-get update -qq

@@ -15,6 +15,10 @@ const ARGUMENTS: [&str; 5] = ["key", "ttl", "wait", "renew", "fencing"];
 /// The longest `wait` accepted: a longer one is almost always a unit typo
 /// (`"5000s"` for `"5000ms"`), and a caller stuck that long is an outage.
 pub(crate) const MAX_WAIT_MS: u64 = 3_600_000;
+/// The shortest lease accepted: the runtime refuses shorter ones at every
+/// call (`ttl > 1% + 2ms drift + 5ms stop margin`), so a shorter literal
+/// could only compile into a function that always fails.
+pub(crate) const MIN_TTL_MS: u64 = 8;
 /// The longest lease accepted: past a day, a renewed lease gains nothing and
 /// a fixed one outlives any crash it should cover.
 pub(crate) const MAX_TTL_MS: u64 = 86_400_000;
@@ -48,11 +52,15 @@ impl Parse for RawArg {
                 format!("expected an argument name: {}", backticked(ARGUMENTS)),
             )
         })?;
-        input.parse::<Token![=]>().map_err(|e| {
-            syn::Error::new(
-                e.span(),
-                format!("expected `=` after `{name}`: write `{name} = ...`"),
-            )
+        // Spanned at the name: at the end of the arguments, the parser's own
+        // span would cover the whole attribute.
+        input.parse::<Token![=]>().map_err(|_| {
+            let example = match name.to_string().as_str() {
+                "fencing" => "fencing = true".to_owned(),
+                "renew" => "renew = false".to_owned(),
+                other => format!("{other} = ..."),
+            };
+            syn::Error::new(name.span(), format!("`{name}` needs a value: write `{example}`"))
         })?;
         Ok(RawArg {
             name,
@@ -165,9 +173,9 @@ fn duration_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<Duratio
         }
     };
     let problem = match name {
-        "ttl" if millis == 0 => {
-            Some("`ttl` must be at least 1ms: a zero lease expires as it is taken".to_owned())
-        }
+        "ttl" if millis < MIN_TTL_MS => Some(format!(
+            "`ttl` must be at least {MIN_TTL_MS}ms: a shorter lease leaves no time to work after the 2ms clock-drift allowance and the 5ms stop margin"
+        )),
         "ttl" if millis > MAX_TTL_MS => Some(format!(
             "`ttl` of {} is over the 24h limit; leases that long outlive the crashes they should cover",
             text.value()
@@ -200,7 +208,9 @@ mod tests {
     fn durations_are_bounded_as_documented() {
         assert!(problems(quote!(key = "k", ttl = "24h")).is_empty());
         assert!(problems(quote!(key = "k", ttl = "24h1ms")).contains("over the 24h limit"));
-        assert!(problems(quote!(key = "k", ttl = "1ms", wait = "1h")).is_empty());
+        assert!(problems(quote!(key = "k", ttl = "8ms", wait = "1h")).is_empty());
+        assert!(problems(quote!(key = "k", ttl = "7ms")).contains("at least 8ms"));
+        assert!(problems(quote!(key = "k", fencing)).contains("write `fencing = true`"));
         assert!(problems(quote!(key = "k", wait = "1h1s")).contains("over the 1h limit"));
         assert!(problems(quote!(key = "k", renew = "no")).contains("`true` or `false`"));
     }

@@ -26,6 +26,7 @@ pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
             "s" => (1_000, 1),
             "ms" => (1, 0),
             "" => return Err(format!("`{text}` has no unit after `{number}`; {GRAMMAR}")),
+            fraction if fraction.starts_with('.') => return Err(fraction_hint(text, number, after)),
             other => return Err(format!("unknown unit `{other}` in `{text}`; {GRAMMAR}")),
         };
         if rank >= last_unit_rank {
@@ -44,6 +45,37 @@ pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
         rest = after;
     }
     Ok(total)
+}
+
+/// `1.5s`: say so, and give the same duration in whole milliseconds when
+/// there is one. `after_dot` is what follows the `.`: `5s` of `1.5s`.
+fn fraction_hint(text: &str, whole: &str, after_dot: &str) -> String {
+    let digits = after_dot
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(after_dot.len());
+    let (fraction, unit) = after_dot.split_at(digits);
+    let factor: Option<u64> = match unit {
+        "h" => Some(3_600_000),
+        "m" => Some(60_000),
+        "s" => Some(1_000),
+        _ => None,
+    };
+    let exact = factor.and_then(|factor| {
+        let scale = 10u64.checked_pow(u32::try_from(fraction.len()).ok()?)?;
+        let part_ms = fraction.parse::<u64>().ok()?.checked_mul(factor)?;
+        if !part_ms.is_multiple_of(scale) {
+            return None;
+        }
+        whole
+            .parse::<u64>()
+            .ok()?
+            .checked_mul(factor)?
+            .checked_add(part_ms / scale)
+    });
+    match exact {
+        Some(ms) => format!("fractions are not supported in `{text}`; write \"{ms}ms\""),
+        None => format!("fractions are not supported in `{text}`; {GRAMMAR}"),
+    }
 }
 
 #[cfg(test)]
@@ -69,7 +101,10 @@ mod tests {
             ("5 sec", "unknown unit ` sec`"),
             ("5S", "unknown unit `S`"),
             ("-1s", "not a duration"),
-            ("1.5s", "unknown unit `.`"),
+            ("1.5s", "fractions are not supported in `1.5s`; write \"1500ms\""),
+            ("0.25m", "write \"15000ms\""),
+            ("1.0001s", "fractions are not supported"),
+            ("1.5ms", "fractions are not supported"),
             ("500us", "unknown unit `us`"),
             ("30s1m", "largest first"),
             ("1s1s", "largest first"),

@@ -2,7 +2,7 @@
 //! unchanged beside the errors, so the rest of the crate still type-checks
 //! and IDE features keep working.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::ReturnType;
 use syn::spanned::Spanned;
@@ -88,22 +88,34 @@ fn locked(args: TokenStream, func: &LockedFn) -> syn::Result<TokenStream> {
     };
     // The call is spanned at the return type: that is where a type that
     // cannot carry a `LockError` must be fixed.
+    // The body's statements go straight into the async block: wrapped in
+    // their own braces, a one-expression body (`{ Ok(id) }`) would draw an
+    // `unused_braces` warning whose fix does not compile.
+    let stmts = &body.stmts;
     let call = quote_spanned! {return_span=>
         ::lock_runtime::__private::run_locked(&#spec_ident, #key_ident, async move {
             #fake_return
-            #body
+            #(#stmts)*
         })
         .await
     };
 
-    let LockedFn { attrs, vis, .. } = func;
-    Ok(quote! {
-        #(#attrs)*
-        #vis #sig {
+    // The new body keeps the user's braces (their spans): an item whose
+    // tokens all come from the user is linted as the user's, so an unused
+    // annotated fn still gets its `dead_code` warning.
+    let mut block = Group::new(
+        Delimiter::Brace,
+        quote! {
             static #spec_ident: ::lock_runtime::__private::LockSpec = #spec;
             let #key_ident = #render;
             #call
-        }
+        },
+    );
+    block.set_span(body.brace_token.span.join());
+    let LockedFn { attrs, vis, .. } = func;
+    Ok(quote! {
+        #(#attrs)*
+        #vis #sig #block
     })
 }
 

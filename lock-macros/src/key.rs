@@ -68,13 +68,18 @@ impl Template {
                         "self" => quote_spanned!(self.span=> self),
                         name => format_ident!("{}", name, span = self.span).into_token_stream(),
                     };
+                    // Field names are marked as macro-made (the literal's
+                    // place, mixed-site hygiene), so that rustc's "a field
+                    // with a similar name exists" stays a hint: as a
+                    // suggestion, it would replace the whole key literal.
+                    let field_span = self.span.resolved_at(Span::mixed_site());
                     let fields = path[1..].iter().map(|f| match f.parse::<u32>() {
                         Ok(index) => syn::Index {
                             index,
-                            span: self.span,
+                            span: field_span,
                         }
                         .into_token_stream(),
-                        Err(_) => format_ident!("{}", f, span = self.span).into_token_stream(),
+                        Err(_) => format_ident!("{}", f, span = field_span).into_token_stream(),
                     });
                     parts.push(quote_spanned! {self.span=>
                         ::lock_runtime::__private::key_part(&#root #(.#fields)*)

@@ -8,8 +8,10 @@ mod expand;
 mod item;
 mod key;
 
-/// Runs the annotated `async fn`'s body with a distributed lock held. See
-/// `lock_runtime::distributed_lock` for the arguments.
+/// Runs the annotated `async fn`'s body with a distributed lock held.
+///
+/// Use it through `lock_runtime::distributed_lock`, whose documentation
+/// describes every argument.
 #[proc_macro_attribute]
 pub fn distributed_lock(
     args: proc_macro::TokenStream,

@@ -1,13 +1,11 @@
 //! The lock client, its builder, and the process-wide client the attribute
 //! uses.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use once_cell::sync::OnceCell;
-
 use crate::LockError;
-use crate::backend::cluster::ClusterLink;
+use crate::backend::cluster::{ClusterLink, cluster_builder};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{RedisBackend, Topology, connect_error, open_url, redact_error, redact_url};
 use crate::backend::redlock::RedlockBackend;
@@ -185,6 +183,14 @@ impl LockClientBuilder {
         self
     }
 
+    /// Verify `rediss://` servers against this PEM root certificate (your
+    /// own CA) instead of the system's roots. Needs the `tls` feature.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.config.tls_root = Some(pem.into().into());
+        self
+    }
+
     fn check(&self, node: &str) -> Result<(), LockError> {
         let invalid = |reason: String| LockError::InvalidConfig {
             node: node.to_owned(),
@@ -335,30 +341,25 @@ impl LockClientBuilder {
             return Err(invalid("a cluster client needs at least one seed URL".into()));
         }
         for url in &urls {
-            open_url(url)?;
+            open_url(url, self.config.tls_root.as_deref())?;
         }
         let timeout = self.config.command_timeout;
-        let client = redis::cluster::ClusterClientBuilder::new(urls.clone())
-            .connection_timeout(timeout)
-            .response_timeout(timeout)
+        let tls_root = self.config.tls_root.clone();
+        let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let client = cluster_builder(&urls, timeout, tls_root.as_deref())
             .build()
-            .map_err(|e| {
-                invalid(redact_error(
-                    e,
-                    &urls.iter().map(String::as_str).collect::<Vec<_>>(),
-                ))
-            })?;
+            .map_err(|e| invalid(redact_error(e, &seeds)))?;
         let link = ClusterLink::new(client);
         let topology = Topology::Cluster {
             urls: urls.clone(),
             timeout,
+            tls_root,
         };
         let notifier = Notifier::new(Some(topology.clone()));
         let backend = RedisBackend::new(link.clone(), topology, name.clone());
         if !self.config.lazy {
             // Reaches the seeds, learns the slots, then checks the
             // credentials on a node with `PING`.
-            let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
             link.connection()
                 .await
                 .map_err(|e| connect_error(&name, e, &seeds))?;
@@ -406,7 +407,7 @@ fn seeds_name(kind: &str, urls: &[String]) -> String {
 /// How an in-process client names its "node" in messages.
 const IN_MEMORY: &str = "in-memory";
 
-static GLOBAL: OnceCell<LockClient> = OnceCell::new();
+static GLOBAL: OnceLock<LockClient> = OnceLock::new();
 
 /// Installs the client that `#[distributed_lock]` functions use. Call it once
 /// at start-up; a second call fails with [`LockError::AlreadyInitialized`].

@@ -1,6 +1,7 @@
 //! A client's settings, as the builder collected them. Data only: the layers
 //! below the client read what they need from it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What every lock call of one client shares.
@@ -15,6 +16,9 @@ pub(crate) struct ClientConfig {
     pub(crate) node_timeout: Duration,
     /// Connect on first use instead of at construction.
     pub(crate) lazy: bool,
+    /// A PEM root certificate that `rediss://` servers are verified against
+    /// instead of the system's roots (feature `tls`).
+    pub(crate) tls_root: Option<Arc<[u8]>>,
 }
 
 impl Default for ClientConfig {
@@ -28,6 +32,7 @@ impl Default for ClientConfig {
             command_timeout: Duration::from_secs(1),
             node_timeout: Duration::from_millis(50),
             lazy: false,
+            tls_root: None,
         }
     }
 }

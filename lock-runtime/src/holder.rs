@@ -2,7 +2,7 @@
 //!
 //! A holder id names one outermost acquisition: a random per-process prefix
 //! (so ids from different processes and hosts never collide) and a counter.
-//! Re-entry is structural (DESIGN §2): a body runs inside a task-local scope
+//! Re-entry is structural: a body runs inside a task-local scope
 //! that lists the leases held around it, so only code polled *inside* that
 //! body sees them. Sibling branches of one task (`join!`, `select!`) are polled
 //! outside each other's scopes and therefore exclude each other, and a spawned

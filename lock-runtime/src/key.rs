@@ -1,4 +1,5 @@
-//! Lock names and the Redis keys derived from them (DESIGN §5).
+//! Lock names and the Redis keys derived from them (the README's "Redis data
+//! layout").
 
 use crate::LockError;
 

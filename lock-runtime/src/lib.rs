@@ -44,6 +44,8 @@ mod with_lock;
 pub use client::{LockClient, LockClientBuilder, init};
 pub use error::{BoxError, LockError, LostReason};
 pub use guard::{LockGuard, LockRequest};
+#[doc(inline)]
+#[doc = include_str!("attribute.md")]
 pub use lock_macros::distributed_lock;
 
 /// The fencing token of the innermost lock held around the running code, or

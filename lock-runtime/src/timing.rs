@@ -53,7 +53,7 @@ fn shown(d: Duration) -> String {
 
 /// The allowance for clock-rate differences between this process and the
 /// server: 1% of the lease plus 2 ms for Redis's millisecond expiry precision
-/// (RELIABILITY §1.1).
+/// (the Redlock algorithm's allowance, as its reference clients use it).
 pub(crate) fn drift(ttl: Duration) -> Duration {
     Duration::from_millis(millis(ttl) / 100 + 2)
 }

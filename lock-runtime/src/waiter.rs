@@ -17,6 +17,7 @@ use futures_util::stream::BoxStream;
 use redis::RedisResult;
 use tokio::sync::Notify;
 
+use crate::backend::cluster::cluster_builder;
 use crate::backend::redis::Topology;
 
 /// The longest a waiter sleeps between attempts while subscribed.
@@ -279,13 +280,15 @@ async fn open_subscription(topology: &Topology) -> RedisResult<(Sink, Messages)>
             let names = stream.map(|message| message.get_channel_name().to_owned());
             Ok((Sink::Single(sink), names.boxed()))
         }
-        Topology::Cluster { urls, timeout } => {
+        Topology::Cluster {
+            urls,
+            timeout,
+            tls_root,
+        } => {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<redis::PushInfo>();
-            let client = redis::cluster::ClusterClientBuilder::new(urls.clone())
+            let client = cluster_builder(urls, *timeout, tls_root.as_deref())
                 .use_protocol(redis::ProtocolVersion::RESP3)
                 .push_sender(tx)
-                .connection_timeout(*timeout)
-                .response_timeout(*timeout)
                 .build()?;
             let conn = client.get_async_connection().await?;
             let pushes =

@@ -266,7 +266,7 @@ pub async fn unavailable_after_holder_killed(
     acquired - killed
 }
 
-/// How a server stalls (RELIABILITY S6–S8, and the campaigns' stalls).
+/// How a server stalls (scenarios S6–S8, and the campaigns' stalls).
 #[derive(Debug, Clone, Copy)]
 pub enum Stall {
     /// SIGSTOP of the redis-server process.

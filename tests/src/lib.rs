@@ -375,8 +375,8 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> O
     check().then(|| start.elapsed())
 }
 
-/// A TCP proxy in front of a server, for link faults without root (RELIABILITY
-/// §5.1): `blackhole` keeps every socket open and forwards nothing (the client
+/// A TCP proxy in front of a server, for link faults without root:
+/// `blackhole` keeps every socket open and forwards nothing (the client
 /// sees a stalled server, not a reset); `half_open` delivers requests and drops
 /// replies; `delay` holds every chunk back; `throttle` caps the byte rate;
 /// `reset` closes every connection at once.
@@ -403,7 +403,7 @@ const DELAY: u8 = 3;
 const THROTTLE: u8 = 4;
 
 impl Proxy {
-    /// Starts forwarding 127.0.0.1:<new port> to 127.0.0.1:`target`.
+    /// Starts forwarding `127.0.0.1:<new port>` to `127.0.0.1:<target>`.
     pub async fn start(target: u16) -> Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -1,4 +1,4 @@
-//! The assumption monitor (RELIABILITY §5.1): a run that claims "the lock
+//! The assumption monitor: a run that claims "the lock
 //! holds when its assumptions hold" is evidence only if no process was
 //! starved. A thread that asks to wake every millisecond records how late it
 //! woke; lateness beyond the bound marks the run invalid (to re-run), not
@@ -51,7 +51,7 @@ impl Drop for Monitor {
     }
 }
 
-/// The bound of RELIABILITY §5.1: half the lock's drift allowance δ for a
+/// The starvation bound: half the lock's drift allowance δ for a
 /// lease of `ttl` (ttl/100 + 2 ms).
 pub fn bound(ttl: Duration) -> Duration {
     (ttl / 100 + Duration::from_millis(2)) / 2

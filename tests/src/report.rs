@@ -1,4 +1,4 @@
-//! Scenario reports (RELIABILITY §5.2): one JSON record per scenario under
+//! Scenario reports: one JSON record per scenario under
 //! `target/reliability/`, and the summary table `.ci/run` prints from them.
 
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 //! The checker of the fault suite: what really happened, observed without
-//! trusting the lock (RELIABILITY §6).
+//! trusting the lock.
 //!
 //! Every process of a run maps one shared-memory board and keeps, per key, an
 //! occupancy counter changed with atomics on enter and exit (a body entering
@@ -408,7 +408,7 @@ pub struct Analysis {
     pub heals_without_entry: u64,
 }
 
-/// Reads a run's logs and checks them (RELIABILITY §6.4). `keys` names the
+/// Reads a run's logs and checks them. `keys` names the
 /// key ids in the overlaps it reports.
 pub fn analyze(dir: &Path, keys: &[&str]) -> std::io::Result<Analysis> {
     let records = read_logs(dir)?;

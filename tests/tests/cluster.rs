@@ -1,4 +1,4 @@
-//! Redis Cluster (RELIABILITY C1–C4), on a cluster of 3 masters and 3
+//! Redis Cluster (scenarios C1–C4), on a cluster of 3 masters and 3
 //! replicas that each test starts on free ports.
 
 use std::time::{Duration, Instant};

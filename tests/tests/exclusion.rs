@@ -107,7 +107,13 @@ async fn reentry_five_deep_costs_no_command_and_never_shortens() {
 async fn waiting_gives_up_after_wait() {
     let server = RedisServer::start();
     let locks = client(&server).await;
-    let held = locks.lock("busy").acquire().await.expect("first holder");
+    // Held by another task: in the task that took a guard, a second call
+    // is refused at once (`WouldDeadlock`) rather than waiting.
+    let holder = locks.clone();
+    let held = tokio::spawn(async move { holder.lock("busy").acquire().await })
+        .await
+        .expect("join")
+        .expect("first holder");
     let start = Instant::now();
     let err = locks
         .lock("busy")

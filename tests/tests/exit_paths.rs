@@ -188,7 +188,7 @@ async fn a_body_that_outlives_a_fixed_lease_is_cancelled_before_expiry() {
         .await
         .expect_err("lease runs out");
     assert!(
-        matches!(err, LockError::Lost { ref key, reason: LostReason::Expired } if key == "exit"),
+        matches!(err, LockError::Lost { ref key, reason: LostReason::LeaseEnded } if key == "exit"),
         "{err}"
     );
     let pttl = pttl_at_drop.lock().expect("not poisoned").expect("body dropped");

@@ -1,4 +1,4 @@
-//! The fault suite, tier 2 (RELIABILITY §5.3): the scenarios that take too
+//! The fault suite, tier 2: the scenarios that take too
 //! long for every change, the negative controls that need several masters
 //! or a replica, and the X1/X2 campaigns. Every test here is `#[ignore]`d;
 //! `LOCK_FAULTS_TIER2=1 .ci/run` runs them one at a time, as does

@@ -1,4 +1,4 @@
-//! The fault suite, tier 1 (RELIABILITY §5–§6; runs in `.ci/run`): worker
+//! The fault suite, tier 1 (runs in `.ci/run`): worker
 //! processes and in-process holders take locks while faults are injected,
 //! and a checker that does not trust the lock (`lock_tests::witness`: shared
 //! memory occupancy, fenced register, RMW counter, append-only logs) records
@@ -40,7 +40,7 @@ fn flagged(board: &Board, key: &str) -> bool {
     seen.overlaps > 0 || seen.counter < seen.entries || !logged.overlaps.is_empty()
 }
 
-/// The negative controls of RELIABILITY §6.6 on a server: each broken lock
+/// The negative controls on a server: each broken lock
 /// must be flagged in every trial (the bar is ≥ 95%).
 fn controls(server: &RedisServer) -> serde_json::Value {
     let mut out = Vec::new();

@@ -207,6 +207,23 @@ async fn a_lazy_client_starts_while_redis_is_down() {
     assert!(matches!(err, LockError::Backend { .. }), "{err}");
     let err = redlock.lock("k").run(async {}).await.expect_err("still down");
     assert!(matches!(err, LockError::QuorumNotReached { .. }), "{err}");
+    // A cluster client's seeds too: nothing is sent until the first call.
+    let cluster = fast()
+        .lazy()
+        .cluster([server.url()])
+        .await
+        .expect("lazy: nothing sent");
+    let err = cluster
+        .lock("k")
+        .run(async {})
+        .await
+        .expect_err("no cluster there");
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    let err = fast()
+        .cluster([server.url()])
+        .await
+        .expect_err("eager: the seed is down");
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
 
     server.revive();
     for m in &mut down {
@@ -377,7 +394,11 @@ async fn durations_of_any_size_never_panic() {
 async fn messages_say_what_happened() {
     let (clients, _server) = clients().await;
     for (backend, locks) in clients {
-        let guard = locks.lock("busy").acquire().await.expect("holder");
+        let holder = locks.clone();
+        let guard = tokio::spawn(async move { holder.lock("busy").acquire().await })
+            .await
+            .expect("join")
+            .expect("holder");
         let err = locks
             .lock("busy")
             .wait(Duration::from_millis(150))

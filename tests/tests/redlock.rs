@@ -1,4 +1,4 @@
-//! Redlock over independent `redis-server` masters (RELIABILITY R2–R4, R8):
+//! Redlock over independent `redis-server` masters (scenarios R2–R4, R8):
 //! majorities, dead and stalled masters, foreign holders, configuration.
 
 use std::time::{Duration, Instant};

@@ -1,10 +1,11 @@
 //! Lease renewal and the lost-lock signal, against a real `redis-server`.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LostReason};
+use lock_tests::monitor::{self, Monitor};
 use lock_tests::{RedisServer, commands_between, eventually};
 
 async fn client(server: &RedisServer) -> LockClient {
@@ -111,8 +112,15 @@ async fn a_deleted_lock_cancels_the_body_within_a_renewal_interval() {
 /// SIGSTOP of the server while a lock is held: renewals go unanswered, so the
 /// holder must stop before its validity deadline, and nobody else may get in
 /// before it stopped.
+///
+/// A trial in which this process was starved (the assumption monitor saw a
+/// 1 ms timer fire later than half the drift allowance) is outside the
+/// guarantee: it is counted as invalid and replaced, up to a limit, never
+/// as a failure. A late signal in a trial without starvation fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_server_stops_the_holder_before_its_deadline() {
+    const VALID_TRIALS: usize = 5;
+    const MAX_TRIALS: usize = 20;
     let server = RedisServer::start();
     let ttl = Duration::from_millis(500);
     let locks = LockClient::builder()
@@ -122,9 +130,13 @@ async fn a_frozen_server_stops_the_holder_before_its_deadline() {
         .expect("connect");
     let rival = client(&server).await;
     let mut slacks_ms = Vec::new();
-    for trial in 0..5 {
+    let mut invalid = Vec::new();
+    for trial in 0..MAX_TRIALS {
+        if slacks_ms.len() == VALID_TRIALS {
+            break;
+        }
         let key = format!("frozen:{trial}");
-        let stopped_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let monitor = Monitor::start();
         let guard = locks
             .lock(key.as_str())
             .ttl(ttl)
@@ -137,16 +149,22 @@ async fn a_frozen_server_stops_the_holder_before_its_deadline() {
         let reason = guard.lost().await;
         let lost_at = Instant::now();
         let deadline = guard.valid_until();
-        *stopped_at.lock().expect("not poisoned") = Some(lost_at);
+        let starved = monitor.worst();
         assert_eq!(reason, LostReason::Expired);
         assert!(!guard.is_held());
-        let slack = deadline.saturating_duration_since(lost_at);
-        assert!(
-            lost_at < deadline,
-            "trial {trial}: signalled {:?} after D",
-            lost_at - deadline
-        );
-        slacks_ms.push(slack.as_secs_f64() * 1e3);
+        if lost_at >= deadline && starved > monitor::bound(ttl) {
+            invalid.push(format!(
+                "trial {trial}: signalled {:?} after D, starved {starved:?}",
+                lost_at - deadline
+            ));
+        } else {
+            assert!(
+                lost_at < deadline,
+                "trial {trial}: signalled {:?} after D with no starvation (worst timer lateness {starved:?})",
+                lost_at - deadline
+            );
+            slacks_ms.push(deadline.saturating_duration_since(lost_at).as_secs_f64() * 1e3);
+        }
 
         // The rival may only get in after the holder stopped.
         let rival_run = rival.lock(key.as_str()).wait(Duration::from_secs(5)).acquire();
@@ -161,12 +179,17 @@ async fn a_frozen_server_stops_the_holder_before_its_deadline() {
         rival_guard.release().await.expect("release");
         drop(guard);
     }
+    assert!(
+        !slacks_ms.is_empty(),
+        "every trial was starved, so none could judge the lock: {invalid:?}"
+    );
     slacks_ms.sort_by(f64::total_cmp);
     println!(
-        "{{\"lost_slack_ms\":{{\"min\":{:.2},\"p50\":{:.2},\"trials\":{}}}}}",
+        "{{\"lost_slack_ms\":{{\"min\":{:.2},\"p50\":{:.2},\"trials\":{},\"invalid\":{}}}}}",
         slacks_ms[0],
         slacks_ms[slacks_ms.len() / 2],
-        slacks_ms.len()
+        slacks_ms.len(),
+        invalid.len()
     );
 }
 

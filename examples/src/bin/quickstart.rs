@@ -1,6 +1,6 @@
 //! The README's quick start: deducts stock under `#[distributed_lock]` on the
-//! Redis at `REDIS_URL`, or on a throwaway `redis-server` started for the run
-//! when `REDIS_URL` is unset.
+//! Redis at `REDIS_URL`, or in process (`LockClient::in_memory()`) when
+//! `REDIS_URL` is unset, as the other examples do.
 
 use lock_runtime::{LockClient, LockError, distributed_lock};
 
@@ -25,15 +25,14 @@ async fn deduct_stock(product_id: u64, qty: u32) -> Result<u32, ShopError> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (url, _server) = match std::env::var("REDIS_URL") {
-        Ok(url) => (url, None),
+    let locks = match std::env::var("REDIS_URL") {
+        Ok(url) => LockClient::connect(&url).await?,
         Err(_) => {
-            let server = lock_tests::RedisServer::start();
-            println!("REDIS_URL is unset: started redis-server on {}", server.url());
-            (server.url(), Some(server))
+            println!("REDIS_URL is unset: locks are kept in this process");
+            LockClient::in_memory()
         }
     };
-    lock_runtime::init(LockClient::connect(&url).await?)?;
+    lock_runtime::init(locks)?;
     for qty in [1, 9] {
         match deduct_stock(42, qty).await {
             Ok(left) => println!("deducted {qty}: {left} left"),

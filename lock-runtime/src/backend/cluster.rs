@@ -4,9 +4,10 @@
 //! reuse that connection, which follows slots and failovers by itself.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::cluster::ClusterClient;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::OnceCell;
@@ -61,4 +62,25 @@ impl ConnectionLike for ClusterLink {
     fn get_db(&self) -> i64 {
         0
     }
+}
+
+/// A cluster client's builder for `seeds`, with `timeout` for connecting and
+/// for each reply, and `tls_root` (PEM) to verify `rediss://` nodes with.
+pub(crate) fn cluster_builder(
+    seeds: &[String],
+    timeout: Duration,
+    tls_root: Option<&[u8]>,
+) -> ClusterClientBuilder {
+    let builder = ClusterClientBuilder::new(seeds.to_vec())
+        .connection_timeout(timeout)
+        .response_timeout(timeout);
+    #[cfg(feature = "tls")]
+    if seeds.iter().any(|s| s.starts_with("rediss://")) {
+        super::redis::install_tls_provider();
+        if let Some(pem) = tls_root {
+            return builder.certs(super::redis::tls_certificates(pem));
+        }
+    }
+    let _ = tls_root;
+    builder
 }

@@ -37,7 +37,11 @@ pub(crate) enum Topology {
     /// A cluster: SPUBLISH to the shard that owns the lock's slot, heard by
     /// SSUBSCRIBE through a RESP3 cluster client of its own (built from
     /// these seed URLs), which follows slots as they move.
-    Cluster { urls: Vec<String>, timeout: Duration },
+    Cluster {
+        urls: Vec<String>,
+        timeout: Duration,
+        tls_root: Option<std::sync::Arc<[u8]>>,
+    },
 }
 
 /// Says which kind only: the client and the seed URLs carry credentials.
@@ -83,7 +87,7 @@ impl RedisBackend {
     /// that a wrong password or an unreachable server fails here, not at the
     /// first lock.
     pub(crate) async fn connect(url: &str, config: &ClientConfig) -> Result<Self, LockError> {
-        let (client, node) = open_url(url)?;
+        let (client, node) = open_url(url, config.tls_root.as_deref())?;
         let conn = ConnectionManager::new_with_config(client.clone(), manager_config(config))
             .await
             .map_err(|e| connect_error(&node, e, &[url]))?;
@@ -96,7 +100,7 @@ impl RedisBackend {
     /// A node connected on first use: nothing is sent now, and only an
     /// unusable URL is an error.
     pub(crate) fn connect_lazily(url: &str, config: &ClientConfig) -> Result<Self, LockError> {
-        let (client, node) = open_url(url)?;
+        let (client, node) = open_url(url, config.tls_root.as_deref())?;
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))
             .map_err(|e| connect_error(&node, e, &[url]))?;
         Ok(RedisBackend::new(conn, Topology::Single(client), node))
@@ -361,13 +365,55 @@ impl<C: Connection> RedisBackend<C> {
 }
 
 /// Parses a node's URL: the client, and the node's name for messages.
-pub(crate) fn open_url(url: &str) -> Result<(redis::Client, String), LockError> {
-    let client = redis::Client::open(url).map_err(|e| LockError::InvalidConfig {
+/// `rediss://` needs the `tls` feature; with it, `tls_root` (PEM) replaces
+/// the system's root certificates.
+pub(crate) fn open_url(url: &str, tls_root: Option<&[u8]>) -> Result<(redis::Client, String), LockError> {
+    let invalid = |reason: String| LockError::InvalidConfig {
         node: redact_url(url),
-        reason: redact_secrets(&e.to_string(), url),
-    })?;
+        reason,
+    };
+    let client = if url.starts_with("rediss://") {
+        open_tls(url, tls_root)
+    } else {
+        redis::Client::open(url)
+    };
+    let client = client.map_err(|e| invalid(redact_secrets(&e.to_string(), url)))?;
     let node = client.get_connection_info().addr().to_string();
     Ok((client, node))
+}
+
+#[cfg(feature = "tls")]
+fn open_tls(url: &str, tls_root: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
+    install_tls_provider();
+    match tls_root {
+        Some(pem) => redis::Client::build_with_tls(url, tls_certificates(pem)),
+        None => redis::Client::open(url),
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+fn open_tls(_url: &str, _tls_root: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
+    Err(redis::RedisError::from((
+        ErrorKind::InvalidClientConfig,
+        "`rediss://` needs TLS support",
+        "enable lock-runtime's `tls` feature".to_owned(),
+    )))
+}
+
+/// rustls needs a process-wide crypto provider and panics on first use
+/// without one. Installing ours fails harmlessly when the application
+/// installed its own first.
+#[cfg(feature = "tls")]
+pub(crate) fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(feature = "tls")]
+pub(crate) fn tls_certificates(root_pem: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_pem.to_vec()),
+    }
 }
 
 /// A failure to connect or to answer the first command. Refused credentials
