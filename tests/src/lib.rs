@@ -339,6 +339,17 @@ pub fn install_global_client() -> &'static RedisServer {
     })
 }
 
+/// A guard on `key` taken by another task, so that the calling task waits
+/// for it like any other holder (in the task that took a guard, a second
+/// call for the key fails at once with `WouldDeadlock`).
+pub async fn guard_from_another_task(locks: &lock_runtime::LockClient, key: &str) -> lock_runtime::LockGuard {
+    let (locks, key) = (locks.clone(), key.to_owned());
+    tokio::spawn(async move { locks.lock(key).acquire().await })
+        .await
+        .expect("join the holder's task")
+        .expect("the holder takes the lock")
+}
+
 /// Every byte but ASCII letters and digits as `%XX`: any password fits in a
 /// URL's userinfo this way.
 pub fn percent_encode(text: &str) -> String {

@@ -237,14 +237,7 @@ async fn eventually_free(locks: &LockClient, key: &str) -> bool {
 }
 
 async fn waiting_times_out(f: Fixture) {
-    // Held by another holder: a guard taken in another task. (A second
-    // call in the task that took a guard is refused at once instead, with
-    // `WouldDeadlock`.)
-    let locks = f.locks.clone();
-    let guard = tokio::spawn(async move { locks.lock("busy").acquire().await })
-        .await
-        .expect("join")
-        .expect("first");
+    let guard = lock_tests::guard_from_another_task(&f.locks, "busy").await;
     let start = Instant::now();
     let err = f
         .locks

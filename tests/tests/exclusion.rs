@@ -107,13 +107,7 @@ async fn reentry_five_deep_costs_no_command_and_never_shortens() {
 async fn waiting_gives_up_after_wait() {
     let server = RedisServer::start();
     let locks = client(&server).await;
-    // Held by another task: in the task that took a guard, a second call
-    // is refused at once (`WouldDeadlock`) rather than waiting.
-    let holder = locks.clone();
-    let held = tokio::spawn(async move { holder.lock("busy").acquire().await })
-        .await
-        .expect("join")
-        .expect("first holder");
+    let held = lock_tests::guard_from_another_task(&locks, "busy").await;
     let start = Instant::now();
     let err = locks
         .lock("busy")

@@ -394,11 +394,7 @@ async fn durations_of_any_size_never_panic() {
 async fn messages_say_what_happened() {
     let (clients, _server) = clients().await;
     for (backend, locks) in clients {
-        let holder = locks.clone();
-        let guard = tokio::spawn(async move { holder.lock("busy").acquire().await })
-            .await
-            .expect("join")
-            .expect("holder");
+        let guard = lock_tests::guard_from_another_task(&locks, "busy").await;
         let err = locks
             .lock("busy")
             .wait(Duration::from_millis(150))
