@@ -9,7 +9,7 @@ use syn::spanned::Spanned;
 
 use crate::args::Args;
 use crate::errors::Errors;
-use crate::item::{LockedFn, Params, mentions_impl_trait};
+use crate::item::{LockedFn, Params, erase_impl_trait};
 use crate::key::Template;
 
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -61,15 +61,14 @@ fn locked(args: TokenStream, func: &LockedFn) -> syn::Result<TokenStream> {
     let key_ident = syn::Ident::new("lock_key", Span::mixed_site());
     let spec = spec(&args);
     let render = template.render();
+    // `impl Trait` cannot annotate a `let`: the fake return names it `_`.
     let (return_type, return_span) = match &sig.output {
         ReturnType::Default => (quote!(()), sig.paren_token.span.close()),
-        ReturnType::Type(_, ty) => (ty.to_token_stream(), ty.span()),
+        ReturnType::Type(_, ty) => (erase_impl_trait(ty).to_token_stream(), ty.span()),
     };
     // Gives the async block the function's return type, so that `?` and
     // type errors in the body resolve against what the user wrote.
-    let fake_return = match &sig.output {
-        ReturnType::Type(_, ty) if mentions_impl_trait(ty) => quote!(),
-        _ => quote_spanned! {return_span=>
+    let fake_return = quote_spanned! {return_span=>
             #[allow(
                 unknown_lints,
                 unreachable_code,
@@ -84,7 +83,6 @@ fn locked(args: TokenStream, func: &LockedFn) -> syn::Result<TokenStream> {
                 let __lock_fake_return: #return_type = loop {};
                 return __lock_fake_return;
             }
-        },
     };
     // The call is spanned at the return type: that is where a type that
     // cannot carry a `LockError` must be fixed.

@@ -4,6 +4,7 @@ use proc_macro2::TokenStream;
 use quote::ToTokens;
 use syn::parse::{Parse, ParseStream};
 use syn::visit::Visit;
+use syn::visit_mut::VisitMut;
 use syn::{Attribute, Block, FnArg, Signature, Token, Visibility};
 
 /// An `async fn` anywhere a fn can stand: free, inherent or trait impl, or a
@@ -82,17 +83,26 @@ impl Visit<'_> for Bindings {
     }
 }
 
-/// Whether a type mentions `impl Trait`, which cannot annotate a `let`.
-pub(crate) fn mentions_impl_trait(ty: &syn::Type) -> bool {
-    struct Finder(bool);
-    impl Visit<'_> for Finder {
-        fn visit_type_impl_trait(&mut self, _: &syn::TypeImplTrait) {
-            self.0 = true;
+/// The type with every `impl Trait` replaced by `_`: `impl Trait` cannot
+/// annotate a `let`, and `_` lets the compiler infer the same type from the
+/// body, so the fake return keeps pointing type errors at the declared type.
+pub(crate) fn erase_impl_trait(ty: &syn::Type) -> syn::Type {
+    struct Eraser;
+    impl VisitMut for Eraser {
+        fn visit_type_mut(&mut self, ty: &mut syn::Type) {
+            if let syn::Type::ImplTrait(impl_trait) = ty {
+                let span = impl_trait.impl_token.span;
+                *ty = syn::Type::Infer(syn::TypeInfer {
+                    underscore_token: syn::Token![_](span),
+                });
+                return;
+            }
+            syn::visit_mut::visit_type_mut(self, ty);
         }
     }
-    let mut finder = Finder(false);
-    finder.visit_type(ty);
-    finder.0
+    let mut erased = ty.clone();
+    Eraser.visit_type_mut(&mut erased);
+    erased
 }
 
 #[cfg(test)]

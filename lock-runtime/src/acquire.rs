@@ -17,13 +17,16 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::backend::{AcquireReply, AcquireRequest, Backend, Failure};
-use crate::client::ClientInner;
+use crate::drop_guard::{Cleanup, DropGuard};
+use crate::error::LockError;
+use crate::holder;
 use crate::key::LockKey;
-use crate::lease::{Lease, LeaseState};
+use crate::lease::Lease;
+use crate::lease_state::LeaseState;
+use crate::shared::ClientInner;
 use crate::spec::LockOptions;
 use crate::timing::{millis, stop_margin, validity_deadline};
 use crate::waiter::{POLL, Watch};
-use crate::{LockError, holder};
 
 /// The shortest time a retry is given to answer, even with less of `wait` left.
 const LATE_ATTEMPT_FLOOR: Duration = Duration::from_millis(10);
@@ -56,12 +59,12 @@ async fn acquire_within_wait(
     }
     let started = Instant::now();
     let give_up_at = started + opts.wait;
-    let mut pending = Pending {
+    let mut pending = DropGuard::new(Pending {
         client: Arc::clone(client),
         key,
         holder: holder::new_holder_id(),
         in_doubt: false,
-    };
+    });
     let config = &client.config;
     let mut backoff = config.retry_min;
     let mut attempts = 0u32;
@@ -82,6 +85,10 @@ async fn acquire_within_wait(
         if let Some(r) = released.as_mut().as_pin_mut() {
             r.enable();
         }
+        // In doubt from the moment the request may be on the wire: if the
+        // caller drops us now, the drop guard gives back what it may have
+        // taken.
+        let doubt_before = std::mem::replace(&mut pending.in_doubt, true);
         let sent = Instant::now();
         let request = AcquireRequest {
             key: &pending.key,
@@ -91,9 +98,6 @@ async fn acquire_within_wait(
             first: attempts == 1,
             waiting: sent < give_up_at,
         };
-        // In doubt from the moment the request may be on the wire: if the
-        // caller drops us now, Drop must give back what it may have taken.
-        let doubt_before = std::mem::replace(&mut pending.in_doubt, true);
         // Later attempts get what is left of `wait` (but at least a floor a
         // healthy round trip fits in), so a stalled server cannot carry the
         // call a whole command timeout past the wait the caller asked for.
@@ -126,21 +130,14 @@ async fn acquire_within_wait(
             Ok(AcquireReply::Acquired { token }) => {
                 let cutoff = validity_deadline(sent, opts.ttl) - stop_margin(opts.ttl);
                 if Instant::now() < cutoff {
-                    let (key, holder) = pending.take();
+                    // Handed over to the lease: nothing is left in doubt.
+                    let Pending { key, holder, .. } = pending.into_inner();
                     tracing::debug!(key = %key.name, waited_ms = millis(started.elapsed()), attempts, "lock acquired");
-                    let state = Arc::new(LeaseState::new(
-                        Arc::clone(client),
-                        key,
-                        holder,
-                        token,
-                        opts.ttl,
-                        opts.renew,
-                        sent,
-                    ));
+                    let state = Arc::new(LeaseState::new(key, holder, token, opts.ttl, opts.renew, sent));
                     if opts.renew {
-                        client.watchdog.watch(client, &state);
+                        client.watchdog.watch(&state);
                     }
-                    return Ok(Lease::new(state));
+                    return Ok(Lease::new(Arc::clone(client), state));
                 }
                 // The reply came back after the lease could already have
                 // expired on the server, so the lock is useless: give it back
@@ -254,8 +251,8 @@ fn jitter(d: Duration) -> Duration {
 
 /// An acquisition under way. `in_doubt` is set once an attempt may have been
 /// applied without our seeing the reply; an acquisition that ends that way
-/// gives the lock back, and one that is dropped mid-flight does so from a
-/// spawned task.
+/// gives the lock back, and one that is dropped mid-flight does so from its
+/// drop guard.
 #[derive(Debug)]
 struct Pending {
     client: Arc<ClientInner>,
@@ -265,12 +262,6 @@ struct Pending {
 }
 
 impl Pending {
-    /// Hands key and holder over to the lease; nothing is left in doubt.
-    fn take(&mut self) -> (LockKey, String) {
-        self.in_doubt = false;
-        (std::mem::take(&mut self.key), std::mem::take(&mut self.holder))
-    }
-
     /// Gives back a lock an attempt may hold, before the next attempt is sent.
     async fn settle(&mut self) {
         if !self.in_doubt {
@@ -280,22 +271,29 @@ impl Pending {
         if let Ok(Ok(_)) = tokio::time::timeout(self.client.config.command_timeout, release).await {
             self.in_doubt = false;
         }
-        // Otherwise still unanswered: Drop retries it in the background.
+        // Otherwise still unanswered: the drop guard retries it in the
+        // background.
     }
 }
 
-impl Drop for Pending {
-    fn drop(&mut self) {
-        if !self.in_doubt {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let client = Arc::clone(&self.client);
-        let (key, holder) = self.take();
-        runtime.spawn(async move {
-            let _ = client.backend.release(&key, &holder).await;
-        });
+impl Cleanup for Pending {
+    fn needed(&mut self) -> bool {
+        self.in_doubt
+    }
+
+    async fn run(&self) -> Result<(), LockError> {
+        self.client
+            .backend
+            .release(&self.key, &self.holder)
+            .await
+            .map(drop)
+            .map_err(LockError::from)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "giving back lock `{}` after an abandoned acquisition",
+            self.key.name
+        )
     }
 }

@@ -4,19 +4,18 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::LockError;
+use crate::backend::AnyBackend;
 use crate::backend::cluster::{ClusterLink, cluster_builder};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{RedisBackend, Topology, connect_error, open_url, redact_error, redact_url};
 use crate::backend::redlock::RedlockBackend;
-use crate::backend::{AnyBackend, Failure};
 use crate::config::ClientConfig;
+use crate::error::LockError;
 use crate::guard::LockRequest;
-use crate::guards::GuardTable;
-use crate::key::{LockKey, validate_prefix};
+use crate::key::validate_prefix;
+use crate::shared::ClientInner;
 use crate::timing::{MAX_TIMEOUT, ttl_problem};
 use crate::waiter::Notifier;
-use crate::watchdog::Watchdog;
 
 /// A handle to one lock backend. Cheap to clone; clones share connections.
 ///
@@ -32,38 +31,6 @@ use crate::watchdog::Watchdog;
 #[derive(Debug, Clone)]
 pub struct LockClient {
     pub(crate) inner: Arc<ClientInner>,
-}
-
-#[derive(Debug)]
-pub(crate) struct ClientInner {
-    pub(crate) backend: AnyBackend,
-    pub(crate) config: ClientConfig,
-    pub(crate) watchdog: Watchdog,
-    pub(crate) notifier: Arc<Notifier>,
-    pub(crate) guards: Arc<GuardTable>,
-    /// The node(s) this client talks to, for messages; never with a password.
-    pub(crate) node: String,
-}
-
-impl ClientInner {
-    /// The failure recorded when an attempt got no answer in time. It is
-    /// transient, hence in doubt: the command may still be applied.
-    pub(crate) fn timed_out(&self, key: &LockKey, what: &str, budget: Duration) -> Failure {
-        let limit = if budget < self.config.command_timeout {
-            format!("{}ms left of the wait", budget.as_millis())
-        } else {
-            format!("{}ms command timeout", budget.as_millis())
-        };
-        Failure {
-            error: LockError::backend(
-                &self.node,
-                Some(&key.name),
-                format!("{what} got no reply within the {limit}"),
-            ),
-            transient: true,
-            reconnecting: false,
-        }
-    }
 }
 
 impl LockClient {
@@ -115,7 +82,7 @@ impl LockClient {
     /// Starts a lock request for `key` (the name without prefix, as the
     /// attribute would render it).
     pub fn lock(&self, key: impl Into<String>) -> LockRequest<'_> {
-        LockRequest::new(self, key.into())
+        LockRequest::new(&self.inner, key.into())
     }
 }
 
@@ -385,14 +352,7 @@ impl LockClientBuilder {
 
     fn build(self, backend: AnyBackend, notifier: Arc<Notifier>, node: String) -> LockClient {
         LockClient {
-            inner: Arc::new(ClientInner {
-                backend,
-                config: self.config,
-                watchdog: Watchdog::default(),
-                notifier,
-                guards: Arc::default(),
-                node,
-            }),
+            inner: Arc::new(ClientInner::new(backend, self.config, notifier, node)),
         }
     }
 }

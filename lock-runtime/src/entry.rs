@@ -6,11 +6,13 @@
 use std::sync::Arc;
 
 use crate::acquire;
-use crate::client::ClientInner;
+use crate::error::LockError;
+use crate::holder;
 use crate::key::LockKey;
-use crate::lease::{Lease, LeaseState};
+use crate::lease::{self, Lease};
+use crate::lease_state::LeaseState;
+use crate::shared::ClientInner;
 use crate::spec::LockSpec;
-use crate::{LockError, holder};
 
 /// How a call got its lock.
 pub(crate) enum Entered {
@@ -32,7 +34,7 @@ pub(crate) async fn enter(
     if let Some(held) = holder::find(client, &key) {
         // Only a longer lease costs a round trip; a shorter one never
         // shortens the lease the enclosing call holds.
-        held.extend_to(opts.ttl).await?;
+        lease::extend(client, &held, opts.ttl).await?;
         return Ok(Entered::Reentered(held));
     }
     if client.guards.held_by_this_task(&key) {

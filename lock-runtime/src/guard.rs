@@ -5,25 +5,27 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::LockClient;
 use crate::entry::{self, Entered};
+use crate::error::{LockError, LostReason};
 use crate::guards::GuardMark;
-use crate::lease::{Lease, LeaseState};
+use crate::lease::Lease;
+use crate::lease_state::LeaseState;
+use crate::shared::ClientInner;
 use crate::spec::LockSpec;
-use crate::{LockError, LostReason, with_lock};
+use crate::with_lock;
 
 /// A lock request being configured. Nothing is sent until
 /// [`acquire`](Self::acquire) or [`run`](Self::run).
 #[derive(Debug)]
 #[must_use = "a lock request does nothing until `.acquire().await` or `.run(body).await`"]
 pub struct LockRequest<'c> {
-    client: &'c LockClient,
+    client: &'c Arc<ClientInner>,
     key: String,
     spec: LockSpec,
 }
 
 impl<'c> LockRequest<'c> {
-    pub(crate) fn new(client: &'c LockClient, key: String) -> Self {
+    pub(crate) fn new(client: &'c Arc<ClientInner>, key: String) -> Self {
         LockRequest {
             client,
             key,
@@ -63,7 +65,7 @@ impl<'c> LockRequest<'c> {
     /// structural re-entry, release on every exit path, cancellation when the
     /// lease is lost.
     pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
-        with_lock::run_with(&self.client.inner, self.key, &self.spec, body).await
+        with_lock::run_with(self.client, self.key, &self.spec, body).await
     }
 
     /// Takes the lock and returns a guard that holds it until
@@ -76,7 +78,7 @@ impl<'c> LockRequest<'c> {
     /// fails at once with [`LockError::WouldDeadlock`] rather than wait for
     /// itself. Use [`run`](Self::run) for calls that should re-enter.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
-        let inner = &self.client.inner;
+        let inner = self.client;
         Ok(match entry::enter(inner, self.key, &self.spec).await? {
             Entered::Reentered(state) => LockGuard {
                 state,

@@ -12,9 +12,9 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 
-use crate::client::ClientInner;
 use crate::key::LockKey;
-use crate::lease::LeaseState;
+use crate::lease_state::LeaseState;
+use crate::shared::ClientInner;
 
 /// 128 random bits from the OS: the chance that two processes share a prefix
 /// is negligible, and sharing one would let them release each other's locks.
@@ -39,13 +39,16 @@ tokio::task_local! {
 struct Held(Arc<HeldNode>);
 
 struct HeldNode {
+    /// Which client took the lease: the same key on another client (another
+    /// Redis) is another lock.
+    client: Arc<ClientInner>,
     lease: Arc<LeaseState>,
     parent: Option<Held>,
 }
 
 impl Held {
-    fn iter(&self) -> impl Iterator<Item = &Arc<LeaseState>> {
-        std::iter::successors(Some(self), |h| h.0.parent.as_ref()).map(|h| &h.0.lease)
+    fn iter(&self) -> impl Iterator<Item = &HeldNode> {
+        std::iter::successors(Some(self), |h| h.0.parent.as_ref()).map(|h| &*h.0)
     }
 }
 
@@ -58,22 +61,34 @@ fn current() -> Option<Held> {
 pub(crate) fn find(client: &Arc<ClientInner>, key: &LockKey) -> Option<Arc<LeaseState>> {
     HELD.try_with(|held| {
         held.iter()
-            .find(|l| Arc::ptr_eq(&l.client, client) && l.key.redis_key == key.redis_key)
-            .cloned()
+            .find(|h| Arc::ptr_eq(&h.client, client) && h.lease.key.redis_key == key.redis_key)
+            .map(|h| Arc::clone(&h.lease))
     })
     .ok()
     .flatten()
 }
 
-/// The fencing token of the innermost lock held around the running code.
-pub(crate) fn innermost_token() -> Option<u64> {
+/// The fencing token of the innermost lock held around the running code, or
+/// `None` outside a locked body or when the lock was taken without
+/// `fencing = true`.
+pub fn fencing_token() -> Option<u64> {
     HELD.try_with(|held| held.0.lease.token).ok().flatten()
 }
 
-/// Runs `body` with `lease` added to the leases held around it.
-pub(crate) fn scope<F: Future>(lease: Arc<LeaseState>, body: F) -> impl Future<Output = F::Output> {
+/// Runs `body` with `lease`, taken from `client`, added to the leases held
+/// around it.
+pub(crate) fn scope<F: Future>(
+    client: &Arc<ClientInner>,
+    lease: Arc<LeaseState>,
+    body: F,
+) -> impl Future<Output = F::Output> {
     let parent = current();
-    HELD.scope(Held(Arc::new(HeldNode { lease, parent })), body)
+    let node = HeldNode {
+        client: Arc::clone(client),
+        lease,
+        parent,
+    };
+    HELD.scope(Held(Arc::new(node)), body)
 }
 
 #[cfg(test)]

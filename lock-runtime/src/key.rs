@@ -1,7 +1,7 @@
 //! Lock names and the Redis keys derived from them (the README's "Redis data
 //! layout").
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// The longest key a caller may render. Redis would take 512 MB; a lock name
 /// that long is a bug, and it would be copied into every log line.
@@ -12,7 +12,7 @@ pub(crate) const MAX_KEY_BYTES: usize = 1024;
 /// The user's key is wrapped in a hash tag so that the lock, its fence
 /// counter and its release channel always land in one Cluster slot. That is
 /// why braces are refused in user keys: they would move or break the tag.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockKey {
     /// The key as the caller rendered it: what errors and traces show.
     pub(crate) name: String,

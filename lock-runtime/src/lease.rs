@@ -1,231 +1,33 @@
-//! One held acquisition: its identity, its validity deadline, and the release
-//! that must happen on every exit path.
+//! The owner of one acquisition: the release that must happen on every exit
+//! path, and the extension a nested call may ask for. Above the shared
+//! client state, because both send commands.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
-use crate::client::ClientInner;
-use crate::key::LockKey;
-use crate::timing::{millis, renewal_interval, stop_margin, validity_deadline};
-use crate::{LockError, LostReason};
-
-/// The state of one acquisition, shared between its owner ([`Lease`]) and the
-/// scopes nested inside its body.
-#[derive(Debug)]
-pub(crate) struct LeaseState {
-    pub(crate) client: Arc<ClientInner>,
-    pub(crate) key: LockKey,
-    pub(crate) holder: String,
-    pub(crate) token: Option<u64>,
-    ttl_ms: AtomicU64,
-    /// Renewed by the watchdog; `false` for a fixed lease (`renew = false`),
-    /// whose end is not a failure to renew.
-    renews: bool,
-    /// After this instant the server may already have expired the key.
-    deadline: Mutex<Instant>,
-    /// When the watchdog should renew next (unused with `renew = false`).
-    next_renewal: Mutex<Instant>,
-    /// Released (or being released): the watchdog must leave it alone.
-    ended: AtomicBool,
-    /// 0 while trusted, else a `LostReason` code: set once, never cleared.
-    lost: AtomicU8,
-    lost_signal: tokio::sync::Notify,
-}
-
-impl LeaseState {
-    pub(crate) fn new(
-        client: Arc<ClientInner>,
-        key: LockKey,
-        holder: String,
-        token: Option<u64>,
-        ttl: Duration,
-        renews: bool,
-        sent: Instant,
-    ) -> Self {
-        LeaseState {
-            client,
-            key,
-            holder,
-            token,
-            ttl_ms: AtomicU64::new(millis(ttl)),
-            renews,
-            deadline: Mutex::new(validity_deadline(sent, ttl)),
-            next_renewal: Mutex::new(sent + renewal_interval(ttl)),
-            ended: AtomicBool::new(false),
-            lost: AtomicU8::new(0),
-            lost_signal: tokio::sync::Notify::new(),
-        }
-    }
-
-    pub(crate) fn ttl(&self) -> Duration {
-        Duration::from_millis(self.ttl_ms.load(Ordering::Acquire))
-    }
-
-    pub(crate) fn next_renewal(&self) -> Instant {
-        *self.next_renewal.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn set_next_renewal(&self, at: Instant) {
-        *self.next_renewal.lock().unwrap_or_else(PoisonError::into_inner) = at;
-    }
-
-    /// Whether the watchdog should keep renewing this lease.
-    pub(crate) fn is_live(&self) -> bool {
-        !self.ended.load(Ordering::Acquire) && self.lost.load(Ordering::Acquire) == 0
-    }
-
-    /// A renewal sent at `sent` for `ttl` was confirmed by the server. A
-    /// lease already declared lost stays lost: its body is gone.
-    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
-        if !self.is_live() {
-            return;
-        }
-        self.confirm(sent, ttl);
-        self.set_next_renewal(sent + renewal_interval(ttl));
-    }
-
-    /// The server no longer holds the lock for us: tell the body now rather
-    /// than at the deadline.
-    pub(crate) fn mark_lost(&self, reason: LostReason) {
-        let code = match reason {
-            LostReason::Expired => 1,
-            LostReason::TakenOver => 2,
-            LostReason::LeaseEnded => 3,
-        };
-        if self
-            .lost
-            .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            tracing::warn!(key = %self.key.name, %reason, "lock lost");
-            self.lost_signal.notify_waiters();
-        }
-    }
-
-    fn lost_reason(&self) -> Option<LostReason> {
-        match self.lost.load(Ordering::Acquire) {
-            0 => None,
-            1 => Some(LostReason::Expired),
-            2 => Some(LostReason::TakenOver),
-            _ => Some(LostReason::LeaseEnded),
-        }
-    }
-
-    pub(crate) fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Moves the deadline later only: a confirmation that was sent earlier
-    /// than one already counted must not shorten it.
-    fn confirm(&self, sent: Instant, ttl: Duration) {
-        let mut d = self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
-        *d = (*d).max(validity_deadline(sent, ttl));
-    }
-
-    /// When the body must be stopped: a little before the deadline, because
-    /// a timer fires at or after its instant, never before.
-    fn cutoff(&self) -> Instant {
-        let deadline = self.deadline();
-        deadline.checked_sub(stop_margin(self.ttl())).unwrap_or(deadline)
-    }
-
-    /// Whether this holder may still act as the lock's owner.
-    pub(crate) fn is_held(&self) -> bool {
-        self.is_live() && Instant::now() < self.cutoff()
-    }
-
-    /// Resolves once the lease can no longer be trusted: the server said so,
-    /// or the validity deadline passed without a confirmed renewal. The
-    /// deadline moves while this waits, so it is re-read after every wake.
-    pub(crate) async fn lost(&self) -> LostReason {
-        loop {
-            let signal = self.lost_signal.notified();
-            let mut signal = std::pin::pin!(signal);
-            // Registered before the checks below, so a loss marked between
-            // them still wakes us.
-            signal.as_mut().enable();
-            if let Some(reason) = self.lost_reason() {
-                return reason;
-            }
-            let cutoff = self.cutoff();
-            if Instant::now() >= cutoff {
-                let reason = if self.renews {
-                    LostReason::Expired
-                } else {
-                    LostReason::LeaseEnded
-                };
-                self.mark_lost(reason);
-                // A concurrent `mark_lost` may have won: report what stuck.
-                return self.lost_reason().unwrap_or(reason);
-            }
-            tokio::select! {
-                () = signal => {}
-                () = tokio::time::sleep_until(cutoff.into()) => {}
-            }
-        }
-    }
-
-    /// A nested call asked for `ttl`: lengthen the lease if that outlasts the
-    /// one it has, never shorten it. Costs a round trip only when it extends.
-    pub(crate) async fn extend_to(&self, ttl: Duration) -> Result<(), LockError> {
-        if millis(ttl) <= self.ttl_ms.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let sent = Instant::now();
-        let renewed = self
-            .client
-            .backend
-            .renew(&self.key, &self.holder, ttl, true)
-            .await?;
-        if !renewed {
-            return Err(LockError::Lost {
-                key: self.key.name.clone(),
-                reason: LostReason::TakenOver,
-            });
-        }
-        self.ttl_ms.fetch_max(millis(ttl), Ordering::AcqRel);
-        self.confirm(sent, ttl);
-        Ok(())
-    }
-
-    async fn send_release(&self) -> Result<(), LockError> {
-        self.ended.store(true, Ordering::Release);
-        match self.client.backend.release(&self.key, &self.holder).await {
-            Ok(true) => {
-                tracing::debug!(key = %self.key.name, "lock released");
-                // Waiters in this process retry now, without waiting for the
-                // server's notification to come back.
-                self.client.notifier.wake(&self.key.channel);
-                Ok(())
-            }
-            Ok(false) => Err(LockError::NotHeld {
-                key: self.key.name.clone(),
-            }),
-            Err(failure) => Err(failure.error),
-        }
-    }
-}
+use crate::drop_guard::{Cleanup, DropGuard};
+use crate::error::{LockError, LostReason};
+use crate::lease_state::LeaseState;
+use crate::shared::ClientInner;
 
 /// The owner of an acquisition. Releasing consumes it; dropping it without a
 /// release (a cancelled future, an early drop of a guard) sends the release
-/// from a task spawned on the runtime the lock was taken on, because `Drop`
-/// cannot await and must not block.
+/// from the runtime the lock was taken on (see [`DropGuard`]).
 #[derive(Debug)]
 pub(crate) struct Lease {
     state: Arc<LeaseState>,
-    /// `None` outside a Tokio runtime: then a dropped lease frees by TTL.
-    runtime: Option<tokio::runtime::Handle>,
-    armed: bool,
+    release: DropGuard<Release>,
 }
 
 impl Lease {
-    pub(crate) fn new(state: Arc<LeaseState>) -> Self {
+    pub(crate) fn new(client: Arc<ClientInner>, state: Arc<LeaseState>) -> Self {
         Lease {
+            release: DropGuard::new(Release {
+                client,
+                state: Arc::clone(&state),
+            }),
             state,
-            runtime: tokio::runtime::Handle::try_current().ok(),
-            armed: true,
         }
     }
 
@@ -234,27 +36,63 @@ impl Lease {
     }
 
     /// Releases the lock and reports how that went. If this future is itself
-    /// dropped before the server answered, `Drop` sends the release again
-    /// (it is owner-checked, so a duplicate is harmless).
+    /// dropped before the server answered, the drop guard sends the release
+    /// again (it is owner-checked, so a duplicate is harmless).
     pub(crate) async fn release(mut self) -> Result<(), LockError> {
-        let result = self.state.send_release().await;
-        self.armed = false;
+        let result = self.release.work().run().await;
+        self.release.disarm();
         result
     }
 }
 
-impl Drop for Lease {
-    fn drop(&mut self) {
-        let Some(runtime) = self.runtime.as_ref().filter(|_| self.armed) else {
-            return;
-        };
-        let state = Arc::clone(&self.state);
-        // A runtime that is shutting down drops the task unrun; the key then
-        // frees itself when its TTL runs out, which is the documented floor.
-        runtime.spawn(async move {
-            if let Err(e) = state.send_release().await {
-                tracing::warn!(key = %state.key.name, error = %e, "background release failed; the lock will expire by its TTL");
+/// Sending the release of one lease.
+#[derive(Debug)]
+struct Release {
+    client: Arc<ClientInner>,
+    state: Arc<LeaseState>,
+}
+
+impl Cleanup for Release {
+    async fn run(&self) -> Result<(), LockError> {
+        let (client, state) = (&self.client, &self.state);
+        state.end();
+        match client.backend.release(&state.key, &state.holder).await {
+            Ok(true) => {
+                tracing::debug!(key = %state.key.name, "lock released");
+                // Waiters in this process retry now, without waiting for the
+                // server's notification to come back.
+                client.notifier.wake(&state.key.channel);
+                Ok(())
             }
+            Ok(false) => Err(LockError::NotHeld {
+                key: state.key.name.clone(),
+            }),
+            Err(failure) => Err(failure.error),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "the release of lock `{}` (it will expire by its ttl)",
+            self.state.key.name
+        )
+    }
+}
+
+/// A nested call asked for `ttl`: lengthen the lease if that outlasts the
+/// one it has, never shorten it. Costs a round trip only when it extends.
+pub(crate) async fn extend(client: &ClientInner, state: &LeaseState, ttl: Duration) -> Result<(), LockError> {
+    if state.covers(ttl) {
+        return Ok(());
+    }
+    let sent = Instant::now();
+    let renewed = client.backend.renew(&state.key, &state.holder, ttl, true).await?;
+    if !renewed {
+        return Err(LockError::Lost {
+            key: state.key.name.clone(),
+            reason: LostReason::TakenOver,
         });
     }
+    state.extended(sent, ttl);
+    Ok(())
 }

@@ -24,61 +24,53 @@
 //!
 //! See the README for the guarantees and what is not guaranteed.
 
-mod acquire;
-mod backend;
-mod client;
+// Layers, bottom up: each module imports only from the lines above it.
+// Errors, settings and lease arithmetic; the drop guard.
 mod config;
-mod entry;
+mod drop_guard;
 mod error;
-mod guard;
-mod guards;
-mod holder;
-mod key;
-mod lease;
-mod spec;
 mod timing;
+// Keys and what a call asks for (data only).
+mod key;
+mod spec;
+// Where locks live.
+mod backend;
+// Release notifications, guard bookkeeping, and one lease's state.
+mod guards;
+mod lease_state;
 mod waiter;
+// One renewal scheduler per client.
 mod watchdog;
+// What a client's calls share.
+mod shared;
+// The owner of an acquisition: release on every path, extension.
+mod lease;
+// Which leases the running code is nested in.
+mod holder;
+// Taking a lock within a wait; re-entering or taking it; running a body.
+mod acquire;
+mod entry;
 mod with_lock;
+// The programmatic API, the public client, the attribute's entry point.
+mod client;
+mod guard;
+mod private;
 
 pub use client::{LockClient, LockClientBuilder, init};
 pub use error::{BoxError, LockError, LostReason};
 pub use guard::{LockGuard, LockRequest};
+pub use holder::fencing_token;
 #[doc(inline)]
 #[doc = include_str!("attribute.md")]
 pub use lock_macros::distributed_lock;
-
-/// The fencing token of the innermost lock held around the running code, or
-/// `None` outside a locked body or when the lock was taken without
-/// `fencing = true`.
-pub fn fencing_token() -> Option<u64> {
-    holder::innermost_token()
-}
 
 /// What `#[distributed_lock]` expands to. Not a public API: no stability is
 /// promised for anything in here.
 #[doc(hidden)]
 pub mod __private {
-    use std::future::Future;
-
+    pub use crate::private::run_locked;
     pub use crate::spec::{KeyArg, KeyPart, LockOutput, LockSpec, key_part};
     pub use std::format;
-
-    /// The single entry point of the attribute's expansion.
-    pub async fn run_locked<F>(spec: &LockSpec, key: String, body: F) -> F::Output
-    where
-        F: Future,
-        F::Output: LockOutput,
-    {
-        let client = match crate::client::global() {
-            Ok(client) => &client.inner,
-            Err(e) => return LockOutput::from_lock_error(e),
-        };
-        match crate::with_lock::run_with(client, key, spec, body).await {
-            Ok(output) => output,
-            Err(e) => LockOutput::from_lock_error(e),
-        }
-    }
 }
 
 /// Compiles (and, where marked, runs) every example in the README.

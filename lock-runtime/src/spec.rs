@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::LockError;
 use crate::config::ClientConfig;
+use crate::error::LockError;
 use crate::key::LockKey;
 use crate::timing::{FOREVER, ttl_problem};
 

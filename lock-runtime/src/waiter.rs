@@ -19,6 +19,8 @@ use tokio::sync::Notify;
 
 use crate::backend::cluster::cluster_builder;
 use crate::backend::redis::Topology;
+use crate::drop_guard::{Cleanup, DropGuard};
+use crate::error::LockError;
 
 /// The longest a waiter sleeps between attempts while subscribed.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
@@ -43,9 +45,46 @@ struct Channel {
 /// A waiter's interest in one channel; dropping it withdraws the interest.
 #[derive(Debug)]
 pub(crate) struct Watch {
+    pub(crate) notify: Arc<Notify>,
+    _leave: DropGuard<Leave>,
+}
+
+/// Withdrawing one waiter's interest: counted at once, and the last waiter
+/// of a channel unsubscribes from a spawned task.
+#[derive(Debug)]
+struct Leave {
     notifier: Arc<Notifier>,
     channel: String,
-    pub(crate) notify: Arc<Notify>,
+}
+
+impl Cleanup for Leave {
+    fn needed(&mut self) -> bool {
+        let mut channels = self
+            .notifier
+            .channels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match channels.get_mut(&self.channel) {
+            Some(c) => {
+                c.waiters -= 1;
+                let last = c.waiters == 0;
+                if last {
+                    channels.remove(&self.channel);
+                }
+                last
+            }
+            None => false,
+        }
+    }
+
+    async fn run(&self) -> Result<(), LockError> {
+        self.notifier.sync_subscription(&self.channel).await;
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("unsubscribing from `{}`", self.channel)
+    }
 }
 
 impl Notifier {
@@ -86,9 +125,11 @@ impl Notifier {
             self.sync_subscription(channel).await;
         }
         Watch {
-            notifier: Arc::clone(self),
-            channel: channel.to_owned(),
             notify,
+            _leave: DropGuard::new(Leave {
+                notifier: Arc::clone(self),
+                channel: channel.to_owned(),
+            }),
         }
     }
 
@@ -166,34 +207,6 @@ impl Drop for Notifier {
     fn drop(&mut self) {
         if let Some(task) = self.task.get_mut().unwrap_or_else(PoisonError::into_inner).take() {
             task.abort();
-        }
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let last = {
-            let mut channels = self
-                .notifier
-                .channels
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            match channels.get_mut(&self.channel) {
-                Some(c) => {
-                    c.waiters -= 1;
-                    let last = c.waiters == 0;
-                    if last {
-                        channels.remove(&self.channel);
-                    }
-                    last
-                }
-                None => false,
-            }
-        };
-        if last && let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let notifier = Arc::clone(&self.notifier);
-            let channel = std::mem::take(&mut self.channel);
-            runtime.spawn(async move { notifier.sync_subscription(&channel).await });
         }
     }
 }

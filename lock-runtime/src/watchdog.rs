@@ -12,23 +12,31 @@
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use crate::LostReason;
-use crate::backend::{Backend, RenewItem, Renewal};
-use crate::client::ClientInner;
-use crate::lease::LeaseState;
+use crate::backend::{AnyBackend, Backend, RenewItem, Renewal};
+use crate::error::LostReason;
+use crate::lease_state::LeaseState;
 use crate::timing::{millis, renewal_interval};
 
 /// How many leases one renewal script call carries. Bounds how long one
 /// call keeps Redis busy (about 3 µs per lease).
 const BATCH: usize = 1000;
 
-#[derive(Debug, Default)]
+/// A client's scheduler. It holds the backend weakly: the client owns the
+/// backend, and a scheduler task that sleeps must not keep it alive.
+#[derive(Debug)]
 pub(crate) struct Watchdog {
-    leases: Mutex<Watched>,
-    /// Shared with the scheduler task, which must not keep the client alive
-    /// while it sleeps.
-    wake: Arc<tokio::sync::Notify>,
+    schedule: Arc<Schedule>,
+    backend: Weak<AnyBackend>,
+    command_timeout: Duration,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// What the scheduler task shares with the client.
+#[derive(Debug, Default)]
+struct Schedule {
+    leases: Mutex<Watched>,
+    /// Held apart, so that the task can sleep on it without the schedule.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 /// The watched leases and when the scheduler means to look at them next.
@@ -48,11 +56,24 @@ struct Watched {
 const MIN_SWEEP: usize = 64;
 
 impl Watchdog {
+    pub(crate) fn new(backend: Weak<AnyBackend>, command_timeout: Duration) -> Self {
+        Watchdog {
+            schedule: Arc::default(),
+            backend,
+            command_timeout,
+            task: Mutex::new(None),
+        }
+    }
+
     /// Starts renewing `lease`. The scheduler task runs on the caller's
     /// runtime, and is started again if that runtime has gone away.
-    pub(crate) fn watch(&self, client: &Arc<ClientInner>, lease: &Arc<LeaseState>) {
+    pub(crate) fn watch(&self, lease: &Arc<LeaseState>) {
         let wake = {
-            let mut watched = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut watched = self
+                .schedule
+                .leases
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             watched.leases.push(Arc::downgrade(lease));
             if watched.leases.len() > watched.sweep_above.max(MIN_SWEEP) {
                 watched
@@ -69,14 +90,20 @@ impl Watchdog {
         if task.as_ref().is_none_or(tokio::task::JoinHandle::is_finished)
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            *task = Some(runtime.spawn(run(Arc::downgrade(client))));
+            *task = Some(runtime.spawn(run(
+                Arc::downgrade(&self.schedule),
+                self.backend.clone(),
+                self.command_timeout,
+            )));
         }
         drop(task);
         if wake {
-            self.wake.notify_one();
+            self.schedule.wake.notify_one();
         }
     }
+}
 
+impl Schedule {
     /// The leases to renew now, and when to look again otherwise. Drops
     /// released, lost and forgotten leases as it goes.
     fn due(&self, now: Instant) -> (Vec<Arc<LeaseState>>, Option<Instant>) {
@@ -124,20 +151,20 @@ impl Drop for Watchdog {
     }
 }
 
-async fn run(client: Weak<ClientInner>) {
+async fn run(schedule: Weak<Schedule>, backend: Weak<AnyBackend>, command_timeout: Duration) {
     loop {
-        let Some(strong) = client.upgrade() else {
+        let (Some(strong), Some(backend)) = (schedule.upgrade(), backend.upgrade()) else {
             return;
         };
-        let (due, next) = strong.watchdog.due(Instant::now());
+        let (due, next) = strong.due(Instant::now());
         if !due.is_empty() {
-            renew(&strong, &due).await;
+            renew(&backend, command_timeout, &due).await;
             continue;
         }
         // `watch` uses `notify_one`, which leaves a permit when nobody is
         // waiting yet: a lease added since `due` still wakes this sleep.
-        let wake = Arc::clone(&strong.watchdog.wake);
-        drop(strong);
+        let wake = Arc::clone(&strong.wake);
+        drop((strong, backend));
         match next {
             Some(at) => {
                 tokio::select! {
@@ -151,12 +178,14 @@ async fn run(client: Weak<ClientInner>) {
 }
 
 /// Renews `due` in batches sent together on the client's connection.
-async fn renew(client: &ClientInner, due: &[Arc<LeaseState>]) {
-    let batches = due.chunks(BATCH).map(|batch| renew_batch(client, batch));
+async fn renew(backend: &AnyBackend, command_timeout: Duration, due: &[Arc<LeaseState>]) {
+    let batches = due
+        .chunks(BATCH)
+        .map(|batch| renew_batch(backend, command_timeout, batch));
     futures_util::future::join_all(batches).await;
 }
 
-async fn renew_batch(client: &ClientInner, batch: &[Arc<LeaseState>]) {
+async fn renew_batch(backend: &AnyBackend, command_timeout: Duration, batch: &[Arc<LeaseState>]) {
     let ttls: Vec<Duration> = batch.iter().map(|l| l.ttl()).collect();
     let items: Vec<RenewItem<'_>> = batch
         .iter()
@@ -170,9 +199,9 @@ async fn renew_batch(client: &ClientInner, batch: &[Arc<LeaseState>]) {
     // A renewal that takes longer than the interval is of no use: the next
     // one is already due.
     let shortest = ttls.iter().min().copied().unwrap_or_default();
-    let timeout = client.config.command_timeout.min(renewal_interval(shortest));
+    let timeout = command_timeout.min(renewal_interval(shortest));
     let sent = Instant::now();
-    let outcome = tokio::time::timeout(timeout, client.backend.renew_many(&items)).await;
+    let outcome = tokio::time::timeout(timeout, backend.renew_many(&items)).await;
     match outcome {
         Ok(Ok(renewed)) => {
             let now = Instant::now();
@@ -221,6 +250,7 @@ mod tests {
         let watched = client
             .inner
             .watchdog
+            .schedule
             .leases
             .lock()
             .expect("not poisoned")

@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 
-use crate::client::ClientInner;
 use crate::entry::{self, Entered};
+use crate::error::LockError;
+use crate::holder;
+use crate::shared::ClientInner;
 use crate::spec::LockSpec;
-use crate::{LockError, holder};
 
 /// Runs `body` while holding the lock `name`; releases it on every way out.
 ///
@@ -33,12 +34,13 @@ pub(crate) async fn run_with<F: Future>(
         // The enclosing call watches the lease and releases it; its
         // cancellation also drops this nested body. The scope makes this
         // lock the innermost again, for `fencing_token()`.
-        Entered::Reentered(held) => return Ok(holder::scope(held, body).await),
+        Entered::Reentered(held) => return Ok(holder::scope(client, held, body).await),
         Entered::Acquired(lease) => lease,
     };
     let state = Arc::clone(lease.state());
     let outcome = {
         let body = std::pin::pin!(holder::scope(
+            client,
             Arc::clone(&state),
             AssertUnwindSafe(body).catch_unwind()
         ));

@@ -162,7 +162,7 @@ impl Workers {
                 if let Some(timeout) = workload.command_timeout {
                     command.env("LOCK_WORKER_COMMAND_TIMEOUT_MS", timeout.as_millis().to_string());
                 }
-                crate::spawn_owned(command).expect("spawn worker")
+                crate::server::spawn_owned(command).expect("spawn worker")
             })
             .collect();
         Workers { children }
@@ -215,7 +215,7 @@ impl Holder {
                 &ttl.as_millis().to_string(),
             ])
             .stdout(Stdio::piped());
-        let mut child = crate::spawn_owned(command).expect("spawn holder");
+        let mut child = crate::server::spawn_owned(command).expect("spawn holder");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("holder stdout"))
             .read_line(&mut line)

@@ -76,9 +76,9 @@ pub(crate) fn cluster_builder(
         .response_timeout(timeout);
     #[cfg(feature = "tls")]
     if seeds.iter().any(|s| s.starts_with("rediss://")) {
-        super::redis::install_tls_provider();
+        super::tls::install_tls_provider();
         if let Some(pem) = tls_root {
-            return builder.certs(super::redis::tls_certificates(pem));
+            return builder.certs(super::tls::tls_certificates(pem));
         }
     }
     let _ = tls_root;

@@ -12,9 +12,10 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_routing::Slot;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
-use crate::LockError;
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::tls;
 use crate::config::ClientConfig;
+use crate::error::LockError;
 use crate::key::LockKey;
 use crate::timing::millis;
 
@@ -373,47 +374,13 @@ pub(crate) fn open_url(url: &str, tls_root: Option<&[u8]>) -> Result<(redis::Cli
         reason,
     };
     let client = if url.starts_with("rediss://") {
-        open_tls(url, tls_root)
+        tls::open(url, tls_root)
     } else {
         redis::Client::open(url)
     };
     let client = client.map_err(|e| invalid(redact_secrets(&e.to_string(), url)))?;
     let node = client.get_connection_info().addr().to_string();
     Ok((client, node))
-}
-
-#[cfg(feature = "tls")]
-fn open_tls(url: &str, tls_root: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
-    install_tls_provider();
-    match tls_root {
-        Some(pem) => redis::Client::build_with_tls(url, tls_certificates(pem)),
-        None => redis::Client::open(url),
-    }
-}
-
-#[cfg(not(feature = "tls"))]
-fn open_tls(_url: &str, _tls_root: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
-    Err(redis::RedisError::from((
-        ErrorKind::InvalidClientConfig,
-        "`rediss://` needs TLS support",
-        "enable lock-runtime's `tls` feature".to_owned(),
-    )))
-}
-
-/// rustls needs a process-wide crypto provider and panics on first use
-/// without one. Installing ours fails harmlessly when the application
-/// installed its own first.
-#[cfg(feature = "tls")]
-pub(crate) fn install_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-#[cfg(feature = "tls")]
-pub(crate) fn tls_certificates(root_pem: &[u8]) -> redis::TlsCertificates {
-    redis::TlsCertificates {
-        client_tls: None,
-        root_cert: Some(root_pem.to_vec()),
-    }
 }
 
 /// A failure to connect or to answer the first command. Refused credentials

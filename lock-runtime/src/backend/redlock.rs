@@ -13,9 +13,9 @@ use futures_util::StreamExt;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 use super::redis::RedisBackend;
-use super::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
-use crate::LockError;
+use crate::error::LockError;
 use crate::key::LockKey;
 
 #[derive(Debug)]

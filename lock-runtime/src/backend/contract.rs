@@ -1,0 +1,115 @@
+//! What a backend does for a lock: the operations every backend implements
+//! and the answers they give. The backends build on this file; nothing in
+//! it knows any of them.
+
+use std::time::Duration;
+
+use crate::error::LockError;
+use crate::key::LockKey;
+
+/// One acquisition attempt.
+#[derive(Debug)]
+pub(crate) struct AcquireRequest<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) holder: &'a str,
+    pub(crate) ttl: Duration,
+    pub(crate) fencing: bool,
+    /// The first attempt of an acquisition, which most often finds the lock
+    /// free: a backend may try a cheaper command first.
+    pub(crate) first: bool,
+    /// The caller will wait if the lock is held: the backend should make
+    /// sure the holder's release is announced.
+    pub(crate) waiting: bool,
+}
+
+/// What an acquisition attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    /// The lock is ours, with a fencing token when one was asked for.
+    Acquired { token: Option<u64> },
+    /// Another holder has it; `pttl` is what is left of its lease, `None`
+    /// when the key has no expiry at all.
+    Held { pttl: Option<Duration> },
+}
+
+/// A backend failure, classified for the retry loop.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) error: LockError,
+    /// Worth retrying within the caller's wait (connection trouble, a busy or
+    /// loading server). A transient failure is also *ambiguous*: the command
+    /// may have been applied even though no reply arrived.
+    pub(crate) transient: bool,
+    /// The connection broke (rather than timing out): the client reconnects
+    /// on this error, so an immediate second try is worth it.
+    pub(crate) reconnecting: bool,
+}
+
+impl Failure {
+    pub(crate) fn permanent(error: LockError) -> Self {
+        Failure {
+            error,
+            transient: false,
+            reconnecting: false,
+        }
+    }
+}
+
+impl From<Failure> for LockError {
+    fn from(f: Failure) -> Self {
+        f.error
+    }
+}
+
+/// The operations a lock needs from wherever it lives. Every operation is
+/// owner-checked on the server side: a holder can only ever touch its own
+/// lock.
+pub(crate) trait Backend {
+    /// Takes the lock if it is free (or already this holder's, when an
+    /// earlier attempt's reply was lost), setting its lease in the same step.
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure>;
+
+    /// Deletes the lock if this holder has it and announces the release.
+    /// `Ok(false)`: it was no longer this holder's.
+    async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure>;
+
+    /// Sets the lease to `ttl` from now (or only lengthens it, with
+    /// `extend_only`) if this holder still has the lock.
+    async fn renew(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        ttl: Duration,
+        extend_only: bool,
+    ) -> Result<bool, Failure>;
+
+    /// Sets each lease to its `ttl` from now where its holder still has it,
+    /// in as few round trips as the backend allows. One outcome per item.
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure>;
+}
+
+/// What a renewal found for one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// The lease is `ttl` long again.
+    Renewed,
+    /// The lock is gone or someone else has it: the lease is lost.
+    Gone,
+    /// Not known (Redlock: too few masters answered either way): retry
+    /// until the lease's deadline.
+    Unconfirmed,
+}
+
+impl From<bool> for Renewal {
+    fn from(renewed: bool) -> Self {
+        if renewed { Renewal::Renewed } else { Renewal::Gone }
+    }
+}
+
+/// One lease in a watchdog batch.
+#[derive(Debug)]
+pub(crate) struct RenewItem<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) holder: &'a str,
+    pub(crate) ttl: Duration,
+}

@@ -1,0 +1,183 @@
+//! The state of one held lease: its identity, its validity deadline, when it
+//! is renewed next, and the signal that tells its body it was lost.
+
+use std::sync::Mutex;
+use std::sync::PoisonError;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::error::LostReason;
+use crate::key::LockKey;
+use crate::timing::{millis, renewal_interval, stop_margin, validity_deadline};
+
+/// The state of one acquisition, shared between its owner (`Lease`), the
+/// watchdog and the scopes nested inside its body. It knows no client: the
+/// layers above it send the commands, and tell it what the server said.
+#[derive(Debug)]
+pub(crate) struct LeaseState {
+    pub(crate) key: LockKey,
+    pub(crate) holder: String,
+    pub(crate) token: Option<u64>,
+    ttl_ms: AtomicU64,
+    /// Renewed by the watchdog; `false` for a fixed lease (`renew = false`),
+    /// whose end is not a failure to renew.
+    renews: bool,
+    /// After this instant the server may already have expired the key.
+    deadline: Mutex<Instant>,
+    /// When the watchdog should renew next (unused with `renew = false`).
+    next_renewal: Mutex<Instant>,
+    /// Released (or being released): the watchdog must leave it alone.
+    ended: AtomicBool,
+    /// 0 while trusted, else a `LostReason` code: set once, never cleared.
+    lost: AtomicU8,
+    lost_signal: tokio::sync::Notify,
+}
+
+impl LeaseState {
+    pub(crate) fn new(
+        key: LockKey,
+        holder: String,
+        token: Option<u64>,
+        ttl: Duration,
+        renews: bool,
+        sent: Instant,
+    ) -> Self {
+        LeaseState {
+            key,
+            holder,
+            token,
+            ttl_ms: AtomicU64::new(millis(ttl)),
+            renews,
+            deadline: Mutex::new(validity_deadline(sent, ttl)),
+            next_renewal: Mutex::new(sent + renewal_interval(ttl)),
+            ended: AtomicBool::new(false),
+            lost: AtomicU8::new(0),
+            lost_signal: tokio::sync::Notify::new(),
+        }
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn next_renewal(&self) -> Instant {
+        *self.next_renewal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn set_next_renewal(&self, at: Instant) {
+        *self.next_renewal.lock().unwrap_or_else(PoisonError::into_inner) = at;
+    }
+
+    /// Whether the watchdog should keep renewing this lease.
+    pub(crate) fn is_live(&self) -> bool {
+        !self.ended.load(Ordering::Acquire) && self.lost.load(Ordering::Acquire) == 0
+    }
+
+    /// A renewal sent at `sent` for `ttl` was confirmed by the server. A
+    /// lease already declared lost stays lost: its body is gone.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        if !self.is_live() {
+            return;
+        }
+        self.confirm(sent, ttl);
+        self.set_next_renewal(sent + renewal_interval(ttl));
+    }
+
+    /// The server no longer holds the lock for us: tell the body now rather
+    /// than at the deadline.
+    pub(crate) fn mark_lost(&self, reason: LostReason) {
+        let code = match reason {
+            LostReason::Expired => 1,
+            LostReason::TakenOver => 2,
+            LostReason::LeaseEnded => 3,
+        };
+        if self
+            .lost
+            .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            tracing::warn!(key = %self.key.name, %reason, "lock lost");
+            self.lost_signal.notify_waiters();
+        }
+    }
+
+    fn lost_reason(&self) -> Option<LostReason> {
+        match self.lost.load(Ordering::Acquire) {
+            0 => None,
+            1 => Some(LostReason::Expired),
+            2 => Some(LostReason::TakenOver),
+            _ => Some(LostReason::LeaseEnded),
+        }
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Moves the deadline later only: a confirmation that was sent earlier
+    /// than one already counted must not shorten it.
+    fn confirm(&self, sent: Instant, ttl: Duration) {
+        let mut d = self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
+        *d = (*d).max(validity_deadline(sent, ttl));
+    }
+
+    /// When the body must be stopped: a little before the deadline, because
+    /// a timer fires at or after its instant, never before.
+    fn cutoff(&self) -> Instant {
+        let deadline = self.deadline();
+        deadline.checked_sub(stop_margin(self.ttl())).unwrap_or(deadline)
+    }
+
+    /// Whether this holder may still act as the lock's owner.
+    pub(crate) fn is_held(&self) -> bool {
+        self.is_live() && Instant::now() < self.cutoff()
+    }
+
+    /// Resolves once the lease can no longer be trusted: the server said so,
+    /// or the validity deadline passed without a confirmed renewal. The
+    /// deadline moves while this waits, so it is re-read after every wake.
+    pub(crate) async fn lost(&self) -> LostReason {
+        loop {
+            let signal = self.lost_signal.notified();
+            let mut signal = std::pin::pin!(signal);
+            // Registered before the checks below, so a loss marked between
+            // them still wakes us.
+            signal.as_mut().enable();
+            if let Some(reason) = self.lost_reason() {
+                return reason;
+            }
+            let cutoff = self.cutoff();
+            if Instant::now() >= cutoff {
+                let reason = if self.renews {
+                    LostReason::Expired
+                } else {
+                    LostReason::LeaseEnded
+                };
+                self.mark_lost(reason);
+                // A concurrent `mark_lost` may have won: report what stuck.
+                return self.lost_reason().unwrap_or(reason);
+            }
+            tokio::select! {
+                () = signal => {}
+                () = tokio::time::sleep_until(cutoff.into()) => {}
+            }
+        }
+    }
+
+    /// Whether the lease is at least `ttl` long already, so that a nested
+    /// call asking for `ttl` needs no round trip.
+    pub(crate) fn covers(&self, ttl: Duration) -> bool {
+        millis(ttl) <= self.ttl_ms.load(Ordering::Acquire)
+    }
+
+    /// The server lengthened the lease to `ttl`, as asked at `sent`.
+    pub(crate) fn extended(&self, sent: Instant, ttl: Duration) {
+        self.ttl_ms.fetch_max(millis(ttl), Ordering::AcqRel);
+        self.confirm(sent, ttl);
+    }
+
+    /// The release is under way: the watchdog must leave the lease alone.
+    pub(crate) fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+    }
+}

@@ -1,0 +1,26 @@
+//! The attribute's one entry point: the top layer, above the public client,
+//! because it reads the global client.
+
+use std::future::Future;
+
+use crate::client;
+use crate::spec::{LockOutput, LockSpec};
+use crate::with_lock;
+
+/// Runs `body` with the lock `key` held on the global client, as
+/// `#[distributed_lock]` expands to; lock failures become the function's
+/// error type.
+pub async fn run_locked<F>(spec: &LockSpec, key: String, body: F) -> F::Output
+where
+    F: Future,
+    F::Output: LockOutput,
+{
+    let client = match client::global() {
+        Ok(client) => &client.inner,
+        Err(e) => return LockOutput::from_lock_error(e),
+    };
+    match with_lock::run_with(client, key, spec, body).await {
+        Ok(output) => output,
+        Err(e) => LockOutput::from_lock_error(e),
+    }
+}

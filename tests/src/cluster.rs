@@ -1,0 +1,150 @@
+//! A Redis Cluster of masters with replicas, built with `redis-cli --cluster
+//! create` on free ports.
+
+use std::net::TcpListener;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::server::RedisServer;
+
+/// A port that is free, and whose cluster bus port (+10000) is free too.
+fn free_cluster_port() -> u16 {
+    loop {
+        let port = rand_port();
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+}
+
+fn rand_port() -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    // 20000..50000 keeps the bus port below 65535 and away from the
+    // ephemeral range the kernel hands out.
+    20_000 + (RandomState::new().hash_one(Instant::now()) % 30_000) as u16
+}
+
+/// A Redis Cluster of masters with replicas, started on free ports and
+/// stopped on drop.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Every node, masters first as `redis-cli --cluster create` assigned them.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl Cluster {
+    /// `masters` masters with `replicas` replicas each, node timeout 1 s.
+    pub fn start(masters: usize, replicas: usize) -> Cluster {
+        let extra = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "1000",
+            "--cluster-config-file",
+            "nodes.conf",
+        ];
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
+            .map(|_| RedisServer::start_on(free_cluster_port, &extra))
+            .collect();
+        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .expect("run redis-cli (apt-get install redis-tools)");
+        assert!(
+            output.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let cluster = Cluster { nodes };
+        cluster.wait_until_healthy(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Waits until every live node reports the cluster ok and knows every
+    /// other node, and every replica has synced with its master: a replica
+    /// that never synced refuses to take over when its master dies.
+    pub fn wait_until_healthy(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let total = self.nodes.len();
+        loop {
+            let healthy = self.nodes.iter().filter(|n| n.is_running()).all(|node| {
+                let Ok(mut conn) = node.sync_connection() else {
+                    return false;
+                };
+                let Ok(info) = redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut conn) else {
+                    return false;
+                };
+                let Ok(replication) = redis::cmd("INFO").arg("replication").query::<String>(&mut conn) else {
+                    return false;
+                };
+                let synced =
+                    replication.contains("role:master") || replication.contains("master_link_status:up");
+                info.contains("cluster_state:ok")
+                    && info.contains("cluster_slots_ok:16384")
+                    && info.contains(&format!("cluster_known_nodes:{total}"))
+                    && synced
+            });
+            if healthy {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster not healthy after {timeout:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Seed URLs: every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The index in `nodes` of the master that owns `key`'s slot, waiting up
+    /// to 10 s for one (during a failover, none does).
+    pub fn master_of(&self, key: &str) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(master) = self.current_master_of(key) {
+                return master;
+            }
+            assert!(Instant::now() < deadline, "no master owns the slot of {key}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn current_master_of(&self, key: &str) -> Option<usize> {
+        let probe = self.nodes.iter().find(|n| n.is_running()).expect("a live node");
+        let slot: i64 = probe.query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key));
+        let nodes: String = probe.query(redis::cmd("CLUSTER").arg("NODES"));
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let owns = fields[8..].iter().any(|range| {
+                let mut bounds = range.split('-').filter_map(|b| b.parse::<i64>().ok());
+                match (bounds.next(), bounds.next()) {
+                    (Some(lo), Some(hi)) => (lo..=hi).contains(&slot),
+                    (Some(only), None) => only == slot,
+                    _ => false,
+                }
+            });
+            if owns {
+                let port: u16 = fields[1]
+                    .split(['@', ':'])
+                    .nth(1)
+                    .and_then(|p| p.parse().ok())
+                    .expect("node address");
+                return self.nodes.iter().position(|n| n.port() == port);
+            }
+        }
+        None
+    }
+
+    /// The cluster node id of node `index`.
+    pub fn node_id(&self, index: usize) -> String {
+        self.nodes[index].query(redis::cmd("CLUSTER").arg("MYID"))
+    }
+}

@@ -1,0 +1,338 @@
+//! `redis-server` processes on free loopback ports, owned by the test and
+//! killed when it ends (also when it panics, and when the test process is
+//! killed).
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// One `redis-server` child process.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+/// The `redis-server` binary: `$REDIS_SERVER`, else the first on `PATH`,
+/// else Debian's location. `.ci/run` installs it when it is missing.
+pub fn redis_server_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("REDIS_SERVER") {
+        return PathBuf::from(path);
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("redis-server"))
+            .find(|candidate| candidate.is_file())
+    });
+    on_path.unwrap_or_else(|| PathBuf::from("/usr/bin/redis-server"))
+}
+
+impl RedisServer {
+    /// Starts a fresh server without persistence.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts a fresh server with extra `--name value` arguments.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_on(free_port, extra)
+    }
+
+    /// Starts a fresh server that requires `password` (`--requirepass`).
+    /// The harness's own connections authenticate; [`url`](Self::url) does
+    /// not carry it, [`url_with_password`](Self::url_with_password) does.
+    pub fn start_with_password(password: &str) -> RedisServer {
+        Self::start_with(&["--requirepass", password])
+    }
+
+    /// Starts a server whose port comes from `pick`, retried while taken.
+    pub(crate) fn start_on(pick: fn() -> u16, extra: &[&str]) -> RedisServer {
+        // A port found free can be taken before redis binds it: retry.
+        for _ in 0..20 {
+            let mut server = RedisServer {
+                child: None,
+                port: pick(),
+                dir: tempfile::tempdir().expect("temp dir for redis-server"),
+                extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("could not start redis-server on any free port");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let port = self.port.to_string();
+        let mut args: Vec<&str> = vec![
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--enable-debug-command",
+            "local",
+            "--daemonize",
+            "no",
+            "--logfile",
+            "redis.log",
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        let mut command = Command::new(redis_server_binary());
+        command
+            .args(&args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = spawn_owned(command).unwrap_or_else(|e| {
+            panic!(
+                "cannot run {}: {e}; install redis-server (apt-get install redis-server)",
+                redis_server_binary().display()
+            )
+        });
+        self.child = Some(child);
+        self.wait_until_ready()
+    }
+
+    /// Waits until the server answers PING; false if it exited first.
+    fn wait_until_ready(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                return false;
+            }
+            if let Ok(mut conn) = self.sync_connection()
+                && redis::cmd("PING").query::<String>(&mut conn).is_ok()
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    /// Whether the process runs (it was not killed, or was revived).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The server's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's working directory (its log is `redis.log` there).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `redis://:<password>@127.0.0.1:<port>/` with the password
+    /// percent-encoded, for a server started with a password.
+    pub fn url_with_password(&self) -> String {
+        let password = self.password().unwrap_or_default();
+        format!("redis://:{}@127.0.0.1:{}/", percent_encode(password), self.port)
+    }
+
+    fn password(&self) -> Option<&str> {
+        let at = self.extra.iter().position(|a| a == "--requirepass")?;
+        self.extra.get(at + 1).map(String::as_str)
+    }
+
+    /// A plain blocking connection for inspecting the server from a test
+    /// (authenticated when the server has a password).
+    pub fn sync_connection(&self) -> redis::RedisResult<redis::Connection> {
+        let client = redis::Client::open(self.url())?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        if let Some(password) = self.password() {
+            redis::cmd("AUTH").arg(password).query::<()>(&mut conn)?;
+        }
+        Ok(conn)
+    }
+
+    /// Runs one command and returns its reply; panics on failure (tests only).
+    pub fn query<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> T {
+        let mut conn = self.sync_connection().expect("connect to test redis");
+        cmd.query(&mut conn).expect("query test redis")
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> Pid {
+        let id = self.child.as_ref().expect("server is running").id();
+        Pid::from_raw(i32::try_from(id).expect("pid fits i32"))
+    }
+
+    /// Freezes the server process (SIGSTOP): connections stay open, nothing
+    /// is answered.
+    pub fn pause(&self) {
+        kill(self.pid(), Signal::SIGSTOP).expect("SIGSTOP redis-server");
+    }
+
+    /// Resumes a paused server (SIGCONT).
+    pub fn resume(&self) {
+        kill(self.pid(), Signal::SIGCONT).expect("SIGCONT redis-server");
+    }
+
+    /// Kills the server (SIGKILL) and restarts it on the same port with the
+    /// same arguments: an empty dataset, unless the arguments persist it.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.revive();
+    }
+
+    /// Deletes what the server persisted (AOF and RDB files), so that the
+    /// next start is empty whatever its arguments; call while it is killed.
+    pub fn wipe_data(&self) {
+        let _ = std::fs::remove_dir_all(self.dir.path().join("appendonlydir"));
+        let _ = std::fs::remove_file(self.dir.path().join("dump.rdb"));
+    }
+
+    /// Starts a killed server again on its port with its arguments.
+    pub fn revive(&mut self) {
+        for _ in 0..100 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server did not come back on port {}", self.port);
+    }
+
+    /// Kills the server (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Calls per command from `INFO commandstats` (`evalsha`, `get`, ...),
+    /// without `info` itself and the connection handshake (`hello`,
+    /// `client|setinfo`, `ping`, `select`) that inspecting the server costs.
+    pub fn command_calls(&self) -> BTreeMap<String, u64> {
+        let info: String = self.query(redis::cmd("INFO").arg("commandstats"));
+        info.lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter_map(|l| {
+                let (name, rest) = l.split_once(':')?;
+                let calls = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+                Some((name.to_owned(), calls))
+            })
+            .filter(|(name, _)| {
+                !matches!(name.as_str(), "info" | "hello" | "ping" | "select") && !name.starts_with("client|")
+            })
+            .collect()
+    }
+}
+
+/// The commands sent between two [`RedisServer::command_calls`] snapshots.
+pub fn commands_between(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(name, n)| {
+            let sent = n - before.get(name).copied().unwrap_or(0);
+            (sent > 0).then(|| (name.clone(), sent))
+        })
+        .collect()
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_ref() {
+            // A paused server ignores SIGKILL's cleanup until resumed.
+            let _ = kill(
+                Pid::from_raw(i32::try_from(child.id()).unwrap_or(0)),
+                Signal::SIGCONT,
+            );
+        }
+        self.kill();
+    }
+}
+
+/// Spawns `command` so that the child dies with this process, even when the
+/// process is killed: PR_SET_PDEATHSIG fires when the spawning *thread* ends,
+/// and tokio's blocking threads end when idle, so every child is spawned
+/// from one thread that lives as long as the process.
+pub(crate) fn spawn_owned(mut command: Command) -> std::io::Result<Child> {
+    type Request = (Command, std::sync::mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Request>>> = OnceLock::new();
+    die_with_parent(&mut command);
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("child-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("spawn the child-spawner thread");
+        std::sync::Mutex::new(tx)
+    });
+    let (reply, child) = std::sync::mpsc::channel();
+    spawner
+        .lock()
+        .expect("spawner")
+        .send((command, reply))
+        .expect("the spawner thread lives as long as the process");
+    child.recv().expect("the spawner answers")
+}
+
+#[allow(unsafe_code)]
+fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec, where only
+    // async-signal-safe calls are allowed; prctl(PR_SET_PDEATHSIG) is a plain
+    // system call and allocates nothing.
+    unsafe {
+        command.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from));
+    }
+}
+
+/// Every byte but ASCII letters and digits as `%XX`: any password fits in a
+/// URL's userinfo this way.
+pub fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port")
+}
+
+/// `n` independent redis-server masters.
+pub fn start_masters(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
