@@ -207,6 +207,13 @@ async fn acquire_within_wait(
         if retry_now {
             continue;
         }
+        // About to wait: not for a guard this very task holds, which would
+        // never be released while it waits.
+        if held && watch.is_none() && client.guards.held_by_this_task(&pending.key) {
+            return Err(LockError::WouldDeadlock {
+                key: pending.key.name.clone(),
+            });
+        }
         if watch.is_none() && held {
             watch = Some(client.notifier.watch(&pending.key.channel).await);
             // The release may have come while we subscribed: look again now.

@@ -37,8 +37,5 @@ pub(crate) async fn enter(
         lease::extend(client, &held, opts.ttl).await?;
         return Ok(Entered::Reentered(held));
     }
-    if client.guards.held_by_this_task(&key) {
-        return Err(LockError::WouldDeadlock { key: key.name });
-    }
     acquire::acquire(client, key, &opts).await.map(Entered::Acquired)
 }

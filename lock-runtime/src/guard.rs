@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use crate::entry::{self, Entered};
 use crate::error::{LockError, LostReason};
-use crate::guards::GuardMark;
 use crate::lease::Lease;
 use crate::lease_state::LeaseState;
 use crate::shared::ClientInner;
@@ -74,22 +73,21 @@ impl<'c> LockRequest<'c> {
     /// to the enclosing holder.
     ///
     /// A guard is not a scope: a second `acquire()` (or `run`) of the same
-    /// key in the task that holds the guard is not nested in anything, and
-    /// fails at once with [`LockError::WouldDeadlock`] rather than wait for
-    /// itself. Use [`run`](Self::run) for calls that should re-enter.
+    /// key in the task that holds the guard is not nested in anything. If it
+    /// would wait, it fails at once with [`LockError::WouldDeadlock`] rather
+    /// than wait for itself (with `wait = 0` it is a `Timeout`, as for any
+    /// held lock). Use [`run`](Self::run) for calls that should re-enter.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let inner = self.client;
         Ok(match entry::enter(inner, self.key, &self.spec).await? {
-            Entered::Reentered(state) => LockGuard {
-                state,
-                lease: None,
-                _mark: None,
-            },
-            Entered::Acquired(lease) => LockGuard {
-                state: Arc::clone(lease.state()),
-                _mark: Some(inner.guards.mark(&lease.state().key)),
-                lease: Some(lease),
-            },
+            Entered::Reentered(state) => LockGuard { state, lease: None },
+            Entered::Acquired(lease) => {
+                inner.guards.mark(lease.state());
+                LockGuard {
+                    state: Arc::clone(lease.state()),
+                    lease: Some(lease),
+                }
+            }
         })
     }
 }
@@ -102,8 +100,6 @@ pub struct LockGuard {
     state: Arc<LeaseState>,
     /// `None` for a re-entrant guard: the enclosing holder owns the release.
     lease: Option<Lease>,
-    /// While the guard lives, its task cannot wait for the same lock.
-    _mark: Option<GuardMark>,
 }
 
 impl LockGuard {

@@ -2,21 +2,23 @@
 //!
 //! A guard is not a scope: code that runs after `acquire()` in the same task
 //! is not nested in anything, so structural re-entry cannot see it. Without
-//! this table, a second `acquire()` of the same key in that task would wait
-//! for its own guard until its `wait` ran out. With it, that call fails at
-//! once with `WouldDeadlock`.
+//! this table, a second call for the same key in that task would wait for
+//! its own guard until its `wait` ran out. With it, a call that found the
+//! lock held and is about to wait fails at once with `WouldDeadlock`.
 //!
 //! A guard counts as held by the task that took it, even if it was moved to
 //! another task since: then the taking task's second call fails at once
 //! instead of waiting, which is a spurious error but never two holders.
+//!
+//! Cheap on the fast path: taking a guard pushes one entry; nothing is
+//! removed at release (a released lease is dead, and dead entries are swept
+//! as the table grows). Only a call that is about to wait reads the table.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread::ThreadId;
 
 use crate::key::LockKey;
+use crate::lease_state::LeaseState;
 
 /// Who is calling: a spawned task, or the future a runtime's `block_on`
 /// drives (`#[tokio::main]`, `#[tokio::test]`), which is no task and never
@@ -31,59 +33,46 @@ fn caller() -> Caller {
     tokio::task::try_id().map_or_else(|| Caller::Thread(std::thread::current().id()), Caller::Task)
 }
 
-/// Per client: the guards alive, by Redis key, with the task that took each.
+/// The table is never swept below this length.
+const MIN_SWEEP: usize = 64;
+
+/// Per client: the guards taken, with the task that took each.
 #[derive(Debug, Default)]
 pub(crate) struct GuardTable {
-    held: Mutex<HashMap<String, Vec<Caller>>>,
-    /// Guards alive, so that a call with none alive skips the lock.
-    count: AtomicUsize,
+    entries: Mutex<Entries>,
+}
+
+#[derive(Debug, Default)]
+struct Entries {
+    taken: Vec<(Caller, Weak<LeaseState>)>,
+    /// Past this length the table is swept of released leases.
+    sweep_above: usize,
 }
 
 impl GuardTable {
-    /// Whether the running task took a guard on `key` that is still alive.
+    /// Records that the running task took a guard on `lease`.
+    pub(crate) fn mark(&self, lease: &Arc<LeaseState>) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.taken.len() > entries.sweep_above.max(MIN_SWEEP) {
+            entries.taken.retain(|(_, lease)| is_held(lease));
+            entries.sweep_above = 2 * entries.taken.len();
+        }
+        entries.taken.push((caller(), Arc::downgrade(lease)));
+    }
+
+    /// Whether the running task took a guard on `key` that still holds it.
     pub(crate) fn held_by_this_task(&self, key: &LockKey) -> bool {
-        if self.count.load(Ordering::Acquire) == 0 {
-            return false;
-        }
-        let task = caller();
-        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        held.get(&key.redis_key)
-            .is_some_and(|tasks| tasks.contains(&task))
-    }
-
-    /// Records a guard the running task took on `key`, until the mark drops.
-    pub(crate) fn mark(self: &Arc<Self>, key: &LockKey) -> GuardMark {
-        let task = caller();
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        held.entry(key.redis_key.clone()).or_default().push(task);
-        self.count.fetch_add(1, Ordering::AcqRel);
-        GuardMark {
-            table: Arc::clone(self),
-            redis_key: key.redis_key.clone(),
-            task,
-        }
+        let me = caller();
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.taken.iter().any(|(by, lease)| {
+            *by == me
+                && lease
+                    .upgrade()
+                    .is_some_and(|l| l.is_live() && l.key.redis_key == key.redis_key)
+        })
     }
 }
 
-/// One live guard's entry in its client's [`GuardTable`].
-#[derive(Debug)]
-pub(crate) struct GuardMark {
-    table: Arc<GuardTable>,
-    redis_key: String,
-    task: Caller,
-}
-
-impl Drop for GuardMark {
-    fn drop(&mut self) {
-        let mut held = self.table.held.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(tasks) = held.get_mut(&self.redis_key) {
-            if let Some(i) = tasks.iter().position(|t| *t == self.task) {
-                tasks.swap_remove(i);
-                self.table.count.fetch_sub(1, Ordering::AcqRel);
-            }
-            if tasks.is_empty() {
-                held.remove(&self.redis_key);
-            }
-        }
-    }
+fn is_held(lease: &Weak<LeaseState>) -> bool {
+    lease.upgrade().is_some_and(|l| l.is_live())
 }
