@@ -49,6 +49,7 @@ mod w3_contended;
 mod w4_scale_out;
 mod w5_reentry;
 mod w6_watchdog;
+mod wr_replica_acks;
 
 use floor::*;
 use report::*;
@@ -58,6 +59,7 @@ use w3_contended::*;
 use w4_scale_out::*;
 use w5_reentry::*;
 use w6_watchdog::*;
+use wr_replica_acks::*;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
@@ -117,6 +119,12 @@ async fn main() -> Result<(), Error> {
     }
     run!("W5", w5_reentry(&url, server.as_ref()));
     run!("W6", w6_watchdog(&url, server.as_ref()));
+    if wanted("WR") {
+        for report in wr_replica_acks().await? {
+            println!("{}", report.json());
+            reports.push(report);
+        }
+    }
     summarise(&reports);
     Ok(())
 }

@@ -9,6 +9,7 @@ use crate::backend::cluster::{ClusterLink, cluster_builder};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{RedisBackend, Topology, connect_error, open_url, redact_error, redact_url};
 use crate::backend::redlock::RedlockBackend;
+use crate::backend::sentinel::SentinelLink;
 use crate::config::ClientConfig;
 use crate::error::LockError;
 use crate::guard::LockRequest;
@@ -16,6 +17,7 @@ use crate::key::validate_prefix;
 use crate::shared::ClientInner;
 use crate::timing::{MAX_TIMEOUT, ttl_problem};
 use crate::waiter::Notifier;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 
 /// A handle to one lock backend. Cheap to clone; clones share connections.
 ///
@@ -69,6 +71,21 @@ impl LockClient {
     /// one slot, and release notifications use sharded pub/sub.
     pub async fn cluster<S: AsRef<str>>(urls: impl IntoIterator<Item = S>) -> Result<LockClient, LockError> {
         LockClient::builder().cluster(urls).await
+    }
+
+    /// The master that the Sentinels at `sentinel_urls` name `master_name`
+    /// (`redis://host:26379` each). Commands go to the current master;
+    /// after a failover, the first command that fails on the old master
+    /// makes the client ask Sentinel again, so new locks go to the new
+    /// master. The master is reached with the credentials of the first
+    /// sentinel URL. Pair it with
+    /// [`replica_acks`](LockClientBuilder::replica_acks) so that a lock
+    /// survives the failover that promotes its replica.
+    pub async fn sentinel<S: AsRef<str>>(
+        master_name: &str,
+        sentinel_urls: impl IntoIterator<Item = S>,
+    ) -> Result<LockClient, LockError> {
+        LockClient::builder().sentinel(master_name, sentinel_urls).await
     }
 
     /// Options: key prefix, default ttl and wait, retry backoff, command
@@ -130,6 +147,28 @@ impl LockClientBuilder {
         self
     }
 
+    /// After each acquire and each renewal, wait until `replicas` replicas
+    /// of the lock's master acknowledged the write (`WAIT`), for at most the
+    /// [`replica_ack_timeout`](Self::replica_ack_timeout) (default 100 ms).
+    /// An acquisition acknowledged by fewer is released and retried within
+    /// the call's `wait`, then fails with [`LockError::NotReplicated`]; a
+    /// renewal that falls short counts as
+    /// unconfirmed and is retried until the lease's deadline. For one node
+    /// with replicas, Sentinel and Cluster (each master's own replicas); it
+    /// narrows, and does not close, the window in which a failover loses a
+    /// lock (see the README).
+    pub fn replica_acks(mut self, replicas: u32) -> Self {
+        self.config.replica_acks = replicas;
+        self
+    }
+
+    /// How long a write waits for its replicas with
+    /// [`replica_acks`](Self::replica_acks) (default 100 ms).
+    pub fn replica_ack_timeout(mut self, timeout: Duration) -> Self {
+        self.config.ack_timeout = timeout;
+        self
+    }
+
     /// Redlock only: how long each master may take to answer one request
     /// (default 50 ms). Keep it small against the ttl: a slow master then
     /// costs one timeout, not the lease.
@@ -171,6 +210,7 @@ impl LockClientBuilder {
         for (what, timeout) in [
             ("command timeout", c.command_timeout),
             ("node timeout", c.node_timeout),
+            ("replica acknowledgement timeout", c.ack_timeout),
         ] {
             if timeout < Duration::from_millis(1) || timeout > MAX_TIMEOUT {
                 return Err(invalid(format!(
@@ -323,7 +363,8 @@ impl LockClientBuilder {
             tls_root,
         };
         let notifier = Notifier::new(Some(topology.clone()));
-        let backend = RedisBackend::new(link.clone(), topology, name.clone());
+        let backend = RedisBackend::new(link.clone(), topology, name.clone())
+            .with_replica_acks(self.config.replica_acks());
         if !self.config.lazy {
             // Reaches the seeds, learns the slots, then checks the
             // credentials on a node with `PING`.
@@ -333,6 +374,56 @@ impl LockClientBuilder {
             backend.verify(&seeds).await?;
         }
         Ok(self.build(AnyBackend::Cluster(backend), notifier, name))
+    }
+
+    /// A client for the master that Sentinel names `master_name`; see
+    /// [`LockClient::sentinel`].
+    pub async fn sentinel<S: AsRef<str>>(
+        self,
+        master_name: &str,
+        sentinel_urls: impl IntoIterator<Item = S>,
+    ) -> Result<LockClient, LockError> {
+        let urls: Vec<String> = sentinel_urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let name = format!("{}/{master_name}", seeds_name("sentinel", &urls));
+        self.check(&name)?;
+        let invalid = |reason: String| LockError::InvalidConfig {
+            node: name.clone(),
+            reason,
+        };
+        if urls.is_empty() {
+            return Err(invalid(
+                "a Sentinel client needs at least one sentinel URL".into(),
+            ));
+        }
+        let mut infos = Vec::with_capacity(urls.len());
+        for url in &urls {
+            let (client, _) = open_url(url, self.config.tls_root.as_deref())?;
+            infos.push(client.get_connection_info().clone());
+        }
+        // The master is reached with the credentials of the first sentinel
+        // URL (Sentinel deployments usually share one password).
+        let master_credentials = infos[0].redis_settings().clone();
+        let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+        // An owned name suits both of `build`'s signatures (with and
+        // without the crate's TLS feature).
+        let service = String::from(master_name);
+        let sentinel = SentinelClient::build(
+            infos,
+            service,
+            Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(master_credentials)),
+            SentinelServerType::Master,
+        )
+        .map_err(|e| invalid(redact_error(e, &seeds)))?;
+        let link = SentinelLink::new(sentinel, self.config.command_timeout);
+        let backend = RedisBackend::new(link.clone(), Topology::Sentinel(link), name.clone())
+            .with_replica_acks(self.config.replica_acks());
+        if !self.config.lazy {
+            // Asks Sentinel for the master, connects, checks the credentials.
+            backend.verify(&seeds).await?;
+            backend.check_eviction_policy().await;
+        }
+        let notifier = Notifier::new(Some(backend.topology().clone()));
+        Ok(self.build(AnyBackend::Sentinel(backend), notifier, name))
     }
 
     /// An in-process client with these options; see

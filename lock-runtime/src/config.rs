@@ -4,6 +4,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `WAIT replicas timeout`: how many replicas must acknowledge a lock's
+/// write, and how long to wait for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaAcks {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
+}
+
+/// The default time a write waits for its replicas' acknowledgements.
+pub(crate) const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_millis(100);
+
 /// What every lock call of one client shares.
 #[derive(Debug, Clone)]
 pub(crate) struct ClientConfig {
@@ -16,6 +27,10 @@ pub(crate) struct ClientConfig {
     pub(crate) node_timeout: Duration,
     /// Connect on first use instead of at construction.
     pub(crate) lazy: bool,
+    /// After each acquire and renewal, `WAIT` for this many replicas to
+    /// acknowledge the write (0: don't), for at most `ack_timeout`.
+    pub(crate) replica_acks: u32,
+    pub(crate) ack_timeout: Duration,
     /// A PEM root certificate that `rediss://` servers are verified against
     /// instead of the system's roots (feature `tls`).
     pub(crate) tls_root: Option<Arc<[u8]>>,
@@ -32,7 +47,19 @@ impl Default for ClientConfig {
             command_timeout: Duration::from_secs(1),
             node_timeout: Duration::from_millis(50),
             lazy: false,
+            replica_acks: 0,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
             tls_root: None,
         }
+    }
+}
+
+impl ClientConfig {
+    /// The `WAIT` every acquire and renewal ends with, if any.
+    pub(crate) fn replica_acks(&self) -> Option<ReplicaAcks> {
+        (self.replica_acks > 0).then_some(ReplicaAcks {
+            replicas: self.replica_acks,
+            timeout: self.ack_timeout,
+        })
     }
 }

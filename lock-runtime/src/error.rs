@@ -130,6 +130,19 @@ pub enum LockError {
         causes: String,
     },
 
+    /// Fewer replicas than `replica_acks` asked for acknowledged the lock's
+    /// write within the acknowledgement timeout. The lock was released: a
+    /// failover could have lost it.
+    #[error("lock `{key}` was acknowledged by {acked} of the {wanted} replicas required; it was released")]
+    NotReplicated {
+        /// The lock's key.
+        key: String,
+        /// Replicas that acknowledged the write.
+        acked: u32,
+        /// Replicas required (`replica_acks`).
+        wanted: u32,
+    },
+
     /// The backend cannot provide what was asked of it.
     #[error("lock `{key}`: {feature} is not supported by this backend")]
     Unsupported {

@@ -293,6 +293,11 @@ async fn open_subscription(topology: &Topology) -> RedisResult<(Sink, Messages)>
             let names = stream.map(|message| message.get_channel_name().to_owned());
             Ok((Sink::Single(sink), names.boxed()))
         }
+        Topology::Sentinel(link) => {
+            let (sink, stream) = link.master_client().await?.get_async_pubsub().await?.split();
+            let names = stream.map(|message| message.get_channel_name().to_owned());
+            Ok((Sink::Single(sink), names.boxed()))
+        }
         Topology::Cluster {
             urls,
             timeout,

@@ -11,11 +11,13 @@ pub mod lab;
 pub mod monitor;
 pub mod proxy;
 pub mod report;
+pub mod sentinel;
 pub mod server;
 pub mod witness;
 
 pub use cluster::Cluster;
 pub use proxy::Proxy;
+pub use sentinel::Replicated;
 pub use server::{
     RedisServer, commands_between, free_port, percent_encode, redis_server_binary, start_masters,
 };

@@ -281,3 +281,50 @@ async fn cluster_configuration_errors_are_refused() {
         other => panic!("expected InvalidConfig, got {other:?}"),
     }
 }
+
+/// `replica_acks` on a cluster waits on the master of each key's slot: with
+/// one replica per master, `replica_acks(1)` takes keys on every master, and
+/// `replica_acks(2)` reports 1 of 2 and leaves nothing at the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_wait_on_the_master_of_each_key() {
+    let cluster = Cluster::start(3, 1);
+    let one = LockClient::builder()
+        .replica_acks(1)
+        .cluster(cluster.urls())
+        .await
+        .expect("cluster client");
+    let mut masters = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let key = format!("acked:{i}");
+        masters.insert(cluster.master_of(&format!("lock:{{{key}}}")));
+        one.lock(key.as_str())
+            .run(async {})
+            .await
+            .expect("one replica acknowledges");
+    }
+    assert_eq!(masters.len(), 3, "the keys cover every master");
+    let two = LockClient::builder()
+        .replica_acks(2)
+        .cluster(cluster.urls())
+        .await
+        .expect("cluster client");
+    let err = two
+        .lock("acked:x")
+        .run(async {})
+        .await
+        .expect_err("one replica only");
+    assert!(
+        matches!(
+            &err,
+            LockError::NotReplicated {
+                acked: 1,
+                wanted: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let master = cluster.master_of("lock:{acked:x}");
+    let left: i64 = cluster.nodes[master].query(redis::cmd("EXISTS").arg("lock:{acked:x}"));
+    assert_eq!(left, 0, "an unacknowledged lock was left");
+}

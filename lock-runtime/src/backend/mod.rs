@@ -11,6 +11,7 @@ mod contract;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod redlock;
+pub(crate) mod sentinel;
 mod tls;
 
 pub(crate) use contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
@@ -22,6 +23,7 @@ pub(crate) enum AnyBackend {
     Memory(memory::MemoryBackend),
     Redlock(redlock::RedlockBackend),
     Cluster(redis::RedisBackend<cluster::ClusterLink>),
+    Sentinel(redis::RedisBackend<sentinel::SentinelLink>),
 }
 
 impl AnyBackend {
@@ -39,6 +41,7 @@ impl Backend for AnyBackend {
             AnyBackend::Memory(b) => b.acquire(req).await,
             AnyBackend::Redlock(b) => b.acquire(req).await,
             AnyBackend::Cluster(b) => b.acquire(req).await,
+            AnyBackend::Sentinel(b) => b.acquire(req).await,
         }
     }
 
@@ -48,6 +51,7 @@ impl Backend for AnyBackend {
             AnyBackend::Memory(b) => b.release(key, holder).await,
             AnyBackend::Redlock(b) => b.release(key, holder).await,
             AnyBackend::Cluster(b) => b.release(key, holder).await,
+            AnyBackend::Sentinel(b) => b.release(key, holder).await,
         }
     }
 
@@ -63,6 +67,7 @@ impl Backend for AnyBackend {
             AnyBackend::Memory(b) => b.renew(key, holder, ttl, extend_only).await,
             AnyBackend::Redlock(b) => b.renew(key, holder, ttl, extend_only).await,
             AnyBackend::Cluster(b) => b.renew(key, holder, ttl, extend_only).await,
+            AnyBackend::Sentinel(b) => b.renew(key, holder, ttl, extend_only).await,
         }
     }
 
@@ -72,6 +77,7 @@ impl Backend for AnyBackend {
             AnyBackend::Memory(b) => b.renew_many(items).await,
             AnyBackend::Redlock(b) => b.renew_many(items).await,
             AnyBackend::Cluster(b) => b.renew_many(items).await,
+            AnyBackend::Sentinel(b) => b.renew_many(items).await,
         }
     }
 }

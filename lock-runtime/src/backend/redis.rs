@@ -5,16 +5,19 @@
 //! acquisition and its compensating release then travel in order on the same
 //! socket, so a release can never overtake the acquire it undoes.
 
+use std::future::Future;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_routing::Slot;
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
+use super::cluster::ClusterLink;
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::sentinel::SentinelLink;
 use super::tls;
-use crate::config::ClientConfig;
+use crate::config::{ClientConfig, ReplicaAcks};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::timing::millis;
@@ -26,9 +29,52 @@ static RENEW_MANY: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/renew_many.lua")));
 
 /// What a connection to Redis must offer: the redis crate's async
-/// connection, cheap to clone (clones share the connection).
-pub(crate) trait Connection: ConnectionLike + Clone + Send + Sync + 'static {}
-impl<T: ConnectionLike + Clone + Send + Sync + 'static> Connection for T {}
+/// connection, cheap to clone (clones share the connection), that can wait
+/// for the replicas of the master that holds a key.
+pub(crate) trait Connection: ConnectionLike + Clone + Send + Sync + 'static {
+    /// `WAIT replicas timeout` on the connection that wrote `redis_key`:
+    /// how many replicas acknowledged this connection's writes so far.
+    fn wait_for_replicas(
+        &self,
+        redis_key: &str,
+        acks: ReplicaAcks,
+    ) -> impl Future<Output = RedisResult<i64>> + Send;
+}
+
+fn wait_command(acks: ReplicaAcks) -> redis::Cmd {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(acks.replicas).arg(millis(acks.timeout));
+    cmd
+}
+
+impl Connection for ConnectionManager {
+    async fn wait_for_replicas(&self, _redis_key: &str, acks: ReplicaAcks) -> RedisResult<i64> {
+        wait_command(acks).query_async(&mut self.clone()).await
+    }
+}
+
+impl Connection for SentinelLink {
+    async fn wait_for_replicas(&self, _redis_key: &str, acks: ReplicaAcks) -> RedisResult<i64> {
+        wait_command(acks).query_async(&mut self.clone()).await
+    }
+}
+
+impl Connection for ClusterLink {
+    /// Left to itself, the cluster client sends `WAIT` to every master; the
+    /// write to wait for is on the master of the key's slot.
+    async fn wait_for_replicas(&self, redis_key: &str, acks: ReplicaAcks) -> RedisResult<i64> {
+        let route = Route::with_slot(Slot::for_key(redis_key), SlotAddr::Master);
+        let reply = self
+            .connection()
+            .await?
+            .route_command(
+                wait_command(acks),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+            )
+            .await?;
+        Ok(redis::from_redis_value(reply)?)
+    }
+}
 
 /// How releases are announced, and where their subscriptions connect.
 #[derive(Clone)]
@@ -43,6 +89,9 @@ pub(crate) enum Topology {
         timeout: Duration,
         tls_root: Option<std::sync::Arc<[u8]>>,
     },
+    /// A master found through Sentinel: PUBLISH, heard on a pub/sub
+    /// connection to whichever node is master when it connects.
+    Sentinel(SentinelLink),
 }
 
 /// Says which kind only: the client and the seed URLs carry credentials.
@@ -51,6 +100,7 @@ impl std::fmt::Debug for Topology {
         f.write_str(match self {
             Topology::Single(_) => "Single",
             Topology::Cluster { .. } => "Cluster",
+            Topology::Sentinel(_) => "Sentinel",
         })
     }
 }
@@ -59,6 +109,8 @@ pub(crate) struct RedisBackend<C = ConnectionManager> {
     conn: C,
     topology: Topology,
     node: String,
+    /// `WAIT` for replicas after every acquire and renewal.
+    acks: Option<ReplicaAcks>,
 }
 
 impl<C> std::fmt::Debug for RedisBackend<C> {
@@ -71,7 +123,18 @@ impl<C> std::fmt::Debug for RedisBackend<C> {
 
 impl<C: Connection> RedisBackend<C> {
     pub(crate) fn new(conn: C, topology: Topology, node: String) -> Self {
-        RedisBackend { conn, topology, node }
+        RedisBackend {
+            conn,
+            topology,
+            node,
+            acks: None,
+        }
+    }
+
+    /// `WAIT` for `acks` after every acquire and renewal.
+    pub(crate) fn with_replica_acks(mut self, acks: Option<ReplicaAcks>) -> Self {
+        self.acks = acks;
+        self
     }
 
     pub(crate) fn node(&self) -> &str {
@@ -92,7 +155,8 @@ impl RedisBackend {
         let conn = ConnectionManager::new_with_config(client.clone(), manager_config(config))
             .await
             .map_err(|e| connect_error(&node, e, &[url]))?;
-        let backend = RedisBackend::new(conn, Topology::Single(client), node);
+        let backend =
+            RedisBackend::new(conn, Topology::Single(client), node).with_replica_acks(config.replica_acks());
         backend.verify(&[url]).await?;
         backend.check_eviction_policy().await;
         Ok(backend)
@@ -104,32 +168,7 @@ impl RedisBackend {
         let (client, node) = open_url(url, config.tls_root.as_deref())?;
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))
             .map_err(|e| connect_error(&node, e, &[url]))?;
-        Ok(RedisBackend::new(conn, Topology::Single(client), node))
-    }
-
-    /// Lock keys always carry a TTL, so every eviction policy but
-    /// `noeviction` (the `volatile-*` ones first) may delete a held lock under
-    /// memory pressure, and a second holder then gets in. That is a deployment
-    /// choice the library cannot undo, so it says so once, at connect.
-    async fn check_eviction_policy(&self) {
-        let reply: Result<Vec<String>, RedisError> = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg("maxmemory-policy")
-            .query_async(&mut self.conn.clone())
-            .await;
-        match reply.as_deref() {
-            Ok([_, policy]) if policy != "noeviction" => tracing::warn!(
-                node = %self.node,
-                policy = %policy,
-                "maxmemory-policy `{policy}` can evict held locks under memory pressure, letting a second holder in; set `maxmemory-policy noeviction` on lock servers"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(
-                node = %self.node,
-                error = %e,
-                "could not verify the eviction policy (CONFIG GET refused); lock servers need `maxmemory-policy noeviction`"
-            ),
-        }
+        Ok(RedisBackend::new(conn, Topology::Single(client), node).with_replica_acks(config.replica_acks()))
     }
 
     /// Like [`connect`](Self::connect), but a node that does not answer now
@@ -169,6 +208,31 @@ impl RedisBackend {
 }
 
 impl<C: Connection> RedisBackend<C> {
+    /// Lock keys always carry a TTL, so every eviction policy but
+    /// `noeviction` (the `volatile-*` ones first) may delete a held lock under
+    /// memory pressure, and a second holder then gets in. That is a deployment
+    /// choice the library cannot undo, so it says so once, at connect.
+    pub(crate) async fn check_eviction_policy(&self) {
+        let reply: Result<Vec<String>, RedisError> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut self.conn.clone())
+            .await;
+        match reply.as_deref() {
+            Ok([_, policy]) if policy != "noeviction" => tracing::warn!(
+                node = %self.node,
+                policy = %policy,
+                "maxmemory-policy `{policy}` can evict held locks under memory pressure, letting a second holder in; set `maxmemory-policy noeviction` on lock servers"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                node = %self.node,
+                error = %e,
+                "could not verify the eviction policy (CONFIG GET refused); lock servers need `maxmemory-policy noeviction`"
+            ),
+        }
+    }
+
     /// `PING`: the first command that needs the connection's credentials.
     pub(crate) async fn verify(&self, urls: &[&str]) -> Result<(), LockError> {
         redis::cmd("PING")
@@ -193,7 +257,9 @@ impl<C: Connection> RedisBackend<C> {
                         | ServerErrorKind::ReadOnly
                 )
             )
-            || e.code() == Some("BUSY");
+            || e.code() == Some("BUSY")
+            // Sentinel names no confirmed master while a failover runs.
+            || e.kind() == ErrorKind::MasterNameNotFoundBySentinel;
         let reconnecting = e.is_unrecoverable_error() && !e.is_timeout();
         Failure {
             error: LockError::backend(&self.node, Some(&key.name), e),
@@ -229,7 +295,7 @@ impl<C: Connection> Backend for RedisBackend<C> {
                 .await
                 .map_err(|e| self.failure(key, e))?;
             if set.is_some() {
-                return Ok(AcquireReply::Acquired { token: None });
+                return self.replicated(req, AcquireReply::Acquired { token: None }).await;
             }
         }
         let reply: Value = ACQUIRE
@@ -243,9 +309,12 @@ impl<C: Connection> Backend for RedisBackend<C> {
             .await
             .map_err(|e| self.failure(key, e))?;
         match reply.as_sequence() {
-            Some([Value::Int(1), Value::Int(token)]) => Ok(AcquireReply::Acquired {
-                token: req.fencing.then(|| u64::try_from(*token).unwrap_or(0)),
-            }),
+            Some([Value::Int(1), Value::Int(token)]) => {
+                let acquired = AcquireReply::Acquired {
+                    token: req.fencing.then(|| u64::try_from(*token).unwrap_or(0)),
+                };
+                self.replicated(req, acquired).await
+            }
             Some([Value::Int(0), Value::Int(pttl)]) => Ok(AcquireReply::Held {
                 pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
             }),
@@ -260,7 +329,7 @@ impl<C: Connection> Backend for RedisBackend<C> {
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
         let announce = match self.topology {
-            Topology::Single(_) => "publish",
+            Topology::Single(_) | Topology::Sentinel(_) => "publish",
             Topology::Cluster { .. } => "spublish",
         };
         let released: i64 = RELEASE
@@ -289,6 +358,24 @@ impl<C: Connection> Backend for RedisBackend<C> {
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
+        if renewed == 1
+            && let Some(acks) = self.acks
+        {
+            let acked = self
+                .conn
+                .wait_for_replicas(&key.redis_key, acks)
+                .await
+                .map_err(|e| self.failure(key, e))?;
+            if acked < i64::from(acks.replicas) {
+                // Unconfirmed, like a renewal that got no reply: the caller
+                // may retry until the lease's deadline.
+                return Err(Failure {
+                    error: self.not_replicated(key, acked, acks),
+                    transient: true,
+                    reconnecting: false,
+                });
+            }
+        }
         Ok(renewed == 1)
     }
 
@@ -301,6 +388,46 @@ impl<C: Connection> Backend for RedisBackend<C> {
 }
 
 impl<C: Connection> RedisBackend<C> {
+    /// With `replica_acks`, an acquisition counts only once enough replicas
+    /// have acknowledged it; one that falls short is released at once (on
+    /// the same connection, after the write) and refused. The refusal is
+    /// worth retrying within the caller's `wait`: a replica may be
+    /// reconnecting (after a failover, say); the last one is reported.
+    async fn replicated(
+        &self,
+        req: &AcquireRequest<'_>,
+        acquired: AcquireReply,
+    ) -> Result<AcquireReply, Failure> {
+        let Some(acks) = self.acks else {
+            return Ok(acquired);
+        };
+        let key = req.key;
+        // A failed WAIT leaves the acquisition in doubt, like a lost reply:
+        // the caller retries with the same holder id, or gives it back.
+        let acked = self
+            .conn
+            .wait_for_replicas(&key.redis_key, acks)
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        if acked >= i64::from(acks.replicas) {
+            return Ok(acquired);
+        }
+        self.release(key, req.holder).await?;
+        Err(Failure {
+            error: self.not_replicated(key, acked, acks),
+            transient: true,
+            reconnecting: false,
+        })
+    }
+
+    fn not_replicated(&self, key: &LockKey, acked: i64, acks: ReplicaAcks) -> LockError {
+        LockError::NotReplicated {
+            key: key.name.clone(),
+            acked: u32::try_from(acked).unwrap_or(0),
+            wanted: acks.replicas,
+        }
+    }
+
     /// A script may only touch keys of one slot on a cluster: one batch per
     /// slot, all sent at once (the cluster client pipelines them per node).
     async fn renew_per_slot(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
@@ -361,7 +488,20 @@ impl<C: Connection> RedisBackend<C> {
                 ),
             )));
         }
-        Ok(renewed.into_iter().map(|r| Renewal::from(r == 1)).collect())
+        let mut renewals: Vec<Renewal> = renewed.into_iter().map(|r| Renewal::from(r == 1)).collect();
+        if let Some(acks) = self.acks {
+            // Keys of one batch share a master (one node, or one slot on a
+            // cluster): one WAIT covers them all.
+            let acked = self.conn.wait_for_replicas(&first.key.redis_key, acks).await;
+            if !acked.is_ok_and(|n| n >= i64::from(acks.replicas)) {
+                for renewal in &mut renewals {
+                    if *renewal == Renewal::Renewed {
+                        *renewal = Renewal::Unconfirmed;
+                    }
+                }
+            }
+        }
+        Ok(renewals)
     }
 }
 

@@ -1,0 +1,210 @@
+//! A replicated Redis: a master, its replicas, and three sentinels
+//! (`redis-server <config> --sentinel`) watching it, on free ports.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::server::{RedisServer, free_port, redis_server_binary, spawn_owned};
+
+/// The name the sentinels know the master by.
+pub const MASTER_NAME: &str = "lockmaster";
+
+/// A master with replicas and three sentinels; all stopped on drop.
+#[derive(Debug)]
+pub struct Replicated {
+    /// The first master; after a failover, one of the replicas is master.
+    pub master: RedisServer,
+    /// Its replicas, synced when `start` returns.
+    pub replicas: Vec<RedisServer>,
+    sentinels: Vec<SentinelProcess>,
+}
+
+#[derive(Debug)]
+struct SentinelProcess {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Replicated {
+    /// A master with `replicas` replicas, without sentinels.
+    pub fn start_without_sentinels(replicas: usize) -> Replicated {
+        let master = RedisServer::start();
+        let replicaof = master.port().to_string();
+        let replicas = (0..replicas)
+            .map(|_| RedisServer::start_with(&["--replicaof", "127.0.0.1", &replicaof]))
+            .collect();
+        let replicated = Replicated {
+            master,
+            replicas,
+            sentinels: Vec::new(),
+        };
+        replicated.wait_for_replicas(Duration::from_secs(20));
+        replicated
+    }
+
+    /// A master with `replicas` replicas and three sentinels that agree on
+    /// a failover once two of them see the master down for 2 s. Not less:
+    /// a sentinel reconnects to an instance at most once a second, and with
+    /// a shorter down-after it can judge a just-promoted master down before
+    /// its link is up, and fail over again and again (seen with 500 ms).
+    pub fn start(replicas: usize) -> Replicated {
+        let mut replicated = Replicated::start_without_sentinels(replicas);
+        replicated.sentinels = (0..3).map(|_| start_sentinel(replicated.master.port())).collect();
+        replicated.wait_for_sentinels(Duration::from_secs(30));
+        replicated
+    }
+
+    /// `redis://127.0.0.1:<port>/` of every sentinel.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("redis://127.0.0.1:{}/", s.port))
+            .collect()
+    }
+
+    /// The master's port as the first sentinel that answers names it.
+    pub fn master_port_by_sentinel(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{}/", s.port)).ok()?;
+            let mut conn = client.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
+            let addr: Vec<String> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(MASTER_NAME)
+                .query(&mut conn)
+                .ok()?;
+            addr.get(1)?.parse().ok()
+        })
+    }
+
+    /// Waits until the sentinels name a master other than `old_port` that
+    /// says it is a master; returns its port.
+    pub fn wait_for_failover(&self, old_port: u16, timeout: Duration) -> u16 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(port) = self.master_port_by_sentinel().filter(|p| *p != old_port)
+                && let Some(node) = self.node(port)
+                && node_role(node).as_deref() == Some("master")
+            {
+                return port;
+            }
+            assert!(Instant::now() < deadline, "no failover after {timeout:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The server on `port`, master or replica.
+    pub fn node(&self, port: u16) -> Option<&RedisServer> {
+        std::iter::once(&self.master)
+            .chain(&self.replicas)
+            .find(|n| n.port() == port)
+    }
+
+    fn wait_for_replicas(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let synced = |node: &RedisServer| {
+            node.sync_connection()
+                .ok()
+                .and_then(|mut c| redis::cmd("INFO").arg("replication").query::<String>(&mut c).ok())
+                .is_some_and(|info| info.contains("master_link_status:up"))
+        };
+        while !self.replicas.iter().all(synced) {
+            assert!(Instant::now() < deadline, "replicas not synced after {timeout:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Until every sentinel knows the replicas and the other two sentinels:
+    /// before that, they cannot agree on a failover.
+    fn wait_for_sentinels(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let ready = |port: u16| {
+            let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
+                return false;
+            };
+            let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(1)) else {
+                return false;
+            };
+            let mut count = |what: &str| {
+                redis::cmd("SENTINEL")
+                    .arg(what)
+                    .arg(MASTER_NAME)
+                    .query::<Vec<redis::Value>>(&mut conn)
+                    .map_or(0, |v| v.len())
+            };
+            count("replicas") >= self.replicas.len() && count("sentinels") >= 2
+        };
+        while !self.sentinels.iter().all(|s| ready(s.port)) {
+            assert!(Instant::now() < deadline, "sentinels not ready after {timeout:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn node_role(node: &RedisServer) -> Option<String> {
+    let mut conn = node.sync_connection().ok()?;
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut conn).ok()?;
+    redis::from_redis_value_ref::<String>(role.first()?).ok()
+}
+
+fn start_sentinel(master_port: u16) -> SentinelProcess {
+    let dir = tempfile::tempdir().expect("sentinel dir");
+    for _ in 0..20 {
+        let port = free_port();
+        let config: PathBuf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndaemonize no\nlogfile sentinel.log\n\
+                 sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds {MASTER_NAME} 2000\n\
+                 sentinel failover-timeout {MASTER_NAME} 30000\n\
+                 sentinel parallel-syncs {MASTER_NAME} 1\n"
+            ),
+        )
+        .expect("write sentinel.conf");
+        let mut command = Command::new(redis_server_binary());
+        command
+            .arg(&config)
+            .arg("--sentinel")
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = spawn_owned(command).expect("run redis-server --sentinel");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let answers = loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                break false;
+            }
+            let ping = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+            if ping.is_ok() {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        if answers {
+            return SentinelProcess {
+                child,
+                port,
+                _dir: dir,
+            };
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("could not start a sentinel on any free port");
+}
