@@ -218,6 +218,12 @@ impl LockClientBuilder {
                 )));
             }
         }
+        if c.replica_acks > 0 && c.ack_timeout >= c.command_timeout {
+            return Err(invalid(format!(
+                "the replica acknowledgement timeout ({:?}) must be shorter than the command timeout ({:?}), which bounds the `WAIT` that uses it",
+                c.ack_timeout, c.command_timeout
+            )));
+        }
         if c.retry_min.is_zero() || c.retry_min > c.retry_max || c.retry_max > MAX_TIMEOUT {
             return Err(invalid(format!(
                 "retry backoff needs 0 < min <= max <= 1h, got min {:?} and max {:?}",

@@ -37,7 +37,9 @@ impl Drop for SentinelProcess {
 impl Replicated {
     /// A master with `replicas` replicas, without sentinels.
     pub fn start_without_sentinels(replicas: usize) -> Replicated {
-        let master = RedisServer::start();
+        // No 5 s pause before the first sync (the default waits for more
+        // replicas to join it).
+        let master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]);
         let replicaof = master.port().to_string();
         let replicas = (0..replicas)
             .map(|_| RedisServer::start_with(&["--replicaof", "127.0.0.1", &replicaof]))
@@ -109,17 +111,7 @@ impl Replicated {
     }
 
     fn wait_for_replicas(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        let synced = |node: &RedisServer| {
-            node.sync_connection()
-                .ok()
-                .and_then(|mut c| redis::cmd("INFO").arg("replication").query::<String>(&mut c).ok())
-                .is_some_and(|info| info.contains("master_link_status:up"))
-        };
-        while !self.replicas.iter().all(synced) {
-            assert!(Instant::now() < deadline, "replicas not synced after {timeout:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until_replicas_acknowledge(&self.master, self.replicas.len(), timeout);
     }
 
     /// Until every sentinel knows the replicas and the other two sentinels:
@@ -146,6 +138,43 @@ impl Replicated {
             assert!(Instant::now() < deadline, "sentinels not ready after {timeout:?}");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// Until `replicas` replicas acknowledge writes to `master` as they come.
+/// A replica that reports its link up, or that the master lists as online,
+/// may not have acknowledged anything yet: after a diskless full sync the
+/// master streams writes to it only after its first `REPLCONF ACK`, which
+/// can take a second. And a write made before the sync has offset 0, which
+/// `WAIT` counts as acknowledged at once. So: every replica has acknowledged
+/// a non-zero offset, and `WAIT` counts them for a write made now.
+pub fn wait_until_replicas_acknowledge(master: &RedisServer, replicas: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let wanted = i64::try_from(replicas).unwrap_or(i64::MAX);
+    loop {
+        let ready = master.sync_connection().ok().and_then(|mut conn| {
+            redis::cmd("SET")
+                .arg("replication-probe")
+                .arg(1)
+                .query::<()>(&mut conn)
+                .ok()?;
+            let acked: i64 = redis::cmd("WAIT").arg(replicas).arg(200).query(&mut conn).ok()?;
+            let info: String = redis::cmd("INFO").arg("replication").query(&mut conn).ok()?;
+            let streaming = info
+                .lines()
+                .filter(|l| l.starts_with("slave"))
+                .filter_map(|l| l.split(",offset=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+                .filter(|offset| *offset > 0)
+                .count();
+            Some(acked >= wanted && streaming >= replicas)
+        });
+        if ready == Some(true) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replicas not acknowledging after {timeout:?}"
+        );
     }
 }
 

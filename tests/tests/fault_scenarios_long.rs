@@ -672,8 +672,8 @@ async fn p1_a_promoted_replica_that_missed_the_write_lets_a_second_holder_in() {
             "verdict": "PASS; control caught",
             "trials": trials,
             "overlaps_caught": overlapped,
-            "mitigation": "not built: the library has no replica-acknowledgement (WAIT) policy",
-            "key_figure": format!("caught {overlapped}/{trials}; WAIT policy not built"),
+            "mitigation": "replica_acks(n): scenario P1m (tier 1)",
+            "key_figure": format!("caught {overlapped}/{trials}; mitigated by replica_acks, see P1m"),
         }),
     );
 }

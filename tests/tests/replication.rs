@@ -63,6 +63,18 @@ async fn replica_acks_on_a_master_with_a_replica() {
         .expect("unacknowledged renewals end the lease");
     assert_eq!(reason, LostReason::Expired);
     group.replicas[0].resume();
+
+    // A `WAIT` timeout the command timeout would cut short is refused.
+    let err = LockClient::builder()
+        .replica_acks(1)
+        .replica_ack_timeout(Duration::from_secs(1))
+        .connect(&group.master.url())
+        .await
+        .expect_err("ack timeout not shorter than the command timeout");
+    assert!(
+        matches!(&err, LockError::InvalidConfig { reason, .. } if reason.contains("shorter than the command timeout")),
+        "{err}"
+    );
 }
 
 /// Sentinel clients, one with `replica_acks(1)`, over a master with two

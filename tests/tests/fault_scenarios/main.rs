@@ -20,6 +20,7 @@ use serde_json::json;
 
 mod holders;
 mod links;
+mod replication;
 mod server_state;
 mod stalls;
 
