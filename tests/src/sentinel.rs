@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::proxy::Proxy;
 use crate::server::{RedisServer, free_port, redis_server_binary, spawn_owned};
 
 /// The name the sentinels know the master by.
@@ -139,6 +140,18 @@ impl Replicated {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// A master and one replica that replicates through a proxy (so that a test
+/// can cut replication with `blackhole`), acknowledging writes.
+pub async fn replica_behind_proxy() -> (RedisServer, Proxy, RedisServer) {
+    // No 5 s pause before the first sync (the default waits for more
+    // replicas to join it).
+    let master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]);
+    let link = Proxy::start(master.port()).await;
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &link.port().to_string()]);
+    tokio::task::block_in_place(|| wait_until_replicas_acknowledge(&master, 1, Duration::from_secs(10)));
+    (master, link, replica)
 }
 
 /// Until `replicas` replicas acknowledge writes to `master` as they come.

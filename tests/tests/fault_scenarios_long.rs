@@ -630,21 +630,7 @@ async fn p1_a_promoted_replica_that_missed_the_write_lets_a_second_holder_in() {
     let mut overlapped = 0;
     for trial in 0..trials {
         let key = format!("p1:{trial}");
-        let mut master = RedisServer::start();
-        let link = Proxy::start(master.port()).await;
-        let link_port = link
-            .url()
-            .trim_start_matches("redis://127.0.0.1:")
-            .trim_end_matches('/')
-            .to_owned();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &link_port]);
-        let synced = eventually(Duration::from_secs(10), || {
-            replica
-                .query::<String>(redis::cmd("INFO").arg("replication"))
-                .contains("master_link_status:up")
-        })
-        .await;
-        assert!(synced.is_some(), "the replica never synced");
+        let (mut master, link, replica) = lock_tests::sentinel::replica_behind_proxy().await;
         link.blackhole();
         let a = LockClient::connect(&master.url()).await.expect("connect");
         let guard = a.lock(key.as_str()).ttl(T).acquire().await.expect("acquire");

@@ -3,23 +3,6 @@
 
 use super::*;
 
-/// The master on its own port, a replica that replicates through a proxy
-/// (so that the test can cut replication), synced.
-async fn master_and_replica() -> (RedisServer, Proxy, RedisServer) {
-    // No 5 s pause before the first sync (the default waits for more
-    // replicas to join it).
-    let master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]);
-    let link = Proxy::start(master.port()).await;
-    let link_port = link
-        .url()
-        .trim_start_matches("redis://127.0.0.1:")
-        .trim_end_matches('/')
-        .to_owned();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &link_port]);
-    lock_tests::sentinel::wait_until_replicas_acknowledge(&master, 1, Duration::from_secs(10));
-    (master, link, replica)
-}
-
 /// P1m: the master dies right after a grant and its replica is promoted;
 /// the holder uses `replica_acks(1)`. Trials alternate: (a) replication is
 /// cut before the grant (P1's fault), so the grant is never acknowledged:
@@ -36,7 +19,7 @@ async fn p1m_acknowledged_grants_survive_the_promotion_of_their_replica() {
     for trial in 0..trials {
         let key = format!("p1m:{trial}");
         let cut = trial % 2 == 0;
-        let (mut master, link, replica) = master_and_replica().await;
+        let (mut master, link, replica) = lock_tests::sentinel::replica_behind_proxy().await;
         if cut {
             link.blackhole();
         }
