@@ -49,18 +49,6 @@ impl<W: Cleanup> DropGuard<W> {
         }
     }
 
-    pub(crate) fn work(&self) -> &W {
-        self.work
-            .as_ref()
-            .expect("the work stays until the guard is consumed")
-    }
-
-    pub(crate) fn work_mut(&mut self) -> &mut W {
-        self.work
-            .as_mut()
-            .expect("the work stays until the guard is consumed")
-    }
-
     /// Nothing happens at drop any more.
     pub(crate) fn disarm(&mut self) {
         self.armed = false;
@@ -79,13 +67,17 @@ impl<W: Cleanup> std::ops::Deref for DropGuard<W> {
     type Target = W;
 
     fn deref(&self) -> &W {
-        self.work()
+        self.work
+            .as_ref()
+            .expect("the work stays until the guard is consumed")
     }
 }
 
 impl<W: Cleanup> std::ops::DerefMut for DropGuard<W> {
     fn deref_mut(&mut self) -> &mut W {
-        self.work_mut()
+        self.work
+            .as_mut()
+            .expect("the work stays until the guard is consumed")
     }
 }
 

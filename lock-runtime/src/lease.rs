@@ -39,7 +39,7 @@ impl Lease {
     /// dropped before the server answered, the drop guard sends the release
     /// again (it is owner-checked, so a duplicate is harmless).
     pub(crate) async fn release(mut self) -> Result<(), LockError> {
-        let result = self.release.work().run().await;
+        let result = self.release.run().await;
         self.release.disarm();
         result
     }

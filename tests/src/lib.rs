@@ -52,6 +52,22 @@ pub fn install_global_client() -> &'static RedisServer {
     })
 }
 
+/// Until a waiter on lock `key` (default prefix) has subscribed to its
+/// release channel on `server`: from then on it is waiting, and a release
+/// reaches it.
+pub async fn until_waiting(server: &RedisServer, key: &str) {
+    let channel = format!("lock:{{{key}}}:released");
+    let subscribed = eventually(Duration::from_secs(10), || {
+        let counts: Vec<redis::Value> = server.query(redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel));
+        counts
+            .get(1)
+            .and_then(|n| redis::from_redis_value_ref::<i64>(n).ok())
+            .is_some_and(|n| n >= 1)
+    })
+    .await;
+    assert!(subscribed.is_some(), "nobody waits on `{key}` after 10 s");
+}
+
 /// A guard on `key` taken by another task, so that the calling task waits
 /// for it like any other holder (in the task that took a guard, a second
 /// call for the key fails at once with `WouldDeadlock`).

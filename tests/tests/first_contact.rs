@@ -378,7 +378,7 @@ async fn durations_of_any_size_never_panic() {
     let guard = locks.lock("forever").acquire().await.expect("holder");
     let waiter = locks.clone();
     let waiting = tokio::spawn(async move { waiter.lock("forever").wait(Duration::MAX).run(async {}).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    lock_tests::until_waiting(&server, "forever").await;
     assert!(!waiting.is_finished(), "a wait of Duration::MAX gave up");
     guard.release().await.expect("release");
     tokio::time::timeout(Duration::from_secs(10), waiting)

@@ -150,7 +150,7 @@ async fn sentinel_follows_a_failover_and_acknowledged_locks_survive_it() {
             .run(async {})
             .await
     });
-    lock_tests::eventually(Duration::from_millis(200), || false).await;
+    lock_tests::until_waiting(new_master, "held").await;
     held.release().await.expect("release after the failover");
     tokio::time::timeout(Duration::from_secs(15), waiting)
         .await

@@ -121,7 +121,7 @@ async fn locks_over_tls_with_a_private_ca() {
             .run(async {})
             .await
     });
-    lock_tests::eventually(Duration::from_millis(300), || false).await;
+    lock_tests::until_waiting(&server, "tls:1").await;
     guard.release().await.expect("release over TLS");
     tokio::time::timeout(Duration::from_secs(10), waiting)
         .await

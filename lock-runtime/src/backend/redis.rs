@@ -33,12 +33,17 @@ static RENEW_MANY: LazyLock<Script> =
 /// for the replicas of the master that holds a key.
 pub(crate) trait Connection: ConnectionLike + Clone + Send + Sync + 'static {
     /// `WAIT replicas timeout` on the connection that wrote `redis_key`:
-    /// how many replicas acknowledged this connection's writes so far.
+    /// how many replicas acknowledged this connection's writes so far. A
+    /// connection to one master sends it as it is.
     fn wait_for_replicas(
         &self,
         redis_key: &str,
         acks: ReplicaAcks,
-    ) -> impl Future<Output = RedisResult<i64>> + Send;
+    ) -> impl Future<Output = RedisResult<i64>> + Send {
+        let _ = redis_key;
+        let mut conn = self.clone();
+        async move { wait_command(acks).query_async(&mut conn).await }
+    }
 }
 
 fn wait_command(acks: ReplicaAcks) -> redis::Cmd {
@@ -47,17 +52,9 @@ fn wait_command(acks: ReplicaAcks) -> redis::Cmd {
     cmd
 }
 
-impl Connection for ConnectionManager {
-    async fn wait_for_replicas(&self, _redis_key: &str, acks: ReplicaAcks) -> RedisResult<i64> {
-        wait_command(acks).query_async(&mut self.clone()).await
-    }
-}
+impl Connection for ConnectionManager {}
 
-impl Connection for SentinelLink {
-    async fn wait_for_replicas(&self, _redis_key: &str, acks: ReplicaAcks) -> RedisResult<i64> {
-        wait_command(acks).query_async(&mut self.clone()).await
-    }
-}
+impl Connection for SentinelLink {}
 
 impl Connection for ClusterLink {
     /// Left to itself, the cluster client sends `WAIT` to every master; the
@@ -619,39 +616,16 @@ fn secrets_of(url: &str) -> Vec<String> {
     let mut found: Vec<String> = Vec::new();
     for secret in raw.into_iter().filter(|s| !s.is_empty()) {
         found.push(secret.to_owned());
-        let decoded = percent_decode(secret);
+        // The redis crate holds the password decoded, and may quote it so.
+        let decoded = percent_encoding::percent_decode_str(secret).decode_utf8_lossy();
         if decoded != secret {
-            found.push(decoded);
+            found.push(decoded.into_owned());
         }
     }
     // Longest first, so that a password inside the userinfo does not leave
     // half of the userinfo behind.
     found.sort_by_key(|s| std::cmp::Reverse(s.len()));
     found
-}
-
-/// `%XX` decoding as URL parsers apply it to a password. Hand-written: the
-/// one place it is needed, and only to find the text to scrub.
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| char::from(b).to_digit(16);
-        if bytes[i] == b'%'
-            && let (Some(h), Some(l)) = (
-                bytes.get(i + 1).copied().and_then(hex),
-                bytes.get(i + 2).copied().and_then(hex),
-            )
-        {
-            out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The error's text without the secrets of any of `urls`.

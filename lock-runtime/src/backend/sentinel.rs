@@ -11,6 +11,7 @@
 //! (an acquisition's `wait`, the watchdog's renewal deadline) decides what
 //! to do, exactly as for a single node that reconnects.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -27,13 +28,20 @@ pub(crate) struct SentinelLink(Arc<Link>);
 
 struct Link {
     sentinel: tokio::sync::Mutex<SentinelClient>,
-    /// The master's connection, and a number that changes with each new
-    /// one, so that a failure on an old connection cannot drop a new one.
-    current: Mutex<Option<(MultiplexedConnection, u64)>>,
-    /// The master's client, for the subscription connection.
-    master: Mutex<Option<redis::Client>>,
-    next_generation: Mutex<u64>,
+    current: Mutex<Option<Master>>,
+    /// Numbers each new master connection, so that a failure on an old one
+    /// cannot drop a newer one.
+    generations: AtomicU64,
     timeout: Duration,
+}
+
+/// The master Sentinel named last: its connection, and its client for the
+/// subscription connection.
+#[derive(Clone)]
+struct Master {
+    conn: MultiplexedConnection,
+    client: redis::Client,
+    generation: u64,
 }
 
 impl SentinelLink {
@@ -41,13 +49,12 @@ impl SentinelLink {
         SentinelLink(Arc::new(Link {
             sentinel: tokio::sync::Mutex::new(sentinel),
             current: Mutex::new(None),
-            master: Mutex::new(None),
-            next_generation: Mutex::new(0),
+            generations: AtomicU64::new(0),
             timeout,
         }))
     }
 
-    fn current(&self) -> Option<(MultiplexedConnection, u64)> {
+    fn current(&self) -> Option<Master> {
         self.0
             .current
             .lock()
@@ -55,16 +62,15 @@ impl SentinelLink {
             .clone()
     }
 
-    /// The master's connection, asking Sentinel for the master first when
-    /// there is none.
-    async fn connection(&self) -> RedisResult<(MultiplexedConnection, u64)> {
-        if let Some(current) = self.current() {
-            return Ok(current);
+    /// The master, asking Sentinel for it first when there is none.
+    async fn master(&self) -> RedisResult<Master> {
+        if let Some(master) = self.current() {
+            return Ok(master);
         }
         // One resolution at a time; whoever waited finds its result.
         let mut sentinel = self.0.sentinel.lock().await;
-        if let Some(current) = self.current() {
-            return Ok(current);
+        if let Some(master) = self.current() {
+            return Ok(master);
         }
         let client = tokio::time::timeout(self.0.timeout, sentinel.async_get_client())
             .await
@@ -72,33 +78,21 @@ impl SentinelLink {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.0.timeout))
             .set_response_timeout(Some(self.0.timeout));
-        let conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        let generation = {
-            let mut next = self
-                .0
-                .next_generation
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            *next += 1;
-            *next
+        let master = Master {
+            conn: client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?,
+            client,
+            generation: self.0.generations.fetch_add(1, Ordering::Relaxed),
         };
-        *self.0.master.lock().unwrap_or_else(PoisonError::into_inner) = Some(client);
-        *self.0.current.lock().unwrap_or_else(PoisonError::into_inner) = Some((conn.clone(), generation));
-        Ok((conn, generation))
+        *self.0.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(master.clone());
+        Ok(master)
     }
 
     /// A client for the current master (resolved now if needed), for a
     /// subscription connection of its own.
     pub(crate) async fn master_client(&self) -> RedisResult<redis::Client> {
-        self.connection().await?;
-        self.0
-            .master
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| timed_out("asking Sentinel for the master"))
+        Ok(self.master().await?.client)
     }
 
     /// Forgets connection `generation` after `error`, if the error says the
@@ -113,7 +107,7 @@ impl SentinelLink {
             return;
         }
         let mut current = self.0.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if current.as_ref().is_some_and(|(_, g)| *g == generation) {
+        if current.as_ref().is_some_and(|m| m.generation == generation) {
             *current = None;
         }
     }
@@ -129,7 +123,9 @@ fn timed_out(what: &str) -> RedisError {
 impl ConnectionLike for SentinelLink {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let (mut conn, generation) = self.connection().await?;
+            let Master {
+                mut conn, generation, ..
+            } = self.master().await?;
             let reply = conn.req_packed_command(cmd).await;
             if let Err(e) = &reply {
                 self.after(generation, e);
@@ -145,7 +141,9 @@ impl ConnectionLike for SentinelLink {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            let (mut conn, generation) = self.connection().await?;
+            let Master {
+                mut conn, generation, ..
+            } = self.master().await?;
             let reply = conn.req_packed_commands(pipeline, offset, count).await;
             if let Err(e) = &reply {
                 self.after(generation, e);
