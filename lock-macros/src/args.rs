@@ -1,5 +1,6 @@
 //! The attribute's arguments: `key = "..."`, `ttl = "30s"`, `wait = "5s"`,
-//! `renew = false`, `fencing = true`.
+//! `renew = false`, `fencing = true`, and the lock's kind: `mode = "read"`,
+//! `permits = N` or `segments = N`.
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
@@ -10,7 +11,12 @@ use syn::{Expr, ExprLit, Ident, Lit, LitBool, LitStr, Token};
 use crate::duration;
 use crate::errors::{Errors, backticked, closest};
 
-const ARGUMENTS: [&str; 5] = ["key", "ttl", "wait", "renew", "fencing"];
+const ARGUMENTS: [&str; 8] = [
+    "key", "ttl", "wait", "renew", "fencing", "mode", "permits", "segments",
+];
+
+/// The most segments a lock may have (the runtime's bound too).
+pub(crate) const MAX_SEGMENTS: u32 = 1024;
 
 /// The longest `wait` accepted: a longer one is almost always a unit typo
 /// (`"5000s"` for `"5000ms"`), and a caller stuck that long is an outage.
@@ -36,6 +42,16 @@ pub(crate) struct Args {
     pub(crate) wait: Option<DurationArg>,
     pub(crate) renew: Option<bool>,
     pub(crate) fencing: Option<bool>,
+    pub(crate) mode: Option<Mode>,
+    pub(crate) permits: Option<u32>,
+    pub(crate) segments: Option<u32>,
+}
+
+/// `mode = "read"` or `mode = "write"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Read,
+    Write,
 }
 
 /// `name = value`, before its meaning is checked.
@@ -57,6 +73,8 @@ impl Parse for RawArg {
         input.parse::<Token![=]>().map_err(|_| {
             let example = match name.to_string().as_str() {
                 "fencing" => "fencing = true".to_owned(),
+                "mode" => "mode = \"read\"".to_owned(),
+                "permits" | "segments" => format!("{name} = 4"),
                 "renew" => "renew = false".to_owned(),
                 other => format!("{other} = ..."),
             };
@@ -82,20 +100,23 @@ impl Args {
                 return args;
             }
         };
-        let mut seen: Vec<String> = Vec::new();
+        let mut seen: Vec<Ident> = Vec::new();
         for RawArg { name, value } in raw {
             let label = name.to_string();
-            if seen.contains(&label) {
+            if seen.iter().any(|s| *s == label) {
                 errors.push_at(name.span(), format!("duplicate `{label}` argument: give it once"));
                 continue;
             }
-            seen.push(label.clone());
+            seen.push(name.clone());
             match label.as_str() {
                 "key" => args.key = string_arg(&label, &value, errors),
                 "ttl" => args.ttl = duration_arg(&label, &value, errors),
                 "wait" => args.wait = duration_arg(&label, &value, errors),
                 "renew" => args.renew = bool_arg(&label, &value, errors),
                 "fencing" => args.fencing = bool_arg(&label, &value, errors),
+                "mode" => args.mode = mode_arg(&value, errors),
+                "permits" => args.permits = count_arg(&label, &value, u32::MAX, errors),
+                "segments" => args.segments = count_arg(&label, &value, MAX_SEGMENTS, errors),
                 other => {
                     let hint = closest(other, ARGUMENTS)
                         .map(|c| format!("did you mean `{c}`? "))
@@ -110,13 +131,94 @@ impl Args {
                 }
             }
         }
-        if args.key.is_none() && !seen.iter().any(|s| s == "key") {
+        if args.key.is_none() && !seen.iter().any(|s| *s == "key") {
             errors.push_at(
                 Span::call_site(),
                 "missing `key`: write `#[distributed_lock(key = \"name:<param>\")]`",
             );
         }
+        args.check_kind(&seen, errors);
         args
+    }
+
+    /// A lock is one kind: `mode`, `permits` and `segments` exclude each
+    /// other, and a shared lock has no use for a fencing token.
+    fn check_kind(&self, seen: &[Ident], errors: &mut Errors) {
+        let given = |name: &str| seen.iter().find(|s| *s == name);
+        for (a, b) in [("permits", "mode"), ("segments", "mode"), ("segments", "permits")] {
+            if let (Some(at), Some(_)) = (given(a), given(b)) {
+                errors.push_at(
+                    at.span(),
+                    format!("`{a}` cannot be combined with `{b}`: a lock is one kind; give one of them"),
+                );
+            }
+        }
+        if self.fencing == Some(true) {
+            let shared = if self.mode == Some(Mode::Read) {
+                Some("mode = \"read\"")
+            } else if given("permits").is_some() {
+                Some("permits")
+            } else {
+                None
+            };
+            if let (Some(shared), Some(at)) = (shared, given("fencing")) {
+                errors.push_at(
+                    at.span(),
+                    format!(
+                        "`fencing` cannot be combined with `{shared}`: holders of a shared lock run side by side, so a token would order nothing"
+                    ),
+                );
+            }
+        }
+    }
+}
+
+fn mode_arg(value: &Expr, errors: &mut Errors) -> Option<Mode> {
+    match literal(value) {
+        Some(Lit::Str(s)) if s.value() == "read" => Some(Mode::Read),
+        Some(Lit::Str(s)) if s.value() == "write" => Some(Mode::Write),
+        Some(Lit::Str(s)) => {
+            errors.push_at(
+                s.span(),
+                format!(
+                    "unknown `mode` \"{}\": write `mode = \"read\"` or `mode = \"write\"`",
+                    s.value()
+                ),
+            );
+            None
+        }
+        _ => {
+            errors.push(syn::Error::new_spanned(
+                value,
+                "`mode` must be the string \"read\" or \"write\"",
+            ));
+            None
+        }
+    }
+}
+
+fn count_arg(name: &str, value: &Expr, max: u32, errors: &mut Errors) -> Option<u32> {
+    let Some(Lit::Int(int)) = literal(value) else {
+        errors.push(syn::Error::new_spanned(
+            value,
+            format!("`{name}` must be an integer literal, e.g. `{name} = 4`"),
+        ));
+        return None;
+    };
+    match int.base10_parse::<u32>() {
+        Ok(n) if (1..=max).contains(&n) => Some(n),
+        _ => {
+            let range = if max == u32::MAX {
+                "at least 1".to_owned()
+            } else {
+                format!("from 1 to {max}")
+            };
+            errors.push_at(
+                int.span(),
+                format!("`{name}` must be {range}, not {}", int.base10_digits()),
+            );
+            None
+        }
     }
 }
 
@@ -213,5 +315,28 @@ mod tests {
         assert!(problems(quote!(key = "k", fencing)).contains("write `fencing = true`"));
         assert!(problems(quote!(key = "k", wait = "1h1s")).contains("over the 1h limit"));
         assert!(problems(quote!(key = "k", renew = "no")).contains("`true` or `false`"));
+    }
+
+    #[test]
+    fn kinds_are_checked() {
+        assert!(problems(quote!(key = "k", mode = "read")).is_empty());
+        assert!(problems(quote!(key = "k", mode = "write", fencing = true)).is_empty());
+        assert!(problems(quote!(key = "k", permits = 3)).is_empty());
+        assert!(problems(quote!(key = "k", segments = 1024)).is_empty());
+        assert!(problems(quote!(key = "k", mode = "reed")).contains("unknown `mode`"));
+        assert!(problems(quote!(key = "k", permits = 0)).contains("at least 1"));
+        assert!(problems(quote!(key = "k", segments = 1025)).contains("from 1 to 1024"));
+        assert!(
+            problems(quote!(key = "k", segments = 2, permits = 2))
+                .contains("`segments` cannot be combined with `permits`")
+        );
+        assert!(
+            problems(quote!(key = "k", mode = "read", permits = 2))
+                .contains("`permits` cannot be combined with `mode`")
+        );
+        assert!(
+            problems(quote!(key = "k", mode = "read", fencing = true))
+                .contains("`fencing` cannot be combined")
+        );
     }
 }

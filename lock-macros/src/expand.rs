@@ -7,7 +7,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::ReturnType;
 use syn::spanned::Spanned;
 
-use crate::args::Args;
+use crate::args::{Args, Mode};
 use crate::errors::Errors;
 use crate::item::{LockedFn, Params, erase_impl_trait};
 use crate::key::Template;
@@ -134,6 +134,17 @@ fn spec(args: &Args) -> TokenStream {
     if let Some(fencing) = args.fencing {
         spec.extend(quote!(.fencing(#fencing)));
     }
+    match args.mode {
+        Some(Mode::Read) => spec.extend(quote!(.mode(::lock_runtime::LockMode::Read))),
+        Some(Mode::Write) => spec.extend(quote!(.mode(::lock_runtime::LockMode::Write))),
+        None => {}
+    }
+    if let Some(n) = args.permits {
+        spec.extend(quote!(.permits(#n)));
+    }
+    if let Some(n) = args.segments {
+        spec.extend(quote!(.segments(#n)));
+    }
     spec
 }
 
@@ -223,6 +234,28 @@ mod snapshots {
             quote! {
                 async fn pay(Order { id, shop }: Order) -> Result<impl Display, E> {
                     Ok(id)
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn lock_kinds() {
+        check(
+            "kinds",
+            quote!(key = "report:<id>", mode = "read"),
+            quote! {
+                async fn report(id: u64) -> Result<u64, E> {
+                    Ok(id)
+                }
+            },
+        );
+        check(
+            "segments",
+            quote!(key = "stock:<sku>", segments = 5, wait = "2s"),
+            quote! {
+                async fn sell(sku: u64) -> Result<u64, E> {
+                    Ok(sku)
                 }
             },
         );

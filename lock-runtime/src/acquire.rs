@@ -22,9 +22,9 @@ use crate::error::LockError;
 use crate::holder;
 use crate::key::LockKey;
 use crate::lease::Lease;
-use crate::lease_state::LeaseState;
+use crate::lease_state::{Grant, LeaseState};
 use crate::shared::ClientInner;
-use crate::spec::LockOptions;
+use crate::spec::{Kind, LockOptions};
 use crate::timing::{millis, stop_margin, validity_deadline};
 use crate::waiter::{POLL, Watch};
 
@@ -57,12 +57,19 @@ async fn acquire_within_wait(
                 .into(),
         });
     }
+    if let Some(feature) = client.backend.unsupported(opts.kind) {
+        return Err(LockError::Unsupported {
+            key: key.name,
+            feature: feature.into(),
+        });
+    }
     let started = Instant::now();
     let give_up_at = started + opts.wait;
     let mut pending = DropGuard::new(Pending {
         client: Arc::clone(client),
         key,
-        holder: holder::new_holder_id(),
+        holder: holder::new_holder_id(opts.kind),
+        kind: opts.kind,
         in_doubt: false,
     });
     let config = &client.config;
@@ -93,6 +100,7 @@ async fn acquire_within_wait(
         let request = AcquireRequest {
             key: &pending.key,
             holder: &pending.holder,
+            kind: opts.kind,
             ttl: opts.ttl,
             fencing: opts.fencing,
             first: attempts == 1,
@@ -127,13 +135,25 @@ async fn acquire_within_wait(
         let mut sleep_cap = None;
         let mut retry_now = false;
         let outcome = match attempt {
-            Ok(AcquireReply::Acquired { token }) => {
+            Ok(AcquireReply::Acquired { token, segment }) => {
                 let cutoff = validity_deadline(sent, opts.ttl) - stop_margin(opts.ttl);
                 if Instant::now() < cutoff {
                     // Handed over to the lease: nothing is left in doubt.
-                    let Pending { key, holder, .. } = pending.into_inner();
-                    tracing::debug!(key = %key.name, waited_ms = millis(started.elapsed()), attempts, "lock acquired");
-                    let state = Arc::new(LeaseState::new(key, holder, token, opts.ttl, opts.renew, sent));
+                    let Pending {
+                        key, holder, kind, ..
+                    } = pending.into_inner();
+                    tracing::debug!(key = %key.name, waited_ms = millis(started.elapsed()), attempts, segment, "lock acquired");
+                    let grant = Grant {
+                        key: match segment {
+                            Some(i) => key.segment(i),
+                            None => key,
+                        },
+                        holder,
+                        kind,
+                        token,
+                        segment,
+                    };
+                    let state = Arc::new(LeaseState::new(grant, opts.ttl, opts.renew, sent));
                     if opts.renew {
                         client.watchdog.watch(&state);
                     }
@@ -154,11 +174,12 @@ async fn acquire_within_wait(
                     ),
                 ))
             }
-            Ok(AcquireReply::Held { pttl }) => {
+            Ok(AcquireReply::Held { pttl, claimed }) => {
                 // Attempts are applied in the order sent, and a later one would
                 // have found an earlier success ("already mine"): so no attempt
-                // holds the lock.
-                pending.in_doubt = false;
+                // holds the lock. A writer's claim is withdrawn like a lock
+                // if we stop waiting.
+                pending.in_doubt = claimed;
                 sleep_cap = pttl;
                 Outcome::Held {
                     no_expiry: pttl.is_none(),
@@ -265,6 +286,7 @@ struct Pending {
     client: Arc<ClientInner>,
     key: LockKey,
     holder: String,
+    kind: Kind,
     in_doubt: bool,
 }
 
@@ -274,12 +296,22 @@ impl Pending {
         if !self.in_doubt {
             return;
         }
-        let release = self.client.backend.release(&self.key, &self.holder);
-        if let Ok(Ok(_)) = tokio::time::timeout(self.client.config.command_timeout, release).await {
+        if let Ok(Ok(())) = tokio::time::timeout(self.client.config.command_timeout, self.give_back()).await {
             self.in_doubt = false;
         }
         // Otherwise still unanswered: the drop guard retries it in the
         // background.
+    }
+
+    /// Releases whatever an attempt may have taken: for a segmented lock,
+    /// any of its segments.
+    async fn give_back(&self) -> Result<(), LockError> {
+        let backend = &self.client.backend;
+        let released = match self.kind {
+            Kind::Segments(n) => backend.release_segments(&self.key, n, &self.holder).await,
+            _ => backend.release(&self.key, &self.holder).await,
+        };
+        released.map(drop).map_err(LockError::from)
     }
 }
 
@@ -289,12 +321,7 @@ impl Cleanup for Pending {
     }
 
     async fn run(&self) -> Result<(), LockError> {
-        self.client
-            .backend
-            .release(&self.key, &self.holder)
-            .await
-            .map(drop)
-            .map_err(LockError::from)
+        self.give_back().await
     }
 
     fn describe(&self) -> String {

@@ -12,7 +12,7 @@ use crate::key::LockKey;
 use crate::lease::{self, Lease};
 use crate::lease_state::LeaseState;
 use crate::shared::ClientInner;
-use crate::spec::LockSpec;
+use crate::spec::{Kind, LockSpec};
 
 /// How a call got its lock.
 pub(crate) enum Entered {
@@ -28,14 +28,38 @@ pub(crate) async fn enter(
     name: String,
     spec: &LockSpec,
 ) -> Result<Entered, LockError> {
-    let opts = spec.resolve(&client.config);
     let key = LockKey::new(&client.config.prefix, name)?;
-    opts.check(&key)?;
+    let opts = spec.resolve(&client.config, &key)?;
     if let Some(held) = holder::find(client, &key) {
+        may_reenter(held.kind, opts.kind, &key)?;
         // Only a longer lease costs a round trip; a shorter one never
         // shortens the lease the enclosing call holds.
         lease::extend(client, &held, opts.ttl).await?;
         return Ok(Entered::Reentered(held));
     }
     acquire::acquire(client, key, &opts).await.map(Entered::Acquired)
+}
+
+/// Whether a call asking for `asked` may re-enter a lease of `held` on the
+/// same key. A writer may read; a reader may not write: waiting for the
+/// write lock would wait for its own read lock, forever.
+fn may_reenter(held: Kind, asked: Kind, key: &LockKey) -> Result<(), LockError> {
+    match (held, asked) {
+        (Kind::Exclusive, Kind::Exclusive)
+        | (Kind::Write, Kind::Read | Kind::Write)
+        | (Kind::Read, Kind::Read)
+        | (Kind::Permits(_), Kind::Permits(_))
+        | (Kind::Segments(_), Kind::Segments(_)) => Ok(()),
+        (Kind::Read, Kind::Write) => Err(LockError::UpgradeRefused {
+            key: key.name.clone(),
+        }),
+        (held, asked) => Err(LockError::InvalidRequest {
+            key: key.name.clone(),
+            reason: format!(
+                "the call is nested inside a {} of this key and asks for a {}; one key is one kind of lock",
+                held.describe(),
+                asked.describe()
+            ),
+        }),
+    }
 }

@@ -95,6 +95,16 @@ pub enum LockError {
         key: String,
     },
 
+    /// A reader asked for the write lock of a key it holds the read lock
+    /// of. Refused at once: the write lock would wait for its own read lock.
+    #[error(
+        "lock `{key}`: this call holds the read lock and asks for the write lock; upgrading is refused because it would wait for itself (take the write lock from the start, which also lets the body read)"
+    )]
+    UpgradeRefused {
+        /// The lock's key.
+        key: String,
+    },
+
     /// The client's configuration (URL, prefix, timeouts) is unusable.
     #[error("invalid lock client configuration for `{node}`: {reason}")]
     InvalidConfig {

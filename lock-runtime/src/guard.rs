@@ -10,7 +10,7 @@ use crate::error::{LockError, LostReason};
 use crate::lease::Lease;
 use crate::lease_state::LeaseState;
 use crate::shared::ClientInner;
-use crate::spec::LockSpec;
+use crate::spec::{LockMode, LockSpec};
 use crate::with_lock;
 
 /// A lock request being configured. Nothing is sent until
@@ -60,6 +60,34 @@ impl<'c> LockRequest<'c> {
         self
     }
 
+    /// Takes one side of a read-write lock on the key: many
+    /// [`LockMode::Read`] holders at once, or one [`LockMode::Write`]
+    /// holder. A writer's body may take the read lock of its key (it
+    /// re-enters); a reader's asking for the write lock fails at once with
+    /// [`LockError::UpgradeRefused`]. A waiting writer holds new readers
+    /// back, so readers cannot starve it.
+    pub fn mode(mut self, mode: LockMode) -> Self {
+        self.spec = self.spec.mode(mode);
+        self
+    }
+
+    /// Makes the lock a semaphore: at most `n` holders at once, each with
+    /// its own lease. `n` must be at least 1; a nested call on the key
+    /// re-enters its permit. Cannot be combined with `mode` or `segments`.
+    pub fn permits(mut self, n: u32) -> Self {
+        self.spec = self.spec.permits(n);
+        self
+    }
+
+    /// Splits the lock into `n` (1 to 1024) exclusive segments `key#0 …
+    /// key#(n-1)`; the call holds whichever is free ([`segment`](crate::segment)
+    /// says which inside the body, [`LockGuard::segment`] on a guard).
+    /// Cannot be combined with `mode` or `permits`.
+    pub fn segments(mut self, n: u32) -> Self {
+        self.spec = self.spec.segments(n);
+        self
+    }
+
     /// Runs `body` with the lock held, exactly as `#[distributed_lock]` does:
     /// structural re-entry, release on every exit path, cancellation when the
     /// lease is lost.
@@ -106,6 +134,12 @@ impl LockGuard {
     /// The lock's key, as requested.
     pub fn key(&self) -> &str {
         &self.state.key.name
+    }
+
+    /// Which segment of a segmented lock this guard holds; `None` for any
+    /// other kind.
+    pub fn segment(&self) -> Option<u32> {
+        self.state.segment
     }
 
     /// The fencing token issued with this lock, if one was requested.

@@ -64,12 +64,10 @@ impl GuardTable {
     pub(crate) fn held_by_this_task(&self, key: &LockKey) -> bool {
         let me = caller();
         let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        entries.taken.iter().any(|(by, lease)| {
-            *by == me
-                && lease
-                    .upgrade()
-                    .is_some_and(|l| l.is_live() && l.key.redis_key == key.redis_key)
-        })
+        entries
+            .taken
+            .iter()
+            .any(|(by, lease)| *by == me && lease.upgrade().is_some_and(|l| l.is_live() && l.is_lock(key)))
     }
 }
 

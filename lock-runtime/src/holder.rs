@@ -15,6 +15,7 @@ use std::sync::{Arc, LazyLock};
 use crate::key::LockKey;
 use crate::lease_state::LeaseState;
 use crate::shared::ClientInner;
+use crate::spec::Kind;
 
 /// 128 random bits from the OS: the chance that two processes share a prefix
 /// is negligible, and sharing one would let them release each other's locks.
@@ -22,10 +23,16 @@ static PROCESS_PREFIX: LazyLock<String> = LazyLock::new(|| format!("{:032x}", ra
 static NEXT_HOLDER: AtomicU64 = AtomicU64::new(1);
 
 /// A fresh holder id, `<32 hex digits>:<counter>`; the acquire script checks
-/// this shape to tell our values from foreign ones.
-pub(crate) fn new_holder_id() -> String {
+/// this shape to tell our values from foreign ones. A side of a read-write
+/// lock carries its side in front: `r:<id>` or `w:<id>`.
+pub(crate) fn new_holder_id(kind: Kind) -> String {
     let n = NEXT_HOLDER.fetch_add(1, Ordering::Relaxed);
-    format!("{}:{n}", *PROCESS_PREFIX)
+    let side = match kind {
+        Kind::Read => "r:",
+        Kind::Write => "w:",
+        Kind::Exclusive | Kind::Permits(_) | Kind::Segments(_) => "",
+    };
+    format!("{side}{}:{n}", *PROCESS_PREFIX)
 }
 
 tokio::task_local! {
@@ -61,7 +68,7 @@ fn current() -> Option<Held> {
 pub(crate) fn find(client: &Arc<ClientInner>, key: &LockKey) -> Option<Arc<LeaseState>> {
     HELD.try_with(|held| {
         held.iter()
-            .find(|h| Arc::ptr_eq(&h.client, client) && h.lease.key.redis_key == key.redis_key)
+            .find(|h| Arc::ptr_eq(&h.client, client) && h.lease.is_lock(key))
             .map(|h| Arc::clone(&h.lease))
     })
     .ok()
@@ -73,6 +80,14 @@ pub(crate) fn find(client: &Arc<ClientInner>, key: &LockKey) -> Option<Arc<Lease
 /// `fencing = true`.
 pub fn fencing_token() -> Option<u64> {
     HELD.try_with(|held| held.0.lease.token).ok().flatten()
+}
+
+/// The segment of the innermost segmented lock (`segments = N`) held around
+/// the running code: `Some(i)` for `K#i`, or `None` outside such a body.
+pub fn segment() -> Option<u32> {
+    HELD.try_with(|held| held.iter().find_map(|h| h.lease.segment))
+        .ok()
+        .flatten()
 }
 
 /// Runs `body` with `lease`, taken from `client`, added to the leases held
@@ -97,8 +112,9 @@ mod tests {
 
     #[test]
     fn holder_ids_are_unique_and_well_formed() {
-        let a = new_holder_id();
-        let b = new_holder_id();
+        let a = new_holder_id(Kind::Exclusive);
+        let b = new_holder_id(Kind::Exclusive);
+        assert!(new_holder_id(Kind::Write).starts_with("w:"));
         assert_ne!(a, b);
         let (prefix, counter) = a.split_once(':').expect("prefix:counter");
         assert_eq!(prefix.len(), 32);

@@ -29,6 +29,23 @@ impl LockKey {
         format!("{}:fence", self.redis_key)
     }
 
+    /// Segment `i` of a segmented lock: `P{K}#i`, in the slot of `P{K}`
+    /// (so that one script can try every segment), named `K#i` in errors
+    /// and traces. All segments announce releases on the lock's channel, so
+    /// a waiter hears whichever frees first.
+    pub(crate) fn segment(&self, i: u32) -> LockKey {
+        LockKey {
+            name: format!("{}#{i}", self.name),
+            redis_key: format!("{}#{i}", self.redis_key),
+            channel: self.channel.clone(),
+        }
+    }
+
+    /// The segment keys `P{K}#0 … P{K}#(n-1)`.
+    pub(crate) fn segment_keys(&self, n: u32) -> impl Iterator<Item = String> + '_ {
+        (0..n).map(|i| format!("{}#{i}", self.redis_key))
+    }
+
     pub(crate) fn new(prefix: &str, name: String) -> Result<Self, LockError> {
         validate(&name)?;
         let redis_key = format!("{prefix}{{{name}}}");

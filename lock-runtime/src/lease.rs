@@ -61,7 +61,7 @@ impl Cleanup for Release {
                 tracing::debug!(key = %state.key.name, "lock released");
                 // Waiters in this process retry now, without waiting for the
                 // server's notification to come back.
-                client.notifier.wake(&state.key.channel);
+                client.notifier.released_by(&state.key.channel, &state.holder);
                 Ok(())
             }
             Ok(false) => Err(LockError::NotHeld {

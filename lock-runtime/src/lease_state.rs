@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::LostReason;
 use crate::key::LockKey;
+use crate::spec::Kind;
 use crate::timing::{millis, renewal_interval, stop_margin, validity_deadline};
 
 /// The state of one acquisition, shared between its owner (`Lease`), the
@@ -15,9 +16,13 @@ use crate::timing::{millis, renewal_interval, stop_margin, validity_deadline};
 /// layers above it send the commands, and tell it what the server said.
 #[derive(Debug)]
 pub(crate) struct LeaseState {
+    /// Where the lease lives: the lock's key, or the segment's.
     pub(crate) key: LockKey,
     pub(crate) holder: String,
+    pub(crate) kind: Kind,
     pub(crate) token: Option<u64>,
+    /// Which segment of a segmented lock.
+    pub(crate) segment: Option<u32>,
     ttl_ms: AtomicU64,
     /// Renewed by the watchdog; `false` for a fixed lease (`renew = false`),
     /// whose end is not a failure to renew.
@@ -33,19 +38,31 @@ pub(crate) struct LeaseState {
     lost_signal: tokio::sync::Notify,
 }
 
+/// What an acquisition was granted, and under which name.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    pub(crate) key: LockKey,
+    pub(crate) holder: String,
+    pub(crate) kind: Kind,
+    pub(crate) token: Option<u64>,
+    pub(crate) segment: Option<u32>,
+}
+
 impl LeaseState {
-    pub(crate) fn new(
-        key: LockKey,
-        holder: String,
-        token: Option<u64>,
-        ttl: Duration,
-        renews: bool,
-        sent: Instant,
-    ) -> Self {
+    pub(crate) fn new(grant: Grant, ttl: Duration, renews: bool, sent: Instant) -> Self {
+        let Grant {
+            key,
+            holder,
+            kind,
+            token,
+            segment,
+        } = grant;
         LeaseState {
             key,
             holder,
+            kind,
             token,
+            segment,
             ttl_ms: AtomicU64::new(millis(ttl)),
             renews,
             deadline: Mutex::new(validity_deadline(sent, ttl)),
@@ -53,6 +70,20 @@ impl LeaseState {
             ended: AtomicBool::new(false),
             lost: AtomicU8::new(0),
             lost_signal: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Whether this is a lease on the lock `key` (on one of its segments,
+    /// for a segmented lock).
+    pub(crate) fn is_lock(&self, key: &LockKey) -> bool {
+        match self.segment {
+            None => self.key.redis_key == key.redis_key,
+            // The segment's suffix `#i` is the key's last `#`.
+            Some(_) => self
+                .key
+                .redis_key
+                .rsplit_once('#')
+                .is_some_and(|(lock, _)| lock == key.redis_key),
         }
     }
 

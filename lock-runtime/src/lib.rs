@@ -59,10 +59,11 @@ mod private;
 pub use client::{LockClient, LockClientBuilder, init};
 pub use error::{BoxError, LockError, LostReason};
 pub use guard::{LockGuard, LockRequest};
-pub use holder::fencing_token;
+pub use holder::{fencing_token, segment};
 #[doc(inline)]
 #[doc = include_str!("attribute.md")]
 pub use lock_macros::distributed_lock;
+pub use spec::LockMode;
 
 /// What `#[distributed_lock]` expands to. Not a public API: no stability is
 /// promised for anything in here.

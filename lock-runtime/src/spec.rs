@@ -8,6 +8,54 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::timing::{FOREVER, ttl_problem};
 
+/// The most segments one lock may have: each is a Redis key that every
+/// attempt reads.
+pub(crate) const MAX_SEGMENTS: u32 = 1024;
+
+/// Which side of a read-write lock a call takes (`mode = "read"` or
+/// `mode = "write"` in the attribute).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LockMode {
+    /// Shared with other readers; excludes writers.
+    Read,
+    /// Excludes readers and other writers.
+    Write,
+}
+
+/// What kind of lock a call takes, resolved from its arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// One holder at a time.
+    Exclusive,
+    /// A reader of a read-write lock.
+    Read,
+    /// The writer of a read-write lock.
+    Write,
+    /// One of at most `n` holders (a semaphore).
+    Permits(u32),
+    /// Any one free segment of `n` exclusive locks.
+    Segments(u32),
+}
+
+impl Kind {
+    /// The kind as a user would name it.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Kind::Exclusive => "exclusive lock",
+            Kind::Read => "read lock",
+            Kind::Write => "write lock",
+            Kind::Permits(_) => "permit (`permits`)",
+            Kind::Segments(_) => "segmented lock (`segments`)",
+        }
+    }
+
+    /// Readers and permit holders share the lock, so a fencing token would
+    /// not order anything.
+    fn shared(self) -> bool {
+        matches!(self, Kind::Read | Kind::Permits(_))
+    }
+}
+
 /// The attribute's arguments, fixed at compile time. Emitted by
 /// `#[distributed_lock]` as a `static`; `None` means "the client's default".
 #[doc(hidden)]
@@ -17,15 +65,22 @@ pub struct LockSpec {
     wait: Option<Duration>,
     renew: bool,
     fencing: bool,
+    mode: Option<LockMode>,
+    permits: Option<u32>,
+    segments: Option<u32>,
 }
 
 impl LockSpec {
-    /// The defaults: client ttl and wait, renewal on, no fencing.
+    /// The defaults: client ttl and wait, renewal on, no fencing, an
+    /// exclusive lock.
     pub const DEFAULT: LockSpec = LockSpec {
         ttl: None,
         wait: None,
         renew: true,
         fencing: false,
+        mode: None,
+        permits: None,
+        segments: None,
     };
 
     /// Sets the lease length.
@@ -56,15 +111,73 @@ impl LockSpec {
         self
     }
 
-    pub(crate) fn resolve(&self, config: &ClientConfig) -> LockOptions {
-        LockOptions {
+    /// Takes one side of a read-write lock.
+    #[must_use]
+    pub const fn mode(mut self, mode: LockMode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// Makes the lock a semaphore of `n` permits.
+    #[must_use]
+    pub const fn permits(mut self, n: u32) -> Self {
+        self.permits = Some(n);
+        self
+    }
+
+    /// Splits the lock into `n` segments, of which a call holds one.
+    #[must_use]
+    pub const fn segments(mut self, n: u32) -> Self {
+        self.segments = Some(n);
+        self
+    }
+
+    /// The call's options with the client's defaults filled in, checked
+    /// before any I/O: the same bounds and combinations the attribute
+    /// checks at compile time.
+    pub(crate) fn resolve(&self, config: &ClientConfig, key: &LockKey) -> Result<LockOptions, LockError> {
+        let opts = LockOptions {
             ttl: self.ttl.unwrap_or(config.default_ttl),
             // Any longer wait means "until the lock is free".
             wait: self.wait.unwrap_or(config.default_wait).min(FOREVER),
             renew: self.renew,
             fencing: self.fencing,
-        }
+            kind: self.kind().map_err(|reason| LockError::InvalidRequest {
+                key: key.name.clone(),
+                reason,
+            })?,
+        };
+        opts.check(key)?;
+        Ok(opts)
     }
+
+    fn kind(&self) -> Result<Kind, String> {
+        let kind = match (self.mode, self.permits, self.segments) {
+            (Some(_), Some(_), _) => return Err(conflict("permits", "mode")),
+            (Some(_), _, Some(_)) => return Err(conflict("segments", "mode")),
+            (_, Some(_), Some(_)) => return Err(conflict("segments", "permits")),
+            (Some(LockMode::Read), ..) => Kind::Read,
+            (Some(LockMode::Write), ..) => Kind::Write,
+            (_, Some(0), _) => return Err("`permits` must be at least 1".into()),
+            (_, Some(n), _) => Kind::Permits(n),
+            (.., Some(n)) if n == 0 || n > MAX_SEGMENTS => {
+                return Err(format!("`segments` must be from 1 to {MAX_SEGMENTS}, not {n}"));
+            }
+            (.., Some(n)) => Kind::Segments(n),
+            (None, None, None) => Kind::Exclusive,
+        };
+        if self.fencing && kind.shared() {
+            return Err(
+                "`fencing` cannot be combined with a shared lock (`mode = \"read\"` or `permits`): holders run side by side, so a token would order nothing"
+                    .into(),
+            );
+        }
+        Ok(kind)
+    }
+}
+
+fn conflict(a: &str, b: &str) -> String {
+    format!("`{a}` cannot be combined with `{b}`: a lock is one kind")
 }
 
 /// One call's options with every default filled in.
@@ -74,12 +187,12 @@ pub(crate) struct LockOptions {
     pub(crate) wait: Duration,
     pub(crate) renew: bool,
     pub(crate) fencing: bool,
+    pub(crate) kind: Kind,
 }
 
 impl LockOptions {
-    /// Refuses, before any I/O, a call whose lease could not work: the same
-    /// bounds the attribute checks at compile time.
-    pub(crate) fn check(&self, key: &LockKey) -> Result<(), LockError> {
+    /// Refuses a call whose lease could not work.
+    fn check(&self, key: &LockKey) -> Result<(), LockError> {
         match ttl_problem(self.ttl) {
             Some(reason) => Err(LockError::InvalidRequest {
                 key: key.name.clone(),

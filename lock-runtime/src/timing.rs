@@ -21,6 +21,11 @@ pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// longer ones are typos, and no network round trip needs an hour.
 pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// How long a waiting writer's claim holds new readers back unless its next
+/// attempt renews it. A waiter attempts at least every 200 ms, so a live
+/// writer's claim never lapses; a dead writer holds readers back this long.
+pub(crate) const WRITER_CLAIM: Duration = Duration::from_secs(2);
+
 /// Why `ttl` is not a usable lease, if it is not.
 pub(crate) fn ttl_problem(ttl: Duration) -> Option<String> {
     if ttl < MIN_TTL {

@@ -109,6 +109,26 @@ impl Notifier {
         }
     }
 
+    /// Wakes every local waiter of `channel`: a writer's release may let
+    /// all waiting readers in at once.
+    pub(crate) fn wake_all(&self, channel: &str) {
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = channels.get(channel) {
+            c.notify.notify_waiters();
+            // And one stored wake-up, for a waiter between two attempts.
+            c.notify.notify_one();
+        }
+    }
+
+    /// Wakes the waiters a release by `holder` may let in.
+    pub(crate) fn released_by(&self, channel: &str, holder: &str) {
+        if holder.starts_with("w:") {
+            self.wake_all(channel);
+        } else {
+            self.wake(channel);
+        }
+    }
+
     /// Registers a waiter on `channel`, subscribing if it is the first.
     /// Returns once the subscription is confirmed (or known to be down).
     pub(crate) async fn watch(self: &Arc<Self>, channel: &str) -> Watch {
@@ -215,11 +235,11 @@ impl Drop for Notifier {
 /// as long as anyone waits.
 async fn read_notifications(notifier: Weak<Notifier>, mut stream: Messages) {
     loop {
-        while let Some(channel) = stream.next().await {
+        while let Some((channel, holder)) = stream.next().await {
             let Some(strong) = notifier.upgrade() else {
                 return;
             };
-            strong.wake(&channel);
+            strong.released_by(&channel, &holder);
         }
         // Messages sent while disconnected are lost; waiters poll meanwhile.
         let mut backoff = Duration::from_millis(10);
@@ -244,8 +264,9 @@ async fn read_notifications(notifier: Weak<Notifier>, mut stream: Messages) {
     }
 }
 
-/// The names of the channels that announced a release.
-type Messages = BoxStream<'static, String>;
+/// The channels that announced a release, each with the holder that
+/// released.
+type Messages = BoxStream<'static, (String, String)>;
 
 /// The subscribing half of a subscription connection.
 enum Sink {
@@ -285,18 +306,22 @@ impl Sink {
     }
 }
 
+/// A release announcement: the channel, and the holder that released.
+fn announcement(message: redis::Msg) -> (String, String) {
+    let holder = message.get_payload::<String>().unwrap_or_default();
+    (message.get_channel_name().to_owned(), holder)
+}
+
 /// Opens a subscription connection for `topology`.
 async fn open_subscription(topology: &Topology) -> RedisResult<(Sink, Messages)> {
     match topology {
         Topology::Single(client) => {
             let (sink, stream) = client.get_async_pubsub().await?.split();
-            let names = stream.map(|message| message.get_channel_name().to_owned());
-            Ok((Sink::Single(sink), names.boxed()))
+            Ok((Sink::Single(sink), stream.map(announcement).boxed()))
         }
         Topology::Sentinel(link) => {
             let (sink, stream) = link.master_client().await?.get_async_pubsub().await?.split();
-            let names = stream.map(|message| message.get_channel_name().to_owned());
-            Ok((Sink::Single(sink), names.boxed()))
+            Ok((Sink::Single(sink), stream.map(announcement).boxed()))
         }
         Topology::Cluster {
             urls,
@@ -312,10 +337,11 @@ async fn open_subscription(topology: &Topology) -> RedisResult<(Sink, Messages)>
             let pushes =
                 futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
             let names = pushes.filter_map(|push| async move {
-                match (push.kind, push.data.first()) {
-                    (redis::PushKind::SMessage, Some(channel)) => {
-                        redis::from_redis_value_ref::<String>(channel).ok()
-                    }
+                match (push.kind, push.data.as_slice()) {
+                    (redis::PushKind::SMessage, [channel, holder, ..]) => Some((
+                        redis::from_redis_value_ref::<String>(channel).ok()?,
+                        redis::from_redis_value_ref::<String>(holder).unwrap_or_default(),
+                    )),
                     _ => None,
                 }
             });

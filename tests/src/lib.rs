@@ -72,8 +72,21 @@ pub async fn until_waiting(server: &RedisServer, key: &str) {
 /// for it like any other holder (in the task that took a guard, a second
 /// call for the key fails at once with `WouldDeadlock`).
 pub async fn guard_from_another_task(locks: &lock_runtime::LockClient, key: &str) -> lock_runtime::LockGuard {
+    guard_with(locks, key, |request| request).await
+}
+
+/// Like [`guard_from_another_task`], with the request configured by
+/// `configure` (`|l| l.permits(2)`).
+pub async fn guard_with<F>(
+    locks: &lock_runtime::LockClient,
+    key: &str,
+    configure: F,
+) -> lock_runtime::LockGuard
+where
+    F: for<'c> FnOnce(lock_runtime::LockRequest<'c>) -> lock_runtime::LockRequest<'c> + Send + 'static,
+{
     let (locks, key) = (locks.clone(), key.to_owned());
-    tokio::spawn(async move { locks.lock(key).acquire().await })
+    tokio::spawn(async move { configure(locks.lock(key)).acquire().await })
         .await
         .expect("join the holder's task")
         .expect("the holder takes the lock")

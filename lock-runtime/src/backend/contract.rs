@@ -6,12 +6,15 @@ use std::time::Duration;
 
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::spec::Kind;
 
 /// One acquisition attempt.
 #[derive(Debug)]
 pub(crate) struct AcquireRequest<'a> {
     pub(crate) key: &'a LockKey,
+    /// The holder id; a read-write lock's carries its side (`r:` or `w:`).
     pub(crate) holder: &'a str,
+    pub(crate) kind: Kind,
     pub(crate) ttl: Duration,
     pub(crate) fencing: bool,
     /// The first attempt of an acquisition, which most often finds the lock
@@ -25,11 +28,24 @@ pub(crate) struct AcquireRequest<'a> {
 /// What an acquisition attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    /// The lock is ours, with a fencing token when one was asked for.
-    Acquired { token: Option<u64> },
-    /// Another holder has it; `pttl` is what is left of its lease, `None`
-    /// when the key has no expiry at all.
-    Held { pttl: Option<Duration> },
+    /// The lock is ours, with a fencing token when one was asked for, and
+    /// which segment of a segmented lock.
+    Acquired {
+        token: Option<u64>,
+        segment: Option<u32>,
+    },
+    /// Other holders have it; `pttl` is what is left of the shortest lease
+    /// in the way, `None` when the key has no expiry at all. `claimed`: a
+    /// writer's claim now holds new readers back, and must be withdrawn if
+    /// the caller stops waiting.
+    Held { pttl: Option<Duration>, claimed: bool },
+}
+
+impl AcquireReply {
+    /// Acquired, with nothing but an optional token to report.
+    pub(crate) fn acquired(token: Option<u64>) -> Self {
+        AcquireReply::Acquired { token, segment: None }
+    }
 }
 
 /// A backend failure, classified for the retry loop.
@@ -69,9 +85,14 @@ pub(crate) trait Backend {
     /// earlier attempt's reply was lost), setting its lease in the same step.
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure>;
 
-    /// Deletes the lock if this holder has it and announces the release.
-    /// `Ok(false)`: it was no longer this holder's.
+    /// Deletes the lock if this holder has it and announces the release;
+    /// withdraws a writer's claim too. `Ok(false)`: it was no longer this
+    /// holder's.
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure>;
+
+    /// Releases whichever of the `count` segments of `key` this holder has:
+    /// the undo of a segment acquisition whose reply was lost.
+    async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure>;
 
     /// Sets the lease to `ttl` from now (or only lengthens it, with
     /// `extend_only`) if this holder still has the lock.

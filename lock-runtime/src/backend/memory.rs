@@ -9,7 +9,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use crate::error::LockError;
 use crate::key::LockKey;
+use crate::spec::Kind;
+use crate::timing::WRITER_CLAIM;
 
 /// Held locks above which an insertion first sweeps out expired ones, so that
 /// leases that were never released cannot grow the map without bound.
@@ -22,9 +25,19 @@ pub(crate) struct MemoryBackend {
 
 #[derive(Debug, Default)]
 struct State {
-    held: HashMap<String, Lease>,
+    held: HashMap<String, Entry>,
     /// Like the Redis fence counters: never expire, never reset.
     fences: HashMap<String, u64>,
+}
+
+/// What a key holds, as in Redis: a string for an exclusive lock (or one
+/// segment), a set of members for a shared lock.
+#[derive(Debug)]
+enum Entry {
+    Exclusive(Lease),
+    /// Readers `r:<id>`, a writer `w:<id>` and writers' claims `q:<id>`; or
+    /// permit holders `<id>`.
+    Shared(Vec<Lease>),
 }
 
 #[derive(Debug)]
@@ -33,28 +46,258 @@ struct Lease {
     expires: Instant,
 }
 
+impl Entry {
+    /// Forgets what has expired; `false` when nothing is left.
+    fn prune(&mut self, now: Instant) -> bool {
+        match self {
+            Entry::Exclusive(lease) => lease.expires > now,
+            Entry::Shared(members) => {
+                members.retain(|m| m.expires > now);
+                !members.is_empty()
+            }
+        }
+    }
+
+    /// What Redis would report at this key, for a conflict.
+    fn kind_name(&self) -> &'static str {
+        match self {
+            Entry::Exclusive(_) => "string",
+            Entry::Shared(members) if members.iter().any(|m| is_read_write(&m.holder)) => "read-write lock",
+            Entry::Shared(_) => "semaphore",
+        }
+    }
+}
+
+fn is_read_write(member: &str) -> bool {
+    member.starts_with("r:") || member.starts_with("w:") || member.starts_with("q:")
+}
+
+/// The claim a waiting writer `w:<id>` leaves: `q:<id>`.
+fn claim_of(writer: &str) -> Option<String> {
+    writer.strip_prefix("w:").map(|id| format!("q:{id}"))
+}
+
+fn conflict(key: &LockKey, redis_key: &str, found: &str) -> Failure {
+    Failure::permanent(LockError::KeyConflict {
+        key: key.name.clone(),
+        redis_key: redis_key.to_owned(),
+        found_type: found.to_owned(),
+    })
+}
+
 impl State {
-    /// The live lease at `key`, forgetting it if it has expired.
-    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Lease> {
-        if self.held.get(key).is_some_and(|l| l.expires <= now) {
+    /// The live entry at `key`, forgetting it if everything in it expired.
+    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
+        if self.held.get_mut(key).is_some_and(|e| !e.prune(now)) {
             self.held.remove(key);
         }
         self.held.get_mut(key)
     }
 
-    fn renew(&mut self, key: &LockKey, holder: &str, ttl: Duration, extend_only: bool, now: Instant) -> bool {
-        match self.live(&key.redis_key, now) {
-            Some(lease) if lease.holder == holder => {
-                let expires = now + ttl;
-                lease.expires = if extend_only {
-                    lease.expires.max(expires)
-                } else {
-                    expires
-                };
-                true
-            }
-            _ => false,
+    fn insert(&mut self, key: &str, entry: Entry, now: Instant) {
+        if self.held.len() >= SWEEP_ABOVE {
+            self.held.retain(|_, e| e.prune(now));
         }
+        self.held.insert(key.to_owned(), entry);
+    }
+
+    fn next_token(&mut self, fence_key: String) -> u64 {
+        let counter = self.fences.entry(fence_key).or_insert(0);
+        *counter += 1;
+        *counter
+    }
+
+    fn acquire_exclusive(
+        &mut self,
+        req: &AcquireRequest<'_>,
+        redis_key: &str,
+        now: Instant,
+    ) -> Result<Option<Duration>, Failure> {
+        let fence_key = format!("{redis_key}:fence");
+        match self.live(redis_key, now) {
+            Some(Entry::Exclusive(lease)) if lease.holder != req.holder => Ok(Some(lease.expires - now)),
+            Some(Entry::Exclusive(lease)) => {
+                // An earlier attempt of this acquisition got it (as in the
+                // script): the lease restarts, the token stays.
+                lease.expires = now + req.ttl;
+                Ok(None)
+            }
+            Some(other) => Err(conflict(req.key, redis_key, other.kind_name())),
+            None => {
+                let lease = Lease {
+                    holder: req.holder.to_owned(),
+                    expires: now + req.ttl,
+                };
+                self.insert(redis_key, Entry::Exclusive(lease), now);
+                if req.fencing {
+                    self.next_token(fence_key);
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    fn token(&self, req: &AcquireRequest<'_>, redis_key: &str) -> Option<u64> {
+        req.fencing.then(|| {
+            self.fences
+                .get(&format!("{redis_key}:fence"))
+                .copied()
+                .unwrap_or(0)
+        })
+    }
+
+    fn acquire_segment(
+        &mut self,
+        req: &AcquireRequest<'_>,
+        count: u32,
+        now: Instant,
+    ) -> Result<AcquireReply, Failure> {
+        let keys: Vec<String> = req.key.segment_keys(count).collect();
+        let mine = keys.iter().position(
+            |k| matches!(self.live(k, now), Some(Entry::Exclusive(lease)) if lease.holder == req.holder),
+        );
+        let mut soonest: Option<Duration> = None;
+        for (i, redis_key) in keys.iter().enumerate() {
+            if mine.is_some_and(|m| m != i) {
+                continue;
+            }
+            match self.acquire_exclusive(req, redis_key, now) {
+                Ok(None) => {
+                    return Ok(AcquireReply::Acquired {
+                        token: self.token(req, redis_key),
+                        segment: u32::try_from(i).ok(),
+                    });
+                }
+                Ok(Some(pttl)) => soonest = Some(soonest.map_or(pttl, |s| s.min(pttl))),
+                // Another kind of lock at this segment's key: it never frees
+                // for us, but the other segments may.
+                Err(_) => {}
+            }
+        }
+        match soonest {
+            Some(pttl) => Ok(AcquireReply::Held {
+                pttl: Some(pttl),
+                claimed: false,
+            }),
+            None => Err(conflict(req.key, &keys[0], "another kind of lock")),
+        }
+    }
+
+    /// A side of a read-write lock (`permits` 0) or a permit of a semaphore,
+    /// as `acquire_shared.lua` takes it.
+    fn acquire_shared(
+        &mut self,
+        req: &AcquireRequest<'_>,
+        permits: u32,
+        now: Instant,
+    ) -> Result<AcquireReply, Failure> {
+        let redis_key = &req.key.redis_key;
+        let read_write = permits == 0;
+        let members = match self.live(redis_key, now) {
+            None => {
+                self.insert(redis_key, Entry::Shared(Vec::new()), now);
+                match self.held.get_mut(redis_key.as_str()) {
+                    Some(Entry::Shared(members)) => members,
+                    _ => unreachable!("just inserted"),
+                }
+            }
+            Some(Entry::Shared(members))
+                if members.iter().all(|m| is_read_write(&m.holder) == read_write) =>
+            {
+                members
+            }
+            Some(other) => return Err(conflict(req.key, redis_key, other.kind_name())),
+        };
+        let side = req.holder.as_bytes().first().copied();
+        let mine = members.iter().position(|m| m.holder == req.holder);
+        // Ascending by lease end, like the sorted set: the first member in
+        // the way ends soonest.
+        members.sort_by_key(|m| m.expires);
+        let blocker = if mine.is_some() {
+            None
+        } else if read_write {
+            members.iter().find(|m| {
+                let other = m.holder.as_bytes().first().copied();
+                // A reader yields to a writer and to a claim; a writer to
+                // every holder, but not to another writer's claim.
+                if side == Some(b'r') {
+                    other != Some(b'r')
+                } else {
+                    other != Some(b'q')
+                }
+            })
+        } else {
+            (members.len() >= usize::try_from(permits).unwrap_or(usize::MAX)).then(|| &members[0])
+        };
+        if let Some(blocker) = blocker {
+            let pttl = blocker.expires - now;
+            let claim = claim_of(req.holder).filter(|_| req.waiting);
+            let claimed = claim.is_some();
+            if let Some(claim) = claim {
+                members.retain(|m| m.holder != claim);
+                members.push(Lease {
+                    holder: claim,
+                    expires: now + WRITER_CLAIM,
+                });
+            }
+            return Ok(AcquireReply::Held {
+                pttl: Some(pttl),
+                claimed,
+            });
+        }
+        let claim = claim_of(req.holder);
+        members.retain(|m| m.holder != req.holder && Some(&m.holder) != claim.as_ref());
+        members.push(Lease {
+            holder: req.holder.to_owned(),
+            expires: now + req.ttl,
+        });
+        let token = match (req.fencing, mine) {
+            (false, _) => None,
+            (true, Some(_)) => self.token(req, redis_key),
+            (true, None) => Some(self.next_token(req.key.fence_key())),
+        };
+        Ok(AcquireReply::acquired(token))
+    }
+
+    fn release(&mut self, key: &str, holder: &str, now: Instant) -> bool {
+        let Some(entry) = self.held.get_mut(key) else {
+            return false;
+        };
+        let released = match entry {
+            Entry::Exclusive(lease) => {
+                let owned = lease.holder == holder && lease.expires > now;
+                if owned {
+                    self.held.remove(key);
+                }
+                return owned;
+            }
+            Entry::Shared(members) => {
+                let released = members.iter().any(|m| m.holder == holder && m.expires > now);
+                let claim = claim_of(holder);
+                members.retain(|m| m.holder != holder && Some(&m.holder) != claim.as_ref());
+                released
+            }
+        };
+        self.live(key, now);
+        released
+    }
+
+    fn renew(&mut self, key: &str, holder: &str, ttl: Duration, extend_only: bool, now: Instant) -> bool {
+        let lease = match self.live(key, now) {
+            Some(Entry::Exclusive(lease)) if lease.holder == holder => lease,
+            Some(Entry::Shared(members)) => match members.iter_mut().find(|m| m.holder == holder) {
+                Some(member) => member,
+                None => return false,
+            },
+            _ => return false,
+        };
+        let expires = now + ttl;
+        lease.expires = if extend_only {
+            lease.expires.max(expires)
+        } else {
+            expires
+        };
+        true
     }
 }
 
@@ -68,47 +311,32 @@ impl Backend for MemoryBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let now = Instant::now();
         let mut state = self.state();
-        if let Some(lease) = state.live(&req.key.redis_key, now) {
-            if lease.holder != req.holder {
-                return Ok(AcquireReply::Held {
-                    pttl: Some(lease.expires - now),
-                });
-            }
-            // An earlier attempt of this acquisition got it (as in the script).
-            lease.expires = now + req.ttl;
-            let token = state.fences.get(&req.key.fence_key()).copied().unwrap_or(0);
-            return Ok(AcquireReply::Acquired {
-                token: req.fencing.then_some(token),
-            });
+        match req.kind {
+            Kind::Exclusive => Ok(match state.acquire_exclusive(req, &req.key.redis_key, now)? {
+                Some(pttl) => AcquireReply::Held {
+                    pttl: Some(pttl),
+                    claimed: false,
+                },
+                None => AcquireReply::acquired(state.token(req, &req.key.redis_key)),
+            }),
+            Kind::Segments(n) => state.acquire_segment(req, n, now),
+            Kind::Read | Kind::Write => state.acquire_shared(req, 0, now),
+            Kind::Permits(n) => state.acquire_shared(req, n, now),
         }
-        if state.held.len() >= SWEEP_ABOVE {
-            state.held.retain(|_, l| l.expires > now);
-        }
-        state.held.insert(
-            req.key.redis_key.clone(),
-            Lease {
-                holder: req.holder.to_owned(),
-                expires: now + req.ttl,
-            },
-        );
-        let token = req.fencing.then(|| {
-            let counter = state.fences.entry(req.key.fence_key()).or_insert(0);
-            *counter += 1;
-            *counter
-        });
-        Ok(AcquireReply::Acquired { token })
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        Ok(self.state().release(&key.redis_key, holder, Instant::now()))
+    }
+
+    async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
         let now = Instant::now();
         let mut state = self.state();
-        let owned = state
-            .live(&key.redis_key, now)
-            .is_some_and(|l| l.holder == holder);
-        if owned {
-            state.held.remove(&key.redis_key);
+        let mut released = false;
+        for segment in key.segment_keys(count) {
+            released |= state.release(&segment, holder, now);
         }
-        Ok(owned)
+        Ok(released)
     }
 
     async fn renew(
@@ -118,7 +346,9 @@ impl Backend for MemoryBackend {
         ttl: Duration,
         extend_only: bool,
     ) -> Result<bool, Failure> {
-        Ok(self.state().renew(key, holder, ttl, extend_only, Instant::now()))
+        Ok(self
+            .state()
+            .renew(&key.redis_key, holder, ttl, extend_only, Instant::now()))
     }
 
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
@@ -126,7 +356,11 @@ impl Backend for MemoryBackend {
         let mut state = self.state();
         Ok(items
             .iter()
-            .map(|item| state.renew(item.key, item.holder, item.ttl, false, now).into())
+            .map(|item| {
+                state
+                    .renew(&item.key.redis_key, item.holder, item.ttl, false, now)
+                    .into()
+            })
             .collect())
     }
 }
@@ -151,6 +385,7 @@ mod tests {
         AcquireRequest {
             key,
             holder,
+            kind: Kind::Exclusive,
             ttl: Duration::from_millis(ttl_ms),
             fencing,
             first: true,
@@ -164,15 +399,15 @@ mod tests {
             let backend = MemoryBackend::default();
             let k = key("k");
             let first = backend.acquire(&request(&k, "a:1", 50, true)).await.expect("ok");
-            assert_eq!(first, AcquireReply::Acquired { token: Some(1) });
+            assert_eq!(first, AcquireReply::acquired(Some(1)));
             // Someone else waits; the same holder retrying gets it again.
             assert!(matches!(
                 backend.acquire(&request(&k, "b:1", 50, true)).await.expect("ok"),
-                AcquireReply::Held { pttl: Some(_) }
+                AcquireReply::Held { pttl: Some(_), .. }
             ));
             assert_eq!(
                 backend.acquire(&request(&k, "a:1", 50, true)).await.expect("ok"),
-                AcquireReply::Acquired { token: Some(1) }
+                AcquireReply::acquired(Some(1))
             );
             // Only the owner releases or renews.
             assert!(!backend.release(&k, "b:1").await.expect("ok"));
@@ -192,7 +427,7 @@ mod tests {
             assert!(!backend.release(&k, "a:1").await.expect("ok"), "double release");
             // A fresh acquisition gets the next token; an expired one frees.
             let again = backend.acquire(&request(&k, "b:1", 5, true)).await.expect("ok");
-            assert_eq!(again, AcquireReply::Acquired { token: Some(2) });
+            assert_eq!(again, AcquireReply::acquired(Some(2)));
             std::thread::sleep(Duration::from_millis(10));
             assert!(
                 !backend
@@ -201,7 +436,7 @@ mod tests {
                     .expect("ok")
             );
             let third = backend.acquire(&request(&k, "c:1", 50, false)).await.expect("ok");
-            assert_eq!(third, AcquireReply::Acquired { token: None });
+            assert_eq!(third, AcquireReply::acquired(None));
         });
     }
 }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::key::LockKey;
+use crate::spec::Kind;
 
 pub(crate) mod cluster;
 mod contract;
@@ -32,6 +33,14 @@ impl AnyBackend {
     pub(crate) fn supports_fencing(&self) -> bool {
         !matches!(self, AnyBackend::Redlock(_))
     }
+
+    /// Why this backend cannot take a lock of `kind`, if it cannot.
+    pub(crate) fn unsupported(&self, kind: Kind) -> Option<&'static str> {
+        match self {
+            AnyBackend::Redlock(_) => redlock::unsupported(kind),
+            _ => None,
+        }
+    }
 }
 
 impl Backend for AnyBackend {
@@ -52,6 +61,16 @@ impl Backend for AnyBackend {
             AnyBackend::Redlock(b) => b.release(key, holder).await,
             AnyBackend::Cluster(b) => b.release(key, holder).await,
             AnyBackend::Sentinel(b) => b.release(key, holder).await,
+        }
+    }
+
+    async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
+        match self {
+            AnyBackend::Redis(b) => b.release_segments(key, count, holder).await,
+            AnyBackend::Memory(b) => b.release_segments(key, count, holder).await,
+            AnyBackend::Redlock(b) => b.release_segments(key, count, holder).await,
+            AnyBackend::Cluster(b) => b.release_segments(key, count, holder).await,
+            AnyBackend::Sentinel(b) => b.release_segments(key, count, holder).await,
         }
     }
 

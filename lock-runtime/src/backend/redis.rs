@@ -20,9 +20,16 @@ use super::tls;
 use crate::config::{ClientConfig, ReplicaAcks};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::timing::millis;
+use crate::spec::Kind;
+use crate::timing::{WRITER_CLAIM, millis};
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
+static ACQUIRE_SHARED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/acquire_shared.lua")));
+static ACQUIRE_SEGMENT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/acquire_segment.lua")));
+static RELEASE_SEGMENTS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/release_segments.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/renew.lua")));
 static RENEW_MANY: LazyLock<Script> =
@@ -276,64 +283,39 @@ impl<C: Connection> RedisBackend<C> {
 
 impl<C: Connection> Backend for RedisBackend<C> {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
-        let key = req.key;
-        // Uncontended fast path: a native SET NX PX costs the server a
-        // fraction of a script call. A refusal (held, foreign, or ours from an
-        // unanswered earlier attempt) falls through to the script, which tells
-        // those apart.
-        if req.first && !req.fencing {
-            let set: Option<String> = redis::cmd("SET")
-                .arg(&key.redis_key)
-                .arg(req.holder)
-                .arg("NX")
-                .arg("PX")
-                .arg(millis(req.ttl))
-                .query_async(&mut self.conn.clone())
-                .await
-                .map_err(|e| self.failure(key, e))?;
-            if set.is_some() {
-                return self.replicated(req, AcquireReply::Acquired { token: None }).await;
-            }
-        }
-        let reply: Value = ACQUIRE
-            .key(&key.redis_key)
-            .key(key.fence_key())
-            .arg(req.holder)
-            .arg(millis(req.ttl))
-            .arg(if req.fencing { "1" } else { "0" })
-            .arg(if req.waiting { "1" } else { "0" })
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| self.failure(key, e))?;
-        match reply.as_sequence() {
-            Some([Value::Int(1), Value::Int(token)]) => {
-                let acquired = AcquireReply::Acquired {
-                    token: req.fencing.then(|| u64::try_from(*token).unwrap_or(0)),
-                };
-                self.replicated(req, acquired).await
-            }
-            Some([Value::Int(0), Value::Int(pttl)]) => Ok(AcquireReply::Held {
-                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
-            }),
-            Some([Value::Int(-1), found]) => Err(Failure::permanent(LockError::KeyConflict {
-                key: key.name.clone(),
-                redis_key: key.redis_key.clone(),
-                found_type: redis::from_redis_value_ref::<String>(found).unwrap_or_else(|_| "unknown".into()),
-            })),
-            _ => Err(self.unexpected(key, "acquire", &reply)),
+        let acquired = match req.kind {
+            Kind::Exclusive => self.acquire_exclusive(req).await?,
+            Kind::Read | Kind::Write => self.acquire_shared(req, 0).await?,
+            Kind::Permits(n) => self.acquire_shared(req, n).await?,
+            Kind::Segments(n) => self.acquire_segment(req, n).await?,
+        };
+        match acquired {
+            AcquireReply::Acquired { segment, .. } => self.replicated(req, segment, acquired).await,
+            held @ AcquireReply::Held { .. } => Ok(held),
         }
     }
 
+    async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
+        let mut invocation = RELEASE_SEGMENTS.prepare_invoke();
+        for segment in key.segment_keys(count) {
+            invocation.key(segment);
+        }
+        let released: i64 = invocation
+            .key(&key.channel)
+            .arg(holder)
+            .arg(self.announce())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        Ok(released > 0)
+    }
+
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        let announce = match self.topology {
-            Topology::Single(_) | Topology::Sentinel(_) => "publish",
-            Topology::Cluster { .. } => "spublish",
-        };
         let released: i64 = RELEASE
             .key(&key.redis_key)
             .key(&key.channel)
             .arg(holder)
-            .arg(announce)
+            .arg(self.announce())
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
@@ -385,6 +367,137 @@ impl<C: Connection> Backend for RedisBackend<C> {
 }
 
 impl<C: Connection> RedisBackend<C> {
+    /// `release.lua` announces with PUBLISH on one node, SPUBLISH (to the
+    /// shard that owns the lock's slot) on a cluster.
+    fn announce(&self) -> &'static str {
+        match self.topology {
+            Topology::Single(_) | Topology::Sentinel(_) => "publish",
+            Topology::Cluster { .. } => "spublish",
+        }
+    }
+
+    async fn acquire_exclusive(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        let key = req.key;
+        // Uncontended fast path: a native SET NX PX costs the server a
+        // fraction of a script call. A refusal (held, foreign, or ours from an
+        // unanswered earlier attempt) falls through to the script, which tells
+        // those apart.
+        if req.first && !req.fencing {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&key.redis_key)
+                .arg(req.holder)
+                .arg("NX")
+                .arg("PX")
+                .arg(millis(req.ttl))
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(|e| self.failure(key, e))?;
+            if set.is_some() {
+                return Ok(AcquireReply::acquired(None));
+            }
+        }
+        let reply: Value = ACQUIRE
+            .key(&key.redis_key)
+            .key(key.fence_key())
+            .arg(req.holder)
+            .arg(millis(req.ttl))
+            .arg(if req.fencing { "1" } else { "0" })
+            .arg(if req.waiting { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        match reply.as_sequence() {
+            Some([Value::Int(1), Value::Int(token)]) => {
+                Ok(AcquireReply::acquired(fencing_token(req, *token)))
+            }
+            Some([Value::Int(0), Value::Int(pttl)]) => Ok(held(*pttl, false)),
+            Some([Value::Int(-1), found]) => Err(self.conflict(key, found)),
+            _ => Err(self.unexpected(key, "acquire", &reply)),
+        }
+    }
+
+    /// A side of a read-write lock (`permits` 0) or a permit of a semaphore.
+    async fn acquire_shared(&self, req: &AcquireRequest<'_>, permits: u32) -> Result<AcquireReply, Failure> {
+        let key = req.key;
+        let reply: Value = ACQUIRE_SHARED
+            .key(&key.redis_key)
+            .key(key.fence_key())
+            .arg(req.holder)
+            .arg(millis(req.ttl))
+            .arg(if req.fencing { "1" } else { "0" })
+            .arg(if req.waiting { "1" } else { "0" })
+            .arg(permits)
+            .arg(millis(WRITER_CLAIM))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        match reply.as_sequence() {
+            Some([Value::Int(1), Value::Int(token)]) => {
+                Ok(AcquireReply::acquired(fencing_token(req, *token)))
+            }
+            Some([Value::Int(0), Value::Int(pttl), Value::Int(claimed)]) => Ok(held(*pttl, *claimed == 1)),
+            Some([Value::Int(-1), found]) => Err(self.conflict(key, found)),
+            _ => Err(self.unexpected(key, "acquire", &reply)),
+        }
+    }
+
+    /// Any free one of `count` segments, all tried by one script.
+    async fn acquire_segment(&self, req: &AcquireRequest<'_>, count: u32) -> Result<AcquireReply, Failure> {
+        let key = req.key;
+        let mut invocation = ACQUIRE_SEGMENT.prepare_invoke();
+        for segment in key.segment_keys(count) {
+            invocation.key(segment);
+        }
+        if req.fencing {
+            for segment in key.segment_keys(count) {
+                invocation.key(format!("{segment}:fence"));
+            }
+        }
+        let reply: Value = invocation
+            .arg(req.holder)
+            .arg(millis(req.ttl))
+            .arg(if req.fencing { "1" } else { "0" })
+            .arg(if req.waiting { "1" } else { "0" })
+            .arg(count)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        match reply.as_sequence() {
+            Some([Value::Int(1), Value::Int(index), Value::Int(token)]) => match u32::try_from(*index) {
+                Ok(segment) if segment < count => Ok(AcquireReply::Acquired {
+                    token: fencing_token(req, *token),
+                    segment: Some(segment),
+                }),
+                _ => Err(self.unexpected(key, "segment acquire", &reply)),
+            },
+            Some([Value::Int(0), Value::Int(pttl)]) => Ok(held(*pttl, false)),
+            Some([Value::Int(-1), found]) => Err(self.conflict(key, found)),
+            _ => Err(self.unexpected(key, "segment acquire", &reply)),
+        }
+    }
+
+    fn conflict(&self, key: &LockKey, found: &Value) -> Failure {
+        Failure::permanent(LockError::KeyConflict {
+            key: key.name.clone(),
+            redis_key: key.redis_key.clone(),
+            found_type: redis::from_redis_value_ref::<String>(found).unwrap_or_else(|_| "unknown".into()),
+        })
+    }
+}
+
+fn fencing_token(req: &AcquireRequest<'_>, token: i64) -> Option<u64> {
+    req.fencing.then(|| u64::try_from(token).unwrap_or(0))
+}
+
+/// Held, with the script's `pttl` (-1: no expiry).
+fn held(pttl: i64, claimed: bool) -> AcquireReply {
+    AcquireReply::Held {
+        pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+        claimed,
+    }
+}
+
+impl<C: Connection> RedisBackend<C> {
     /// With `replica_acks`, an acquisition counts only once enough replicas
     /// have acknowledged it; one that falls short is released at once (on
     /// the same connection, after the write) and refused. The refusal is
@@ -393,12 +506,14 @@ impl<C: Connection> RedisBackend<C> {
     async fn replicated(
         &self,
         req: &AcquireRequest<'_>,
+        segment: Option<u32>,
         acquired: AcquireReply,
     ) -> Result<AcquireReply, Failure> {
         let Some(acks) = self.acks else {
             return Ok(acquired);
         };
-        let key = req.key;
+        let segment_key = segment.map(|i| req.key.segment(i));
+        let key = segment_key.as_ref().unwrap_or(req.key);
         // A failed WAIT leaves the acquisition in doubt, like a lost reply:
         // the caller retries with the same holder id, or gives it back.
         let acked = self

@@ -17,6 +17,26 @@ use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem,
 use super::redis::RedisBackend;
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::spec::Kind;
+
+/// Why a Redlock cannot take a lock of `kind`, if it cannot.
+///
+/// A read-write lock stays sound: any two majorities share a master, whose
+/// script refuses a reader beside a writer (or two writers), exactly as for
+/// the exclusive lock. Permits do not: with 3 masters and 2 permits, holders
+/// A on {1,2} and B on {2,3} fill master 2, yet C still finds a free permit
+/// on 1 and on 3, a majority, and becomes a third holder. Segments do not
+/// either: each master picks its own first free segment, so the answers need
+/// not agree on one.
+pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
+    match kind {
+        Kind::Exclusive | Kind::Read | Kind::Write => None,
+        Kind::Permits(_) => Some(
+            "`permits` (majorities of masters with free permits need not overlap in a full one, so a Redlock could admit more than N holders)",
+        ),
+        Kind::Segments(_) => Some("`segments` (each master would pick its own free segment)"),
+    }
+}
 
 #[derive(Debug)]
 pub(crate) struct RedlockBackend {
@@ -87,6 +107,10 @@ impl Backend for RedlockBackend {
             .map(|node| async move { (node, tokio::time::timeout(timeout, node.acquire(req)).await) })
             .collect();
         let (mut granted, mut held, mut shortest) = (0, 0, None::<Duration>);
+        // Masters that answered "held" granted nothing, but may keep a
+        // writer's claim, which must outlive this attempt.
+        let mut refused: Vec<&RedisBackend> = Vec::new();
+        let mut claimed = false;
         let mut causes = Vec::new();
         // Decided as soon as a majority granted (stragglers cannot change
         // that: a late grant is ours and goes with the release), or as soon
@@ -94,8 +118,10 @@ impl Backend for RedlockBackend {
         while let Some((node, answer)) = pending.next().await {
             match answer {
                 Ok(Ok(AcquireReply::Acquired { .. })) => granted += 1,
-                Ok(Ok(AcquireReply::Held { pttl })) => {
+                Ok(Ok(AcquireReply::Held { pttl, claimed: c })) => {
                     held += 1;
+                    claimed |= c;
+                    refused.push(node);
                     if let Some(pttl) = pttl {
                         shortest = Some(shortest.map_or(pttl, |s| s.min(pttl)));
                     }
@@ -105,19 +131,27 @@ impl Backend for RedlockBackend {
                 Err(_) => causes.push(format!("{}: no reply within {timeout:?}", node.node())),
             }
             if granted >= self.quorum() {
-                return Ok(AcquireReply::Acquired { token: None });
+                return Ok(AcquireReply::acquired(None));
             }
             if causes.len() > self.nodes.len() - self.quorum() {
                 break;
             }
         }
         drop(pending);
-        // No majority: give back what this attempt got, on every master
-        // (owner-checked, so harmless where it got nothing), before anyone
-        // retries with the same holder id.
-        self.release(req.key, req.holder).await.ok();
+        // No majority: give back what this attempt got on every master that
+        // did not refuse it (owner-checked, so harmless where it got
+        // nothing), before anyone retries with the same holder id.
+        let undo = self
+            .nodes
+            .iter()
+            .filter(|node| !refused.iter().any(|r| std::ptr::eq(*r, *node)))
+            .map(|node| tokio::time::timeout(timeout, node.release(req.key, req.holder)));
+        join_all(undo).await;
         if held >= self.quorum() {
-            return Ok(AcquireReply::Held { pttl: shortest });
+            return Ok(AcquireReply::Held {
+                pttl: shortest,
+                claimed,
+            });
         }
         Err(self.quorum_failure(req.key, granted, causes))
     }
@@ -136,6 +170,13 @@ impl Backend for RedlockBackend {
             return Err(self.quorum_failure(key, 0, causes));
         }
         Ok(released)
+    }
+
+    async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
+        let answers = self
+            .ask_all(|node| node.release_segments(key, count, holder))
+            .await;
+        Ok(answers.iter().any(|a| matches!(a, Answer::Got(true))))
     }
 
     async fn renew(

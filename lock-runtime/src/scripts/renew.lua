@@ -7,6 +7,9 @@
 --
 -- Returns 1 when the lease is (at least) ARGV[2] long now, 0 when the key is
 -- gone or held by someone else.
+--
+-- A shared lock's holder (acquire_shared.lua) is a member of a sorted set,
+-- scored by the server-clock instant its lease ends.
 
 local ttl = tonumber(ARGV[2])
 if not ttl or ttl < 1 or ttl > 1e12 or ttl ~= math.floor(ttl) then
@@ -16,6 +19,21 @@ if ARGV[3] ~= '0' and ARGV[3] ~= '1' then
   return redis.error_reply('ERR bad extend flag')
 end
 local current = redis.pcall('GET', KEYS[1])
+if type(current) == 'table' and redis.call('TYPE', KEYS[1])['ok'] == 'zset' then
+  local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  if not ends or tonumber(ends) <= now then
+    return 0
+  end
+  if ARGV[3] == '0' or tonumber(ends) < now + ttl then
+    redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+  end
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  return 1
+end
 if current ~= ARGV[1] and current ~= ARGV[1] .. '+w' then
   return 0
 end

@@ -7,6 +7,9 @@
 -- Returns {r1, r2, ...}: ri is 1 when lease i was renewed, 0 when its key is
 -- gone or held by someone else (that holder has lost the lock).
 --
+-- A shared lock's holder (acquire_shared.lua) is a member of a sorted set,
+-- scored by the server-clock instant its lease ends.
+--
 -- Every ttl is checked before the first write: a script that fails midway
 -- keeps the renewals it already made.
 
@@ -20,6 +23,26 @@ for i = 1, #KEYS do
   end
 end
 
+local now = nil
+local function renew_member(key, member, ttl)
+  if redis.call('TYPE', key)['ok'] ~= 'zset' then
+    return 0
+  end
+  if not now then
+    local clock = redis.call('TIME')
+    now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  end
+  local ends = redis.call('ZSCORE', key, member)
+  if not ends or tonumber(ends) <= now then
+    return 0
+  end
+  redis.call('ZADD', key, now + ttl, member)
+  if redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+  return 1
+end
+
 local renewed = {}
 for i, key in ipairs(KEYS) do
   local current = redis.pcall('GET', key)
@@ -27,6 +50,8 @@ for i, key in ipairs(KEYS) do
   if current == holder or current == holder .. '+w' then
     redis.call('PEXPIRE', key, ARGV[2 * i])
     renewed[i] = 1
+  elseif type(current) == 'table' then
+    renewed[i] = renew_member(key, holder, tonumber(ARGV[2 * i]))
   else
     renewed[i] = 0
   end

@@ -1,0 +1,135 @@
+-- Take a shared lock for one holder, in one round trip: a side of a
+-- read-write lock, or one permit of a semaphore.
+--
+-- KEYS[1]  the lock key `P{K}`: a sorted set whose members are the holders
+--          and whose scores are the server-clock instants (ms) at which their
+--          leases end; the key's own PTTL outlasts every member
+-- KEYS[2]  the fence counter `P{K}:fence` (written only when ARGV[3] == '1')
+-- ARGV[1]  the member: `r:<id>` a reader, `w:<id>` a writer, `<id>` a permit
+--          holder, where <id> is `<hex>:<decimal>`
+-- ARGV[2]  lease length in milliseconds, an integer >= 1
+-- ARGV[3]  '1' to issue a fencing token, '0' not to
+-- ARGV[4]  '1' if the caller will wait; a writer that waits leaves a claim
+--          `q:<id>` that holds new readers back, so that a stream of readers
+--          cannot starve it; '0' not to
+-- ARGV[5]  the number of permits, or '0' for a read-write lock
+-- ARGV[6]  how long a claim lasts (ms) unless the writer's next attempt
+--          renews it: a writer that dies holds readers back that long
+--
+-- Returns one of
+--   {1, token}              acquired (token 0 when ARGV[3] is '0')
+--   {0, pttl, claimed}      held: pttl is what is left of the shortest lease in
+--                           the way; claimed is 1 when a claim was left
+--   {-1, type}              the key holds something else: another type, or a
+--                           lock of the other kind
+--
+-- Every argument is checked before the first write.
+
+local member = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local permits = tonumber(ARGV[5])
+local claim_ttl = tonumber(ARGV[6])
+local function bad_ms(ms)
+  return not ms or ms < 1 or ms > 1e12 or ms ~= math.floor(ms)
+end
+if not permits or permits < 0 or permits ~= math.floor(permits) then
+  return redis.error_reply('ERR bad permit count')
+end
+local side, id = string.match(member, '^([rw]):(%x+:%d+)$')
+if permits == 0 and not side then
+  return redis.error_reply('ERR bad holder id')
+end
+if permits > 0 and not string.match(member, '^%x+:%d+$') then
+  return redis.error_reply('ERR bad holder id')
+end
+if bad_ms(ttl) then
+  return redis.error_reply('ERR bad ttl')
+end
+if bad_ms(claim_ttl) then
+  return redis.error_reply('ERR bad claim ttl')
+end
+if ARGV[3] ~= '0' and ARGV[3] ~= '1' then
+  return redis.error_reply('ERR bad fencing flag')
+end
+if ARGV[4] ~= '0' and ARGV[4] ~= '1' then
+  return redis.error_reply('ERR bad waiting flag')
+end
+
+local found = redis.call('TYPE', KEYS[1])['ok']
+if found ~= 'zset' and found ~= 'none' then
+  return {-1, found}
+end
+if found == 'zset' then
+  -- Someone else's sorted set, or the other kind of lock: left untouched
+  -- (one member tells, since a key only ever holds one kind).
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+  if string.match(first, '^[rwq]:%x+:%d+$') then
+    if permits > 0 then
+      return {-1, 'read-write lock'}
+    end
+  elseif string.match(first, '^%x+:%d+$') then
+    if permits == 0 then
+      return {-1, 'semaphore'}
+    end
+  else
+    return {-1, 'zset'}
+  end
+end
+
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+-- A lease whose end has come is over, whether or not its holder knows.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+
+local function outlast(ms)
+  if redis.call('PTTL', KEYS[1]) < ms then
+    redis.call('PEXPIRE', KEYS[1], ms)
+  end
+end
+
+-- An earlier attempt of this same acquisition may have been applied with
+-- its reply lost: then the lock is ours already.
+local admitted = redis.call('ZSCORE', KEYS[1], member) ~= false
+local pttl = -1
+if not admitted then
+  if permits > 0 then
+    admitted = redis.call('ZCARD', KEYS[1]) < permits
+    if not admitted then
+      pttl = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]) - now
+    end
+  else
+    admitted = true
+    -- Ascending by lease end: the first member in the way ends soonest.
+    local all = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+    for i = 1, #all, 2 do
+      local other = string.sub(all[i], 1, 1)
+      -- A reader yields to a writer and to a writer's claim; a writer to
+      -- every holder, but not to another writer's claim.
+      if (side == 'r' and other ~= 'r') or (side == 'w' and other ~= 'q') then
+        admitted = false
+        pttl = tonumber(all[i + 1]) - now
+        break
+      end
+    end
+  end
+end
+
+if not admitted then
+  local claimed = 0
+  if side == 'w' and ARGV[4] == '1' then
+    redis.call('ZADD', KEYS[1], now + claim_ttl, 'q:' .. id)
+    outlast(claim_ttl)
+    claimed = 1
+  end
+  return {0, pttl, claimed}
+end
+
+redis.call('ZADD', KEYS[1], now + ttl, member)
+if side == 'w' then
+  redis.call('ZREM', KEYS[1], 'q:' .. id)
+end
+outlast(ttl)
+if ARGV[3] == '1' then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {1, 0}

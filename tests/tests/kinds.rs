@@ -1,0 +1,637 @@
+//! Lock kinds (read-write locks, permits, segments), one body of code over
+//! every backend that claims them: the in-process backend, one
+//! `redis-server`, a Redis Cluster and a Redlock of three masters (read-write
+//! only; it refuses permits and segments), through the public API.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError, LockMode, LostReason, segment};
+use lock_tests::monitor::Monitor;
+use lock_tests::{Cluster, RedisServer, start_masters};
+use tokio::sync::Barrier;
+
+/// A client and the servers it needs kept alive.
+struct Fixture {
+    locks: LockClient,
+    _servers: Servers,
+}
+
+#[allow(dead_code, reason = "held only to keep the servers running")]
+enum Servers {
+    None,
+    One(RedisServer),
+    Cluster(Cluster),
+    Masters(Vec<RedisServer>),
+}
+
+async fn in_memory() -> Fixture {
+    Fixture {
+        locks: LockClient::in_memory(),
+        _servers: Servers::None,
+    }
+}
+
+async fn redis() -> Fixture {
+    let server = RedisServer::start();
+    Fixture {
+        locks: LockClient::connect(&server.url()).await.expect("connect"),
+        _servers: Servers::One(server),
+    }
+}
+
+async fn cluster() -> Fixture {
+    let cluster = Cluster::start(3, 0);
+    Fixture {
+        locks: LockClient::cluster(cluster.urls()).await.expect("cluster client"),
+        _servers: Servers::Cluster(cluster),
+    }
+}
+
+async fn redlock() -> Fixture {
+    let masters = start_masters(3);
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    Fixture {
+        locks: LockClient::redlock(&urls).await.expect("redlock client"),
+        _servers: Servers::Masters(masters),
+    }
+}
+
+/// One module per backend, one test per behaviour in each.
+macro_rules! on_backends {
+    ([$($backend:ident),+] => $behaviours:tt) => {
+        $( on_backend!($backend, $behaviours); )+
+    };
+}
+
+macro_rules! on_backend {
+    ($backend:ident, [$($behaviour:ident),+ $(,)?]) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::$backend().await).await;
+                }
+            )+
+        }
+    };
+}
+
+mod read_write {
+    use super::*;
+    on_backends!(
+        [in_memory, redis, cluster, redlock] => [
+            readers_overlap,
+            a_writer_never_overlaps_anyone,
+            upgrade_is_refused_at_once,
+            a_writer_reenters_as_a_reader,
+            a_writer_is_not_starved_by_readers,
+        ]
+    );
+}
+
+mod permits {
+    use super::*;
+    on_backends!(
+        [in_memory, redis, cluster] => [
+            never_more_than_n_holders,
+            a_vanished_holders_permit_frees_at_its_ttl_not_before,
+            a_nested_call_reenters_its_permit,
+        ]
+    );
+}
+
+mod segments {
+    use super::*;
+    on_backends!(
+        [in_memory, redis, cluster] => [
+            n_holders_on_distinct_segments_and_the_next_takes_the_first_freed,
+            segments_exclude_like_locks,
+        ]
+    );
+}
+
+mod checks {
+    use super::*;
+    on_backends!(
+        [in_memory, redis] => [
+            bad_kinds_are_refused_before_any_io,
+            one_key_is_one_kind,
+        ]
+    );
+}
+
+/// Whether a holder in another task would be refused `key` as `mode` now.
+async fn refused_elsewhere(locks: &LockClient, key: &str, mode: LockMode) -> bool {
+    let (locks, key) = (locks.clone(), key.to_owned());
+    let attempt = tokio::spawn(async move { locks.lock(key).mode(mode).acquire().await });
+    match attempt.await.expect("probe task") {
+        Ok(guard) => {
+            guard.release().await.expect("release probe");
+            false
+        }
+        Err(LockError::Timeout { .. }) => true,
+        Err(other) => panic!("probe failed: {other}"),
+    }
+}
+
+async fn readers_overlap(f: Fixture) {
+    const READERS: usize = 4;
+    let inside = Arc::new(Barrier::new(READERS + 1));
+    let readers: Vec<_> = (0..READERS)
+        .map(|_| {
+            let (locks, inside) = (f.locks.clone(), Arc::clone(&inside));
+            tokio::spawn(async move {
+                locks
+                    .lock("doc")
+                    .mode(LockMode::Read)
+                    .wait(Duration::from_secs(10))
+                    .run(async {
+                        // Leaves only once every reader is inside at once.
+                        inside.wait().await;
+                        inside.wait().await;
+                    })
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::timeout(Duration::from_secs(20), inside.wait())
+        .await
+        .expect("all readers inside at once");
+    assert!(
+        refused_elsewhere(&f.locks, "doc", LockMode::Write).await,
+        "a writer got in beside readers"
+    );
+    assert!(
+        !refused_elsewhere(&f.locks, "doc", LockMode::Read).await,
+        "a fifth reader was refused"
+    );
+    inside.wait().await;
+    for reader in readers {
+        reader.await.expect("reader task").expect("reader");
+    }
+    assert!(
+        !refused_elsewhere(&f.locks, "doc", LockMode::Write).await,
+        "readers' release left the lock held"
+    );
+}
+
+/// 10,000 rounds over 8 tasks, one in four a writer: an occupancy counter
+/// sees no writer beside anyone, and no reader beside a writer.
+async fn a_writer_never_overlaps_anyone(f: Fixture) {
+    const TASKS: usize = 8;
+    const ROUNDS: usize = 10_000;
+    let readers = Arc::new(AtomicUsize::new(0));
+    let writers = Arc::new(AtomicUsize::new(0));
+    let writes = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (locks, readers, writers, writes) = (
+                f.locks.clone(),
+                Arc::clone(&readers),
+                Arc::clone(&writers),
+                Arc::clone(&writes),
+            );
+            tokio::spawn(async move {
+                for round in 0..ROUNDS / TASKS {
+                    let write = (task + round) % 4 == 0;
+                    let mode = if write { LockMode::Write } else { LockMode::Read };
+                    let (readers, writers, writes) = (&readers, &writers, &writes);
+                    locks
+                        .lock("ledger")
+                        .mode(mode)
+                        .wait(Duration::from_secs(60))
+                        .run(async move {
+                            if write {
+                                assert_eq!(writers.fetch_add(1, Ordering::SeqCst), 0, "two writers at once");
+                                assert_eq!(readers.load(Ordering::SeqCst), 0, "a writer beside readers");
+                                writes.fetch_add(1, Ordering::SeqCst);
+                                tokio::task::yield_now().await;
+                                assert_eq!(readers.load(Ordering::SeqCst), 0, "a reader came in on a writer");
+                                writers.fetch_sub(1, Ordering::SeqCst);
+                            } else {
+                                readers.fetch_add(1, Ordering::SeqCst);
+                                assert_eq!(writers.load(Ordering::SeqCst), 0, "a reader beside a writer");
+                                tokio::task::yield_now().await;
+                                assert_eq!(writers.load(Ordering::SeqCst), 0, "a writer came in on a reader");
+                                readers.fetch_sub(1, Ordering::SeqCst);
+                            }
+                        })
+                        .await
+                        .expect("lock");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task");
+    }
+    assert_eq!(writes.load(Ordering::SeqCst), ROUNDS / 4);
+}
+
+async fn upgrade_is_refused_at_once(f: Fixture) {
+    let locks = &f.locks;
+    let inner = locks
+        .lock("doc")
+        .mode(LockMode::Read)
+        .run(async {
+            // With a minute to wait, a deadlock would show as a minute's hang
+            // and then a Timeout; the refusal comes first.
+            locks
+                .lock("doc")
+                .mode(LockMode::Write)
+                .wait(Duration::from_secs(60))
+                .run(async {})
+                .await
+        })
+        .await
+        .expect("read lock");
+    assert!(
+        matches!(inner, Err(LockError::UpgradeRefused { ref key }) if key == "doc"),
+        "{inner:?}"
+    );
+}
+
+async fn a_writer_reenters_as_a_reader(f: Fixture) {
+    let locks = &f.locks;
+    let read = locks
+        .lock("doc")
+        .mode(LockMode::Write)
+        .run(async {
+            let inner = locks
+                .lock("doc")
+                .mode(LockMode::Read)
+                .run(async { 7 })
+                .await
+                .expect("the writer reads its own key");
+            // Still the writer's after the nested read lock ended.
+            assert!(refused_elsewhere(locks, "doc", LockMode::Read).await);
+            inner
+        })
+        .await
+        .expect("write lock");
+    assert_eq!(read, 7);
+    assert!(!refused_elsewhere(locks, "doc", LockMode::Write).await);
+}
+
+/// Four readers hold in turns that overlap, so there is always one inside:
+/// without the writer's claim holding new readers back, the writer would
+/// wait for the whole stream. With it, each reader enters at most once more
+/// after the writer starts waiting (in the moment before its first attempt
+/// lands), and the writer gets in. A trial in which the process was starved
+/// for longer than a reader's hold proves nothing and is run again.
+async fn a_writer_is_not_starved_by_readers(f: Fixture) {
+    const READERS: usize = 4;
+    const HOLD: Duration = Duration::from_millis(300);
+    for trial in 1..=3 {
+        let monitor = Monitor::start();
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer_waiting = Arc::new(AtomicBool::new(false));
+        let entries_while_waiting = Arc::new(AtomicUsize::new(0));
+        let inside = Arc::new(AtomicUsize::new(0));
+        let readers: Vec<_> = (0..READERS)
+            .map(|i| {
+                let (locks, stop, waiting, entries, inside) = (
+                    f.locks.clone(),
+                    Arc::clone(&stop),
+                    Arc::clone(&writer_waiting),
+                    Arc::clone(&entries_while_waiting),
+                    Arc::clone(&inside),
+                );
+                tokio::spawn(async move {
+                    // Staggered, so that the holds overlap.
+                    tokio::time::sleep(HOLD * u32::try_from(i).expect("few") / 4).await;
+                    while !stop.load(Ordering::SeqCst) {
+                        let (waiting, entries, inside) = (&waiting, &entries, &inside);
+                        let result = locks
+                            .lock("report")
+                            .mode(LockMode::Read)
+                            .wait(Duration::from_secs(30))
+                            .run(async move {
+                                inside.fetch_add(1, Ordering::SeqCst);
+                                if waiting.load(Ordering::SeqCst) {
+                                    entries.fetch_add(1, Ordering::SeqCst);
+                                }
+                                tokio::time::sleep(HOLD).await;
+                                inside.fetch_sub(1, Ordering::SeqCst);
+                            })
+                            .await;
+                        result.expect("reader");
+                    }
+                })
+            })
+            .collect();
+        // The stream is flowing once two readers are inside together.
+        lock_tests::eventually(Duration::from_secs(10), || inside.load(Ordering::SeqCst) >= 2)
+            .await
+            .expect("readers overlap");
+        writer_waiting.store(true, Ordering::SeqCst);
+        let wrote = f
+            .locks
+            .lock("report")
+            .mode(LockMode::Write)
+            .wait(Duration::from_secs(20))
+            .run(async { inside.load(Ordering::SeqCst) })
+            .await;
+        stop.store(true, Ordering::SeqCst);
+        for reader in readers {
+            reader.await.expect("reader task");
+        }
+        let entered = entries_while_waiting.load(Ordering::SeqCst);
+        let starved = monitor.worst() > HOLD / 2;
+        match wrote {
+            Ok(readers_inside) if entered <= READERS => {
+                assert_eq!(readers_inside, 0, "the writer ran beside a reader");
+                return;
+            }
+            _ if starved => {
+                eprintln!(
+                    "trial {trial} INVALID: the process was {:?} late",
+                    monitor.worst()
+                );
+            }
+            other => panic!("writer starved: {other:?}, {entered} reader entries while it waited"),
+        }
+    }
+    panic!("every trial was starved");
+}
+
+async fn never_more_than_n_holders(f: Fixture) {
+    const PERMITS: usize = 3;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..12)
+        .map(|_| {
+            let (locks, inside, most) = (f.locks.clone(), Arc::clone(&inside), Arc::clone(&most));
+            tokio::spawn(async move {
+                for _ in 0..150 {
+                    let (inside, most) = (&inside, &most);
+                    locks
+                        .lock("pool")
+                        .permits(u32::try_from(PERMITS).expect("few"))
+                        .wait(Duration::from_secs(60))
+                        .run(async move {
+                            let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                            assert!(now <= PERMITS, "{now} holders of {PERMITS} permits");
+                            most.fetch_max(now, Ordering::SeqCst);
+                            tokio::task::yield_now().await;
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                        })
+                        .await
+                        .expect("permit");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task");
+    }
+    // Taken side by side: a semaphore that let one holder in at a time would
+    // pass the bound too.
+    let side_by_side = Arc::new(Barrier::new(PERMITS));
+    let holders: Vec<_> = (0..PERMITS)
+        .map(|_| {
+            let (locks, side_by_side) = (f.locks.clone(), Arc::clone(&side_by_side));
+            tokio::spawn(async move {
+                locks
+                    .lock("pool")
+                    .permits(3)
+                    .wait(Duration::from_secs(10))
+                    .run(async move { side_by_side.wait().await })
+                    .await
+            })
+        })
+        .collect();
+    for holder in holders {
+        tokio::time::timeout(Duration::from_secs(20), holder)
+            .await
+            .expect("three permits held at once")
+            .expect("task")
+            .expect("permit");
+    }
+    assert!(most.load(Ordering::SeqCst) >= 1);
+}
+
+/// A holder that vanishes (no release, no renewal: what a killed process
+/// leaves) keeps its permit until its lease ends, and not a moment less.
+async fn a_vanished_holders_permit_frees_at_its_ttl_not_before(f: Fixture) {
+    const TTL: Duration = Duration::from_millis(1500);
+    let taken = Instant::now();
+    for _ in 0..2 {
+        let guard = lock_tests::guard_with(&f.locks, "pool", |l| l.permits(2).ttl(TTL).renew(false)).await;
+        std::mem::forget(guard);
+    }
+    let refused = f.locks.lock("pool").permits(2).acquire().await;
+    assert!(matches!(refused, Err(LockError::Timeout { .. })), "{refused:?}");
+    let guard = f
+        .locks
+        .lock("pool")
+        .permits(2)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("a permit frees when its lease ends");
+    // A lower bound only: a slow machine makes it later, never earlier.
+    assert!(
+        taken.elapsed() >= TTL,
+        "freed after {:?}, before the {TTL:?} lease ended",
+        taken.elapsed()
+    );
+    guard.release().await.expect("release");
+}
+
+async fn a_nested_call_reenters_its_permit(f: Fixture) {
+    let locks = &f.locks;
+    let depth = locks
+        .lock("pool")
+        .permits(1)
+        .run(async {
+            locks
+                .lock("pool")
+                .permits(1)
+                .run(async { 2 })
+                .await
+                .expect("the permit re-enters (a second permit would wait for the first)")
+        })
+        .await
+        .expect("permit");
+    assert_eq!(depth, 2);
+}
+
+async fn n_holders_on_distinct_segments_and_the_next_takes_the_first_freed(f: Fixture) {
+    const SEGMENTS: u32 = 3;
+    assert_eq!(segment(), None);
+    let mut guards = Vec::new();
+    for _ in 0..SEGMENTS {
+        guards.push(lock_tests::guard_with(&f.locks, "stock", |l| l.segments(SEGMENTS)).await);
+    }
+    let held: BTreeSet<u32> = guards
+        .iter()
+        .filter_map(lock_runtime::LockGuard::segment)
+        .collect();
+    assert_eq!(
+        held,
+        (0..SEGMENTS).collect(),
+        "three holders on three distinct segments"
+    );
+    assert_eq!(
+        guards[1].key(),
+        format!("stock#{}", guards[1].segment().expect("segment"))
+    );
+
+    let next = {
+        let locks = f.locks.clone();
+        tokio::spawn(async move {
+            locks
+                .lock("stock")
+                .segments(SEGMENTS)
+                .wait(Duration::from_secs(10))
+                .run(async { segment() })
+                .await
+        })
+    };
+    let refused = f.locks.lock("stock").segments(SEGMENTS).acquire().await;
+    assert!(matches!(refused, Err(LockError::Timeout { .. })), "{refused:?}");
+    let freed = guards.remove(1);
+    let freed_segment = freed.segment();
+    freed.release().await.expect("release");
+    let took = next.await.expect("waiter task").expect("waiter");
+    assert_eq!(took, freed_segment, "the waiter took the segment that freed");
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+}
+
+/// Sixteen tasks on two segments: never two holders on one segment, and
+/// the body sees its segment.
+async fn segments_exclude_like_locks(f: Fixture) {
+    let inside: Arc<[AtomicUsize; 2]> = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (locks, inside) = (f.locks.clone(), Arc::clone(&inside));
+            tokio::spawn(async move {
+                for _ in 0..60 {
+                    let inside = &inside;
+                    locks
+                        .lock("stock")
+                        .segments(2)
+                        .wait(Duration::from_secs(60))
+                        .run(async move {
+                            let i =
+                                usize::try_from(segment().expect("inside a segmented body")).expect("small");
+                            assert_eq!(
+                                inside[i].fetch_add(1, Ordering::SeqCst),
+                                0,
+                                "two holders of segment {i}"
+                            );
+                            tokio::task::yield_now().await;
+                            inside[i].fetch_sub(1, Ordering::SeqCst);
+                        })
+                        .await
+                        .expect("segment");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task");
+    }
+}
+
+async fn bad_kinds_are_refused_before_any_io(f: Fixture) {
+    let locks = &f.locks;
+    let cases = [
+        locks.lock("k").permits(0).acquire().await,
+        locks.lock("k").segments(0).acquire().await,
+        locks.lock("k").segments(1025).acquire().await,
+        locks.lock("k").permits(2).mode(LockMode::Read).acquire().await,
+        locks.lock("k").segments(2).permits(2).acquire().await,
+        locks.lock("k").segments(2).mode(LockMode::Write).acquire().await,
+        locks.lock("k").mode(LockMode::Read).fencing(true).acquire().await,
+        locks.lock("k").permits(2).fencing(true).acquire().await,
+    ];
+    for case in cases {
+        match case {
+            Err(LockError::InvalidRequest { key, reason }) => assert!(key == "k" && !reason.is_empty()),
+            other => panic!("expected InvalidRequest, got {other:?}"),
+        }
+    }
+}
+
+async fn one_key_is_one_kind(f: Fixture) {
+    let locks = &f.locks;
+    // Nested: a different kind of the same key is refused, not waited for.
+    let nested = locks
+        .lock("k")
+        .run(async { locks.lock("k").permits(2).run(async {}).await })
+        .await
+        .expect("exclusive");
+    assert!(
+        matches!(nested, Err(LockError::InvalidRequest { .. })),
+        "{nested:?}"
+    );
+    // Side by side: the other kind's state is a conflict, left untouched.
+    let exclusive = lock_tests::guard_with(locks, "k", |l| l).await;
+    let permit = locks.lock("k").permits(2).acquire().await;
+    assert!(matches!(permit, Err(LockError::KeyConflict { .. })), "{permit:?}");
+    exclusive.release().await.expect("release");
+    let reader = lock_tests::guard_with(locks, "k", |l| l.mode(LockMode::Read)).await;
+    let permit = locks.lock("k").permits(2).acquire().await;
+    assert!(matches!(permit, Err(LockError::KeyConflict { .. })), "{permit:?}");
+    let writer = locks.lock("k").acquire().await;
+    assert!(matches!(writer, Err(LockError::KeyConflict { .. })), "{writer:?}");
+    reader.release().await.expect("release");
+}
+
+mod redis_only {
+    use super::*;
+
+    /// Two readers; one's member is deleted on the server: that reader's
+    /// body is cancelled, the other's runs on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_readers_loss_cancels_only_that_reader() {
+        let server = RedisServer::start();
+        let locks = LockClient::connect(&server.url()).await.expect("connect");
+        let ttl = Duration::from_millis(400);
+        let first = lock_tests::guard_with(&locks, "k", move |l| l.mode(LockMode::Read).ttl(ttl)).await;
+        let members: Vec<String> = server.query(redis::cmd("ZRANGE").arg("lock:{k}").arg(0).arg(-1));
+        assert_eq!(members.len(), 1, "{members:?}");
+        let second = lock_tests::guard_with(&locks, "k", move |l| l.mode(LockMode::Read).ttl(ttl)).await;
+        let _: i64 = server.query(redis::cmd("ZREM").arg("lock:{k}").arg(&members[0]));
+        let reason = tokio::time::timeout(Duration::from_secs(10), first.lost())
+            .await
+            .expect("the first reader learns of its loss");
+        assert_eq!(reason, LostReason::TakenOver);
+        // Several renewals later, the second still holds.
+        let later = Instant::now() + ttl * 3;
+        tokio::select! {
+            reason = second.lost() => panic!("the second reader was lost too: {reason}"),
+            () = tokio::time::sleep_until(later.into()) => {}
+        }
+        assert!(second.is_held());
+        second.release().await.expect("release the second reader");
+        assert!(matches!(first.release().await, Err(LockError::NotHeld { .. })));
+    }
+
+    /// Redlock refuses what it cannot do soundly, naming it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redlock_refuses_permits_and_segments() {
+        let f = redlock().await;
+        for attempt in [
+            f.locks.lock("k").permits(2).acquire().await,
+            f.locks.lock("k").segments(2).acquire().await,
+        ] {
+            match attempt {
+                Err(LockError::Unsupported { feature, .. }) => {
+                    assert!(
+                        feature.contains("permits") || feature.contains("segments"),
+                        "{feature}"
+                    );
+                }
+                other => panic!("expected Unsupported, got {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! Every kind of lock the attribute takes, on free functions and methods.
+use lock_runtime::{distributed_lock, segment, LockError};
+
+#[distributed_lock(key = "report:<id>", mode = "read")]
+async fn read_report(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+#[distributed_lock(key = "report:<id>", mode = "write", fencing = true)]
+async fn write_report(id: u64) -> Result<u64, LockError> {
+    // A writer may read its own key: the read lock re-enters.
+    read_report(id).await
+}
+
+#[distributed_lock(key = "pool:<name>", permits = 8, ttl = "10s")]
+async fn use_connection(name: &str) -> Result<usize, LockError> {
+    Ok(name.len())
+}
+
+struct Stock;
+
+impl Stock {
+    #[distributed_lock(key = "stock:<sku>", segments = 5, wait = "1s")]
+    async fn sell(&self, sku: u64) -> Result<Option<u32>, LockError> {
+        let _ = sku;
+        Ok(segment())
+    }
+}
+
+fn main() {
+    let _ = (write_report(1), use_connection("db"), Stock.sell(2));
+}
