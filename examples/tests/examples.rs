@@ -103,3 +103,28 @@ fn the_fencing_example_refuses_the_late_write() {
     assert!(out.contains("holder A: refused write with token 1"), "{out}");
     assert!(out.contains("The document holds \"holder B\""), "{out}");
 }
+
+/// The segmented example sells exactly the stock at every segment count,
+/// in-process and on Redis.
+#[test]
+fn segmented_never_oversells_at_any_segment_count() {
+    let server = RedisServer::start();
+    for url in [None, Some(server.url())] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_segmented"));
+        command.env_remove("REDIS_URL");
+        if let Some(url) = &url {
+            command.env("REDIS_URL", url);
+        }
+        let output = command.output().expect("run the segmented example");
+        let stdout = String::from_utf8(output.stdout).expect("utf-8");
+        assert!(output.status.success(), "segmented failed:\n{stdout}");
+        for segments in ["1", "2", "5", "10"] {
+            let line = stdout
+                .lines()
+                .find(|l| l.split('|').nth(1).map(str::trim) == Some(segments))
+                .unwrap_or_else(|| panic!("no row for {segments} segments:\n{stdout}"));
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            assert_eq!((cells[2], cells[3]), ("1000", "0"), "{line}");
+        }
+    }
+}

@@ -104,6 +104,47 @@ pub fn key_id(key: &str) -> u64 {
     hash | 1
 }
 
+/// How a body shares its key: it takes `weight` of the key's `capacity`,
+/// and an entry that finds the key fuller than `capacity - weight` is an
+/// overlap. An exclusive holder is 1 of 1; a reader 1 of [`Share::WRITER`]
+/// and a writer all of it, so that a writer beside anyone, or a reader
+/// beside a writer, overflows; a permit holder is 1 of N.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// What this body takes.
+    pub weight: u64,
+    /// What the key holds.
+    pub capacity: u64,
+}
+
+impl Share {
+    /// The weight of a writer, and the capacity of a read-write key.
+    const WHOLE: u64 = 1 << 32;
+    /// An exclusive holder.
+    pub const EXCLUSIVE: Share = Share {
+        weight: 1,
+        capacity: 1,
+    };
+    /// A reader of a read-write lock.
+    pub const READER: Share = Share {
+        weight: 1,
+        capacity: Self::WHOLE,
+    };
+    /// The writer of a read-write lock.
+    pub const WRITER: Share = Share {
+        weight: Self::WHOLE,
+        capacity: Self::WHOLE,
+    };
+
+    /// One of `n` permits.
+    pub fn permit(n: u64) -> Share {
+        Share {
+            weight: 1,
+            capacity: n,
+        }
+    }
+}
+
 /// One process's view of a run's checker; cheap to clone.
 #[derive(Clone)]
 pub struct Witness {
@@ -213,30 +254,54 @@ impl Witness {
 
     /// A holder's body starts. Count first, then log.
     pub fn enter(&self, key: &str, holder: u64, token: u64) {
+        self.enter_shared(key, holder, token, Share::EXCLUSIVE);
+    }
+
+    /// A body that takes `share` of its key starts. Shared entries are
+    /// checked on the board only: the logs' interval analysis knows
+    /// exclusive locks alone.
+    pub fn enter_shared(&self, key: &str, holder: u64, token: u64, share: Share) {
         let slot = self.slot(key);
         let seq = self.words()[0].fetch_add(1, Ordering::SeqCst);
-        if slot[OCCUPANCY].fetch_add(1, Ordering::SeqCst) != 0 {
+        let before = slot[OCCUPANCY].fetch_add(share.weight, Ordering::SeqCst);
+        if before + share.weight > share.capacity {
             slot[OVERLAPS].fetch_add(1, Ordering::SeqCst);
         }
         slot[ENTRIES].fetch_add(1, Ordering::SeqCst);
-        self.append(Kind::Enter, holder, key_id(key), token, seq, 0);
+        if share == Share::EXCLUSIVE {
+            self.append(Kind::Enter, holder, key_id(key), token, seq, 0);
+        }
     }
 
     /// The body ends. Log first, then uncount.
     pub fn exit(&self, key: &str, holder: u64, token: u64) {
-        self.leave(key, Kind::Exit, holder, token, 0);
+        self.leave(key, Kind::Exit, holder, token, 0, Share::EXCLUSIVE);
+    }
+
+    /// A body that took `share` of its key ends (or is stopped).
+    pub fn exit_shared(&self, key: &str, holder: u64, token: u64, share: Share) {
+        self.leave(key, Kind::Exit, holder, token, 0, share);
     }
 
     /// The body ends because its lock was lost, with validity deadline `deadline`.
     pub fn lost(&self, key: &str, holder: u64, token: u64, deadline: Instant) {
-        self.leave(key, Kind::Lost, holder, token, instant_ns(deadline));
+        self.leave(
+            key,
+            Kind::Lost,
+            holder,
+            token,
+            instant_ns(deadline),
+            Share::EXCLUSIVE,
+        );
     }
 
-    fn leave(&self, key: &str, kind: Kind, holder: u64, token: u64, detail: u64) {
+    fn leave(&self, key: &str, kind: Kind, holder: u64, token: u64, detail: u64, share: Share) {
         let slot = self.slot(key);
         let seq = self.words()[0].fetch_add(1, Ordering::SeqCst);
-        self.append(kind, holder, key_id(key), token, seq, detail);
-        slot[OCCUPANCY].fetch_sub(1, Ordering::SeqCst);
+        if share == Share::EXCLUSIVE {
+            self.append(kind, holder, key_id(key), token, seq, detail);
+        }
+        slot[OCCUPANCY].fetch_sub(share.weight, Ordering::SeqCst);
     }
 
     /// Reads the counter, yields, writes it back plus one: the write a lock
@@ -532,6 +597,28 @@ mod tests {
         assert_eq!(analysis.overlaps[0].key, "k");
         assert_eq!(analysis.token_regressions, 0);
         assert_eq!(analysis.unmatched, 0);
+    }
+
+    #[test]
+    fn shares_overflow_only_when_the_kind_is_broken() {
+        let (_dir, w) = board();
+        w.enter_shared("rw", 1, 0, Share::READER);
+        w.enter_shared("rw", 2, 0, Share::READER);
+        assert_eq!(w.seen("rw").overlaps, 0, "readers share");
+        w.enter_shared("rw", 3, 0, Share::WRITER);
+        assert_eq!(w.seen("rw").overlaps, 1, "a writer beside readers");
+        w.exit_shared("rw", 3, 0, Share::WRITER);
+        w.exit_shared("rw", 1, 0, Share::READER);
+        w.exit_shared("rw", 2, 0, Share::READER);
+        w.enter_shared("rw", 4, 0, Share::WRITER);
+        w.enter_shared("rw", 5, 0, Share::READER);
+        assert_eq!(w.seen("rw").overlaps, 2, "a reader beside a writer");
+        for holder in 1..=3 {
+            w.enter_shared("pool", holder, 0, Share::permit(3));
+        }
+        assert_eq!(w.seen("pool").overlaps, 0, "three of three permits");
+        w.enter_shared("pool", 4, 0, Share::permit(3));
+        assert_eq!(w.seen("pool").overlaps, 1, "a fourth holder of three permits");
     }
 
     #[test]

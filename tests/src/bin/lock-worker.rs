@@ -16,7 +16,12 @@
 //!   comma-separated `keys` at random for `ms` milliseconds, each body
 //!   reporting to the run's checker board in `witness-dir` (see
 //!   `lock_tests::witness`). `target` is a Redis URL, or `redlock=` followed by
-//!   comma-separated URLs. `lock` is `library`, or a deliberately broken lock
+//!   comma-separated URLs. `lock` is `library` (the exclusive lock),
+//!   `library-rw` (one writer in four, the rest readers) or
+//!   `library-permits-N`; or a control the checker must catch:
+//!   `library-rw-writers-read` (writers take the read lock) and
+//!   `library-permits-N-checked-M` (N permits where the checker allows M);
+//!   or a deliberately broken lock
 //!   the checker must catch: `del-release` (released by a plain DEL, no owner
 //!   check), `no-deadline` (the body ignores its lease running out) or
 //!   `blind-renew` (renews with a plain SET, never noticing it lost the lock).
@@ -32,6 +37,7 @@ use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
 use lock_tests::lab::Tally;
+use lock_tests::witness::Share;
 
 use redis::AsyncCommands;
 
@@ -147,6 +153,57 @@ struct WitnessRun {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Which kind of lock a witness run takes, and what the checker is told.
+/// `library` is the exclusive lock; `library-rw` one writer in four, the
+/// rest readers; `library-permits-N` N permits. The controls lie to the
+/// checker: `library-rw-writers-read` takes read locks for its writers,
+/// `library-permits-N-checked-M` takes N permits where the checker allows M.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Exclusive,
+    ReadWrite { writers_read: bool },
+    Permits { taken: u32, checked: u64 },
+}
+
+impl Kind {
+    fn parse(lock: &str) -> Option<Kind> {
+        let permits = |spec: &str| -> Option<Kind> {
+            let (taken, checked) = match spec.split_once("-checked-") {
+                Some((taken, checked)) => (taken.parse().ok()?, checked.parse().ok()?),
+                None => (spec.parse().ok()?, spec.parse().ok()?),
+            };
+            Some(Kind::Permits { taken, checked })
+        };
+        match lock {
+            "library" => Some(Kind::Exclusive),
+            "library-rw" => Some(Kind::ReadWrite { writers_read: false }),
+            "library-rw-writers-read" => Some(Kind::ReadWrite { writers_read: true }),
+            other => permits(other.strip_prefix("library-permits-")?),
+        }
+    }
+
+    /// The request for one acquisition, and the share the checker is told.
+    fn request(self, request: lock_runtime::LockRequest<'_>) -> (lock_runtime::LockRequest<'_>, Share) {
+        use lock_runtime::LockMode;
+        match self {
+            Kind::Exclusive => (request, Share::EXCLUSIVE),
+            Kind::ReadWrite { writers_read } => {
+                if rand::random_ratio(1, 4) {
+                    let mode = if writers_read {
+                        LockMode::Read
+                    } else {
+                        LockMode::Write
+                    };
+                    (request.mode(mode), Share::WRITER)
+                } else {
+                    (request.mode(LockMode::Read), Share::READER)
+                }
+            }
+            Kind::Permits { taken, checked } => (request.permits(taken), Share::permit(checked)),
+        }
+    }
+}
+
 async fn connect(target: &str) -> Result<LockClient, LockError> {
     let mut builder = LockClient::builder();
     if let Some(ms) = std::env::var("LOCK_WORKER_COMMAND_TIMEOUT_MS")
@@ -166,7 +223,7 @@ async fn witness(run: WitnessRun, witness_dir: &str, tasks: usize) -> Result<(),
     let checker = lock_tests::witness::Witness::open(std::path::Path::new(witness_dir))?;
     let locks = connect(&run.url).await?;
     let raw = match run.lock.as_str() {
-        "library" => None,
+        lock if lock.starts_with("library") => None,
         _ => Some(
             redis::Client::open(run.url.as_str())?
                 .get_multiplexed_async_connection()
@@ -222,7 +279,8 @@ async fn library_task(
 ) -> Result<Tally, BoxError> {
     let start = std::time::Instant::now();
     let mut tally = Tally::default();
-    let fencing = !run.url.starts_with("redlock=");
+    let kind = Kind::parse(&run.lock).ok_or_else(|| format!("unknown lock `{}`", run.lock))?;
+    let fencing = !run.url.starts_with("redlock=") && kind == Kind::Exclusive;
     let long_percent: u32 = std::env::var("LOCK_WORKER_LONG_BODY_PERCENT")
         .ok()
         .and_then(|p| p.parse().ok())
@@ -235,8 +293,8 @@ async fn library_task(
         } else {
             body_length(run.max_body)
         };
-        let guard = match locks
-            .lock(key)
+        let (request, share) = kind.request(locks.lock(key));
+        let guard = match request
             .ttl(run.ttl)
             .fencing(fencing)
             .wait(Duration::from_secs(3))
@@ -259,22 +317,29 @@ async fn library_task(
         };
         let holder = next_holder(task);
         let token = guard.fencing_token().unwrap_or(0);
-        checker.enter(key, holder, token);
+        let exclusive = share == Share::EXCLUSIVE;
+        checker.enter_shared(key, holder, token, share);
         let work = async {
             if token != 0 {
                 checker.write(key, token, true);
             }
-            checker.bump(key).await;
+            if exclusive {
+                checker.bump(key).await;
+            }
             tokio::time::sleep(body).await;
         };
         tokio::select! {
             biased;
             _ = guard.lost() => {
-                checker.lost(key, holder, token, guard.valid_until());
+                if exclusive {
+                    checker.lost(key, holder, token, guard.valid_until());
+                } else {
+                    checker.exit_shared(key, holder, token, share);
+                }
                 tally.lost += 1;
             }
             () = work => {
-                checker.exit(key, holder, token);
+                checker.exit_shared(key, holder, token, share);
                 tally.taken += 1;
             }
         }

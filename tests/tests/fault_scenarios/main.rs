@@ -19,6 +19,7 @@ use lock_tests::{Proxy, RedisServer, eventually};
 use serde_json::json;
 
 mod holders;
+mod kinds;
 mod links;
 mod replication;
 mod server_state;
