@@ -49,6 +49,7 @@ mod w3_contended;
 mod w4_scale_out;
 mod w5_reentry;
 mod w6_watchdog;
+mod wk_kinds;
 mod wr_replica_acks;
 
 use floor::*;
@@ -59,6 +60,7 @@ use w3_contended::*;
 use w4_scale_out::*;
 use w5_reentry::*;
 use w6_watchdog::*;
+use wk_kinds::*;
 use wr_replica_acks::*;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -119,6 +121,12 @@ async fn main() -> Result<(), Error> {
     }
     run!("W5", w5_reentry(&url, server.as_ref()));
     run!("W6", w6_watchdog(&url, server.as_ref()));
+    if wanted("WK") {
+        for report in wk_kinds(&url).await? {
+            println!("{}", report.json());
+            reports.push(report);
+        }
+    }
     if wanted("WR") {
         for report in wr_replica_acks().await? {
             println!("{}", report.json());

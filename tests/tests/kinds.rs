@@ -123,6 +123,15 @@ mod checks {
     );
 }
 
+mod fencing {
+    use super::*;
+    on_backends!(
+        [in_memory, redis, cluster] => [
+            writers_and_segments_get_growing_fencing_tokens,
+        ]
+    );
+}
+
 /// Whether a holder in another task would be refused `key` as `mode` now.
 async fn refused_elsewhere(locks: &LockClient, key: &str, mode: LockMode) -> bool {
     let (locks, key) = (locks.clone(), key.to_owned());
@@ -537,6 +546,52 @@ async fn segments_exclude_like_locks(f: Fixture) {
         .collect();
     for task in tasks {
         task.await.expect("task");
+    }
+}
+
+/// A writer's token grows with every write acquisition of the key (a
+/// reader's re-entry keeps it); a segment's with every acquisition of that
+/// segment.
+async fn writers_and_segments_get_growing_fencing_tokens(f: Fixture) {
+    let locks = &f.locks;
+    let mut last = 0;
+    for _ in 0..3 {
+        let token = locks
+            .lock("ledger")
+            .mode(LockMode::Write)
+            .fencing(true)
+            .run(async {
+                let outer = lock_runtime::fencing_token().expect("a writer's token");
+                let inner = locks
+                    .lock("ledger")
+                    .mode(LockMode::Read)
+                    .run(async { lock_runtime::fencing_token() })
+                    .await
+                    .expect("read re-entry");
+                assert_eq!(inner, Some(outer), "the re-entry keeps the writer's token");
+                outer
+            })
+            .await
+            .expect("write lock");
+        assert!(token > last, "{token} after {last}");
+        last = token;
+    }
+    let mut by_segment = std::collections::BTreeMap::new();
+    for _ in 0..4 {
+        let guard = locks
+            .lock("stock")
+            .segments(2)
+            .fencing(true)
+            .acquire()
+            .await
+            .expect("segment");
+        let (segment, token) = (
+            guard.segment().expect("segment"),
+            guard.fencing_token().expect("token"),
+        );
+        let previous = by_segment.insert(segment, token).unwrap_or(0);
+        assert!(token > previous, "segment {segment}: {token} after {previous}");
+        guard.release().await.expect("release");
     }
 }
 

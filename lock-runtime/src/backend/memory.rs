@@ -36,7 +36,7 @@ struct State {
 enum Entry {
     Exclusive(Lease),
     /// Readers `r:<id>`, a writer `w:<id>` and writers' claims `q:<id>`; or
-    /// permit holders `<id>`.
+    /// permit holders `p:<id>`.
     Shared(Vec<Lease>),
 }
 

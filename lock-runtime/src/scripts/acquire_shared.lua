@@ -5,8 +5,8 @@
 --          and whose scores are the server-clock instants (ms) at which their
 --          leases end; the key's own PTTL outlasts every member
 -- KEYS[2]  the fence counter `P{K}:fence` (written only when ARGV[3] == '1')
--- ARGV[1]  the member: `r:<id>` a reader, `w:<id>` a writer, `<id>` a permit
---          holder, where <id> is `<hex>:<decimal>`
+-- ARGV[1]  the member: `r:<id>` a reader, `w:<id>` a writer, `p:<id>` a
+--          permit holder, where <id> is `<hex>:<decimal>`
 -- ARGV[2]  lease length in milliseconds, an integer >= 1
 -- ARGV[3]  '1' to issue a fencing token, '0' not to
 -- ARGV[4]  '1' if the caller will wait; a writer that waits leaves a claim
@@ -35,11 +35,8 @@ end
 if not permits or permits < 0 or permits ~= math.floor(permits) then
   return redis.error_reply('ERR bad permit count')
 end
-local side, id = string.match(member, '^([rw]):(%x+:%d+)$')
-if permits == 0 and not side then
-  return redis.error_reply('ERR bad holder id')
-end
-if permits > 0 and not string.match(member, '^%x+:%d+$') then
+local side, id = string.match(member, '^([rwp]):(%x+:%d+)$')
+if not side or (side == 'p') ~= (permits > 0) then
   return redis.error_reply('ERR bad holder id')
 end
 if bad_ms(ttl) then
@@ -59,25 +56,37 @@ local found = redis.call('TYPE', KEYS[1])['ok']
 if found ~= 'zset' and found ~= 'none' then
   return {-1, found}
 end
-if found == 'zset' then
-  -- Someone else's sorted set, or the other kind of lock: left untouched
-  -- (one member tells, since a key only ever holds one kind).
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
-  if string.match(first, '^[rwq]:%x+:%d+$') then
-    if permits > 0 then
-      return {-1, 'read-write lock'}
-    end
-  elseif string.match(first, '^%x+:%d+$') then
-    if permits == 0 then
-      return {-1, 'semaphore'}
-    end
-  else
-    return {-1, 'zset'}
-  end
-end
 
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local function token()
+  if ARGV[3] == '1' then
+    return redis.call('INCR', KEYS[2])
+  end
+  return 0
+end
+
+-- Free: the common case, in as few calls as it takes.
+if found == 'none' then
+  redis.call('ZADD', KEYS[1], now + ttl, member)
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  return {1, token()}
+end
+
+-- Someone else's sorted set, or the other kind of lock: left untouched (one
+-- member tells, since a key only ever holds one kind).
+local first = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+if string.match(first, '^[rwq]:%x+:%d+$') then
+  if permits > 0 then
+    return {-1, 'read-write lock'}
+  end
+elseif string.match(first, '^p:%x+:%d+$') then
+  if permits == 0 then
+    return {-1, 'semaphore'}
+  end
+else
+  return {-1, 'zset'}
+end
 -- A lease whose end has come is over, whether or not its holder knows.
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 
@@ -124,12 +133,13 @@ if not admitted then
   return {0, pttl, claimed}
 end
 
-redis.call('ZADD', KEYS[1], now + ttl, member)
+local again = redis.call('ZADD', KEYS[1], now + ttl, member) == 0
 if side == 'w' then
   redis.call('ZREM', KEYS[1], 'q:' .. id)
 end
 outlast(ttl)
-if ARGV[3] == '1' then
-  return {1, redis.call('INCR', KEYS[2])}
+if again and ARGV[3] == '1' then
+  -- An earlier attempt's token stands.
+  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
-return {1, 0}
+return {1, token()}

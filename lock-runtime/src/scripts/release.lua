@@ -9,8 +9,10 @@
 -- Returns 1 when released, 0 when the key is gone or held by someone else.
 --
 -- A shared lock (read-write or semaphore, acquire_shared.lua) is a sorted set
--- of holders: its holder's member goes, with the writer's claim if any, and
--- the release is always announced (any release may let waiters in).
+-- of holders, whose ids carry their role in front (`r:`, `w:`, `p:`; an
+-- exclusive holder's id starts with 32 hex digits, so its second character
+-- is never `:`): its holder's member goes, with the writer's claim if any,
+-- and the release is always announced (any release may let waiters in).
 --
 -- The release is announced only when a waiter marked the lock (`+w`): any
 -- further call costs a script about as much as the rest of it, and most
@@ -23,6 +25,30 @@
 if ARGV[2] ~= 'publish' and ARGV[2] ~= 'spublish' then
   return redis.error_reply('ERR bad announce command')
 end
+if string.byte(ARGV[1], 2) == 58 then
+  local ends = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
+  if type(ends) == 'table' then
+    -- Not a sorted set.
+    return 0
+  end
+  local released = 0
+  if ends then
+    local clock = redis.call('TIME')
+    local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+    -- A member whose lease has ended goes, but it was no longer held.
+    released = tonumber(ends) > now and 1 or 0
+  end
+  local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+  local writer = string.match(ARGV[1], '^w:(.+)$')
+  if writer then
+    removed = removed + redis.call('ZREM', KEYS[1], 'q:' .. writer)
+  end
+  if removed > 0 then
+    redis.call(ARGV[2], KEYS[2], ARGV[1])
+  end
+  return released
+end
+
 local current = redis.pcall('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -33,21 +59,4 @@ if current == ARGV[1] .. '+w' then
   redis.call(ARGV[2], KEYS[2], ARGV[1])
   return 1
 end
--- GET refused the key: not a string.
-if type(current) ~= 'table' or redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
-  return 0
-end
-local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
--- A member whose lease has ended is removed, but it was not held any more.
-local released = (ends and tonumber(ends) > now) and 1 or 0
-local removed = redis.call('ZREM', KEYS[1], ARGV[1])
-local writer = string.match(ARGV[1], '^w:(.+)$')
-if writer then
-  removed = removed + redis.call('ZREM', KEYS[1], 'q:' .. writer)
-end
-if removed > 0 then
-  redis.call(ARGV[2], KEYS[2], ARGV[1])
-end
-return released
+return 0

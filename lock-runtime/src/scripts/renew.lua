@@ -18,12 +18,15 @@ end
 if ARGV[3] ~= '0' and ARGV[3] ~= '1' then
   return redis.error_reply('ERR bad extend flag')
 end
-local current = redis.pcall('GET', KEYS[1])
-if type(current) == 'table' and redis.call('TYPE', KEYS[1])['ok'] == 'zset' then
-  local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
+-- A shared lock's holder id carries its role in front (`r:`, `w:`, `p:`).
+if string.byte(ARGV[1], 2) == 58 then
+  local ends = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
+  if type(ends) ~= 'string' then
+    return 0
+  end
   local clock = redis.call('TIME')
   local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-  if not ends or tonumber(ends) <= now then
+  if tonumber(ends) <= now then
     return 0
   end
   if ARGV[3] == '0' or tonumber(ends) < now + ttl then
@@ -34,6 +37,7 @@ if type(current) == 'table' and redis.call('TYPE', KEYS[1])['ok'] == 'zset' then
   end
   return 1
 end
+local current = redis.pcall('GET', KEYS[1])
 if current ~= ARGV[1] and current ~= ARGV[1] .. '+w' then
   return 0
 end

@@ -25,15 +25,15 @@ end
 
 local now = nil
 local function renew_member(key, member, ttl)
-  if redis.call('TYPE', key)['ok'] ~= 'zset' then
+  local ends = redis.pcall('ZSCORE', key, member)
+  if type(ends) ~= 'string' then
     return 0
   end
   if not now then
     local clock = redis.call('TIME')
     now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
   end
-  local ends = redis.call('ZSCORE', key, member)
-  if not ends or tonumber(ends) <= now then
+  if tonumber(ends) <= now then
     return 0
   end
   redis.call('ZADD', key, now + ttl, member)
@@ -45,15 +45,18 @@ end
 
 local renewed = {}
 for i, key in ipairs(KEYS) do
-  local current = redis.pcall('GET', key)
   local holder = ARGV[2 * i - 1]
-  if current == holder or current == holder .. '+w' then
-    redis.call('PEXPIRE', key, ARGV[2 * i])
-    renewed[i] = 1
-  elseif type(current) == 'table' then
+  -- A shared lock's holder id carries its role in front (`r:`, `w:`, `p:`).
+  if string.byte(holder, 2) == 58 then
     renewed[i] = renew_member(key, holder, tonumber(ARGV[2 * i]))
   else
-    renewed[i] = 0
+    local current = redis.pcall('GET', key)
+    if current == holder or current == holder .. '+w' then
+      redis.call('PEXPIRE', key, ARGV[2 * i])
+      renewed[i] = 1
+    else
+      renewed[i] = 0
+    end
   end
 end
 return renewed
