@@ -5,42 +5,23 @@
 
 use super::*;
 
-use lock_runtime::LockMode;
+use lock_runtime::{LockMode, LockRequest};
 
-/// A kind of lock, as a request is configured for it.
-#[derive(Clone, Copy)]
-enum Kind {
-    Exclusive,
-    Read,
-    Write,
-    Permits(u32),
-    Segments(u32),
-}
-
-impl Kind {
-    fn configure(self, request: lock_runtime::LockRequest<'_>) -> lock_runtime::LockRequest<'_> {
-        match self {
-            Kind::Exclusive => request,
-            Kind::Read => request.mode(LockMode::Read),
-            Kind::Write => request.mode(LockMode::Write),
-            Kind::Permits(n) => request.permits(n),
-            Kind::Segments(n) => request.segments(n),
-        }
-    }
-}
+/// How a request is configured for a kind of lock.
+type Kind = fn(LockRequest<'_>) -> LockRequest<'_>;
 
 const W1_KINDS: [(&str, Kind); 5] = [
-    ("WK W1 exclusive", Kind::Exclusive),
-    ("WK W1 read lock", Kind::Read),
-    ("WK W1 write lock", Kind::Write),
-    ("WK W1 permit of 4", Kind::Permits(4)),
-    ("WK W1 segment of 5", Kind::Segments(5)),
+    ("WK W1 exclusive", |request| request),
+    ("WK W1 read lock", |request| request.mode(LockMode::Read)),
+    ("WK W1 write lock", |request| request.mode(LockMode::Write)),
+    ("WK W1 permit of 4", |request| request.permits(4)),
+    ("WK W1 segment of 5", |request| request.segments(5)),
 ];
 
 const W3_KINDS: [(&str, Kind); 3] = [
-    ("WK W3 16 tasks, exclusive", Kind::Exclusive),
-    ("WK W3 16 tasks, readers", Kind::Read),
-    ("WK W3 16 tasks, 16 permits", Kind::Permits(16)),
+    ("WK W3 16 tasks, exclusive", |request| request),
+    ("WK W3 16 tasks, readers", |request| request.mode(LockMode::Read)),
+    ("WK W3 16 tasks, 16 permits", |request| request.permits(16)),
 ];
 
 /// Every kind's W1 and W3, with its ratio to the exclusive lock's.
@@ -53,11 +34,7 @@ pub(crate) async fn wk_kinds(url: &str) -> Result<Vec<Report>, Error> {
         let start = Instant::now();
         for _ in 0..SEQUENTIAL_PAIRS {
             let t = Instant::now();
-            kind.configure(locks.lock("wk1"))
-                .acquire()
-                .await?
-                .release()
-                .await?;
+            kind(locks.lock("wk1")).acquire().await?.release().await?;
             latencies.push(t.elapsed());
         }
         let mut report = Report {
@@ -82,8 +59,7 @@ pub(crate) async fn wk_kinds(url: &str) -> Result<Vec<Report>, Error> {
                 let (locks, mut data) = (locks.clone(), data.clone());
                 tokio::spawn(async move {
                     for _ in 0..W3_INCREMENTS {
-                        let guard = kind
-                            .configure(locks.lock("wk3"))
+                        let guard = kind(locks.lock("wk3"))
                             .wait(Duration::from_secs(30))
                             .acquire()
                             .await?;

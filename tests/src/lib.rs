@@ -92,6 +92,26 @@ where
         .expect("the holder takes the lock")
 }
 
+/// Whether a holder in another task, asking for `key` as `configure` says
+/// (`|l| l.mode(LockMode::Read)`), would be refused right now (a probe that
+/// gets the lock releases it at once).
+pub async fn refused_elsewhere<F>(locks: &lock_runtime::LockClient, key: &str, configure: F) -> bool
+where
+    F: for<'c> FnOnce(lock_runtime::LockRequest<'c>) -> lock_runtime::LockRequest<'c> + Send + 'static,
+{
+    let (locks, key) = (locks.clone(), key.to_owned());
+    // A spawned task is a holder of its own, never a re-entry.
+    let attempt = tokio::spawn(async move { configure(locks.lock(key)).acquire().await });
+    match attempt.await.expect("probe task") {
+        Ok(guard) => {
+            guard.release().await.expect("release probe");
+            false
+        }
+        Err(lock_runtime::LockError::Timeout { .. }) => true,
+        Err(other) => panic!("probe failed: {other}"),
+    }
+}
+
 /// Polls `check` until it returns true or `timeout` passes; returns how long
 /// it took, or `None` on timeout. For waiting on a state the test cannot be
 /// signalled about (a key expiring on the server).

@@ -205,7 +205,7 @@ async fn a_lock_key_without_expiry_is_reported_not_deleted() {
 #[tokio::test]
 async fn the_acquire_script_validates_before_writing() {
     let server = RedisServer::start();
-    let script = include_str!("../../lock-runtime/src/scripts/acquire.lua");
+    let script = script("acquire.lua");
     let holder = format!("{}:1", "ab".repeat(16));
     let mut conn = server.sync_connection().expect("connect");
     for (holder, ttl, fence, waiting, says) in [
@@ -218,7 +218,7 @@ async fn the_acquire_script_validates_before_writing() {
         (holder.as_str(), "1000", "0", "maybe", "bad waiting"),
     ] {
         let err = redis::cmd("EVAL")
-            .arg(script)
+            .arg(&script)
             .arg(2)
             .arg("lock:{k}")
             .arg("lock:{k}:fence")
@@ -234,6 +234,70 @@ async fn the_acquire_script_validates_before_writing() {
             0
         );
     }
+}
+
+/// A script as the client builds it: the shared prelude, then the script.
+fn script(name: &str) -> String {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../lock-runtime/src/scripts");
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).expect("read the script");
+    read("prelude.lua") + &read(name)
+}
+
+/// The shared-lock and segment scripts refuse bad arguments before their
+/// first write too.
+#[tokio::test]
+async fn the_kind_scripts_validate_before_writing() {
+    let server = RedisServer::start();
+    let mut conn = server.sync_connection().expect("connect");
+    let id = format!("{}:1", "ab".repeat(16));
+    let (reader, permit) = (format!("r:{id}"), format!("p:{id}"));
+    let shared = script("acquire_shared.lua");
+    for (member, ttl, permits, claim, says) in [
+        (reader.as_str(), "1000", "2", "2000", "bad holder"),
+        (permit.as_str(), "1000", "0", "2000", "bad holder"),
+        (id.as_str(), "1000", "0", "2000", "bad holder"),
+        (reader.as_str(), "1000", "-1", "2000", "bad permit count"),
+        (reader.as_str(), "1000", "1.5", "2000", "bad permit count"),
+        (reader.as_str(), "0", "0", "2000", "bad ttl"),
+        (reader.as_str(), "1000", "0", "never", "bad claim ttl"),
+    ] {
+        let err = redis::cmd("EVAL")
+            .arg(&shared)
+            .arg(2)
+            .arg("lock:{k}")
+            .arg("lock:{k}:fence")
+            .arg(member)
+            .arg(ttl)
+            .arg("0")
+            .arg("0")
+            .arg(permits)
+            .arg(claim)
+            .query::<redis::Value>(&mut conn)
+            .expect_err("must be refused");
+        assert!(err.to_string().contains(says), "{member}/{permits}: {err}");
+    }
+    let segments = script("acquire_segment.lua");
+    for (count, says) in [
+        ("0", "bad segment count"),
+        ("3", "bad segment count"),
+        ("x", "bad segment count"),
+    ] {
+        let err = redis::cmd("EVAL")
+            .arg(&segments)
+            .arg(2)
+            .arg("lock:{k}#0")
+            .arg("lock:{k}#1")
+            .arg(&id)
+            .arg("1000")
+            .arg("0")
+            .arg("0")
+            .arg(count)
+            .query::<redis::Value>(&mut conn)
+            .expect_err("must be refused");
+        assert!(err.to_string().contains(says), "{count}: {err}");
+    }
+    let keys: i64 = server.query(&mut redis::cmd("DBSIZE"));
+    assert_eq!(keys, 0, "a refused script wrote something");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

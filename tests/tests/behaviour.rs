@@ -65,18 +65,7 @@ on_both_backends!(
 
 /// Whether a holder other than the caller would be refused `key` right now.
 async fn held_elsewhere(locks: &LockClient, key: &str) -> bool {
-    let locks = locks.clone();
-    let key = key.to_owned();
-    // A spawned task is a holder of its own, never a re-entry.
-    let attempt = tokio::spawn(async move { locks.lock(key).acquire().await });
-    match attempt.await.expect("probe task") {
-        Ok(guard) => {
-            guard.release().await.expect("release probe");
-            false
-        }
-        Err(LockError::Timeout { .. }) => true,
-        Err(other) => panic!("probe failed: {other}"),
-    }
+    lock_tests::refused_elsewhere(locks, key, |request| request).await
 }
 
 async fn mutual_exclusion(f: Fixture) {

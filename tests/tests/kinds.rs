@@ -134,16 +134,7 @@ mod fencing {
 
 /// Whether a holder in another task would be refused `key` as `mode` now.
 async fn refused_elsewhere(locks: &LockClient, key: &str, mode: LockMode) -> bool {
-    let (locks, key) = (locks.clone(), key.to_owned());
-    let attempt = tokio::spawn(async move { locks.lock(key).mode(mode).acquire().await });
-    match attempt.await.expect("probe task") {
-        Ok(guard) => {
-            guard.release().await.expect("release probe");
-            false
-        }
-        Err(LockError::Timeout { .. }) => true,
-        Err(other) => panic!("probe failed: {other}"),
-    }
+    lock_tests::refused_elsewhere(locks, key, move |request| request.mode(mode)).await
 }
 
 async fn readers_overlap(f: Fixture) {

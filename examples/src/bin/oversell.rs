@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, distributed_lock};
+use lock_examples::ShopError;
+use lock_runtime::{LockClient, distributed_lock};
 use redis::AsyncCommands;
 
 const PRODUCT: u64 = 42;
@@ -25,35 +26,6 @@ const ORDERS_PER_SERVER: usize = 3;
 /// How long the stock read takes: a database round trip, which is exactly
 /// the window in which an unprotected read-modify-write races.
 const READ_LATENCY: Duration = Duration::from_millis(20);
-
-#[derive(Debug)]
-enum ShopError {
-    Lock(LockError),
-    Store(redis::RedisError),
-}
-
-impl From<LockError> for ShopError {
-    fn from(e: LockError) -> Self {
-        ShopError::Lock(e)
-    }
-}
-
-impl From<redis::RedisError> for ShopError {
-    fn from(e: redis::RedisError) -> Self {
-        ShopError::Store(e)
-    }
-}
-
-impl std::fmt::Display for ShopError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ShopError::Lock(e) => write!(f, "lock: {e}"),
-            ShopError::Store(e) => write!(f, "stock store: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for ShopError {}
 
 /// Where the stock count lives: shared memory in one process, or Redis.
 #[derive(Clone)]

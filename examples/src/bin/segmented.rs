@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockError, distributed_lock, segment};
+use lock_examples::ShopError;
+use lock_runtime::{LockClient, distributed_lock, segment};
 use redis::AsyncCommands;
 
 const PRODUCT: u64 = 42;
@@ -24,35 +25,6 @@ const WORKERS: usize = 10;
 /// What an order spends in the stock store between reading the count and
 /// writing it back: the window in which an unprotected update races.
 const STORE_LATENCY: Duration = Duration::from_millis(1);
-
-#[derive(Debug)]
-enum ShopError {
-    Lock(LockError),
-    Store(redis::RedisError),
-}
-
-impl From<LockError> for ShopError {
-    fn from(e: LockError) -> Self {
-        ShopError::Lock(e)
-    }
-}
-
-impl From<redis::RedisError> for ShopError {
-    fn from(e: redis::RedisError) -> Self {
-        ShopError::Store(e)
-    }
-}
-
-impl std::fmt::Display for ShopError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ShopError::Lock(e) => write!(f, "lock: {e}"),
-            ShopError::Store(e) => write!(f, "stock store: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for ShopError {}
 
 /// Each segment's share of the stock: counters in this process, or Redis
 /// keys `segmented:stock:<product>#<segment>`.

@@ -23,17 +23,25 @@ use crate::key::LockKey;
 use crate::spec::Kind;
 use crate::timing::{WRITER_CLAIM, millis};
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
-static ACQUIRE_SHARED: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/acquire_shared.lua")));
-static ACQUIRE_SEGMENT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/acquire_segment.lua")));
-static RELEASE_SEGMENTS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/release_segments.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/renew.lua")));
-static RENEW_MANY: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/renew_many.lua")));
+/// A script from `scripts/`, with the prelude every script shares in front.
+macro_rules! script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("../scripts/prelude.lua"),
+                include_str!(concat!("../scripts/", $file))
+            ))
+        })
+    };
+}
+
+static ACQUIRE: LazyLock<Script> = script!("acquire.lua");
+static ACQUIRE_SHARED: LazyLock<Script> = script!("acquire_shared.lua");
+static ACQUIRE_SEGMENT: LazyLock<Script> = script!("acquire_segment.lua");
+static RELEASE: LazyLock<Script> = script!("release.lua");
+static RELEASE_SEGMENTS: LazyLock<Script> = script!("release_segments.lua");
+static RENEW: LazyLock<Script> = script!("renew.lua");
+static RENEW_MANY: LazyLock<Script> = script!("renew_many.lua");
 
 /// What a connection to Redis must offer: the redis crate's async
 /// connection, cheap to clone (clones share the connection), that can wait
@@ -396,13 +404,9 @@ impl<C: Connection> RedisBackend<C> {
                 return Ok(AcquireReply::acquired(None));
             }
         }
-        let reply: Value = ACQUIRE
-            .key(&key.redis_key)
-            .key(key.fence_key())
-            .arg(req.holder)
-            .arg(millis(req.ttl))
-            .arg(if req.fencing { "1" } else { "0" })
-            .arg(if req.waiting { "1" } else { "0" })
+        let mut invocation = ACQUIRE.key(&key.redis_key);
+        invocation.key(key.fence_key());
+        let reply: Value = attempt_args(&mut invocation, req)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
@@ -419,13 +423,9 @@ impl<C: Connection> RedisBackend<C> {
     /// A side of a read-write lock (`permits` 0) or a permit of a semaphore.
     async fn acquire_shared(&self, req: &AcquireRequest<'_>, permits: u32) -> Result<AcquireReply, Failure> {
         let key = req.key;
-        let reply: Value = ACQUIRE_SHARED
-            .key(&key.redis_key)
-            .key(key.fence_key())
-            .arg(req.holder)
-            .arg(millis(req.ttl))
-            .arg(if req.fencing { "1" } else { "0" })
-            .arg(if req.waiting { "1" } else { "0" })
+        let mut invocation = ACQUIRE_SHARED.key(&key.redis_key);
+        invocation.key(key.fence_key());
+        let reply: Value = attempt_args(&mut invocation, req)
             .arg(permits)
             .arg(millis(WRITER_CLAIM))
             .invoke_async(&mut self.conn.clone())
@@ -453,11 +453,7 @@ impl<C: Connection> RedisBackend<C> {
                 invocation.key(format!("{segment}:fence"));
             }
         }
-        let reply: Value = invocation
-            .arg(req.holder)
-            .arg(millis(req.ttl))
-            .arg(if req.fencing { "1" } else { "0" })
-            .arg(if req.waiting { "1" } else { "0" })
+        let reply: Value = attempt_args(&mut invocation, req)
             .arg(count)
             .invoke_async(&mut self.conn.clone())
             .await
@@ -483,6 +479,20 @@ impl<C: Connection> RedisBackend<C> {
             found_type: redis::from_redis_value_ref::<String>(found).unwrap_or_else(|_| "unknown".into()),
         })
     }
+}
+
+/// The arguments every acquire script starts with: the holder id, the
+/// lease, and the fencing and waiting flags.
+fn attempt_args<'s, 'i>(
+    invocation: &'i mut redis::ScriptInvocation<'s>,
+    req: &AcquireRequest<'_>,
+) -> &'i mut redis::ScriptInvocation<'s> {
+    let flag = |on: bool| if on { "1" } else { "0" };
+    invocation
+        .arg(req.holder)
+        .arg(millis(req.ttl))
+        .arg(flag(req.fencing))
+        .arg(flag(req.waiting))
 }
 
 fn fencing_token(req: &AcquireRequest<'_>, token: i64) -> Option<u64> {

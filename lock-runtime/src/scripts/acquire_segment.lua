@@ -25,13 +25,13 @@ local n = tonumber(ARGV[5])
 if type(holder) ~= 'string' or not string.match(holder, '^%x+:%d+$') then
   return redis.error_reply('ERR bad holder id')
 end
-if not ttl or ttl < 1 or ttl > 1e12 or ttl ~= math.floor(ttl) then
+if not is_ms(ttl) then
   return redis.error_reply('ERR bad ttl')
 end
-if ARGV[3] ~= '0' and ARGV[3] ~= '1' then
+if not is_flag(ARGV[3]) then
   return redis.error_reply('ERR bad fencing flag')
 end
-if ARGV[4] ~= '0' and ARGV[4] ~= '1' then
+if not is_flag(ARGV[4]) then
   return redis.error_reply('ERR bad waiting flag')
 end
 local fencing = ARGV[3] == '1'

@@ -29,9 +29,6 @@ local member = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local permits = tonumber(ARGV[5])
 local claim_ttl = tonumber(ARGV[6])
-local function bad_ms(ms)
-  return not ms or ms < 1 or ms > 1e12 or ms ~= math.floor(ms)
-end
 if not permits or permits < 0 or permits ~= math.floor(permits) then
   return redis.error_reply('ERR bad permit count')
 end
@@ -39,16 +36,16 @@ local side, id = string.match(member, '^([rwp]):(%x+:%d+)$')
 if not side or (side == 'p') ~= (permits > 0) then
   return redis.error_reply('ERR bad holder id')
 end
-if bad_ms(ttl) then
+if not is_ms(ttl) then
   return redis.error_reply('ERR bad ttl')
 end
-if bad_ms(claim_ttl) then
+if not is_ms(claim_ttl) then
   return redis.error_reply('ERR bad claim ttl')
 end
-if ARGV[3] ~= '0' and ARGV[3] ~= '1' then
+if not is_flag(ARGV[3]) then
   return redis.error_reply('ERR bad fencing flag')
 end
-if ARGV[4] ~= '0' and ARGV[4] ~= '1' then
+if not is_flag(ARGV[4]) then
   return redis.error_reply('ERR bad waiting flag')
 end
 
@@ -57,8 +54,7 @@ if found ~= 'zset' and found ~= 'none' then
   return {-1, found}
 end
 
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local now = now_ms()
 local function token()
   if ARGV[3] == '1' then
     return redis.call('INCR', KEYS[2])

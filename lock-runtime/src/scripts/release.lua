@@ -33,8 +33,7 @@ if string.byte(ARGV[1], 2) == 58 then
   end
   local released = 0
   if ends then
-    local clock = redis.call('TIME')
-    local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+    local now = now_ms()
     -- A member whose lease has ended goes, but it was no longer held.
     released = tonumber(ends) > now and 1 or 0
   end

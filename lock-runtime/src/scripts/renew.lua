@@ -12,10 +12,10 @@
 -- scored by the server-clock instant its lease ends.
 
 local ttl = tonumber(ARGV[2])
-if not ttl or ttl < 1 or ttl > 1e12 or ttl ~= math.floor(ttl) then
+if not is_ms(ttl) then
   return redis.error_reply('ERR bad ttl')
 end
-if ARGV[3] ~= '0' and ARGV[3] ~= '1' then
+if not is_flag(ARGV[3]) then
   return redis.error_reply('ERR bad extend flag')
 end
 -- A shared lock's holder id carries its role in front (`r:`, `w:`, `p:`).
@@ -24,8 +24,7 @@ if string.byte(ARGV[1], 2) == 58 then
   if type(ends) ~= 'string' then
     return 0
   end
-  local clock = redis.call('TIME')
-  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  local now = now_ms()
   if tonumber(ends) <= now then
     return 0
   end

@@ -17,8 +17,7 @@ if #ARGV ~= 2 * #KEYS then
   return redis.error_reply('ERR expected a holder and a ttl per key')
 end
 for i = 1, #KEYS do
-  local ttl = tonumber(ARGV[2 * i])
-  if not ttl or ttl < 1 or ttl > 1e12 or ttl ~= math.floor(ttl) then
+  if not is_ms(ARGV[2 * i]) then
     return redis.error_reply('ERR bad ttl')
   end
 end
@@ -30,8 +29,7 @@ local function renew_member(key, member, ttl)
     return 0
   end
   if not now then
-    local clock = redis.call('TIME')
-    now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+    now = now_ms()
   end
   if tonumber(ends) <= now then
     return 0
