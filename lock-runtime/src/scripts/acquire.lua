@@ -19,20 +19,12 @@
 -- Every argument is checked before the first write: a script that fails
 -- midway keeps the writes it already made.
 
+local refused = refuse_attempt('^%x+:%d+$')
+if refused then
+  return refused
+end
 local holder = ARGV[1]
 local ttl = tonumber(ARGV[2])
-if type(holder) ~= 'string' or not string.match(holder, '^%x+:%d+$') then
-  return redis.error_reply('ERR bad holder id')
-end
-if not is_ms(ttl) then
-  return redis.error_reply('ERR bad ttl')
-end
-if not is_flag(ARGV[3]) then
-  return redis.error_reply('ERR bad fencing flag')
-end
-if not is_flag(ARGV[4]) then
-  return redis.error_reply('ERR bad waiting flag')
-end
 
 if redis.call('SET', KEYS[1], holder, 'NX', 'PX', ttl) then
   if ARGV[3] == '1' then

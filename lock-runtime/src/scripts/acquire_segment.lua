@@ -19,21 +19,13 @@
 --
 -- Every argument is checked before the first write.
 
+local refused = refuse_attempt('^%x+:%d+$')
+if refused then
+  return refused
+end
 local holder = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local n = tonumber(ARGV[5])
-if type(holder) ~= 'string' or not string.match(holder, '^%x+:%d+$') then
-  return redis.error_reply('ERR bad holder id')
-end
-if not is_ms(ttl) then
-  return redis.error_reply('ERR bad ttl')
-end
-if not is_flag(ARGV[3]) then
-  return redis.error_reply('ERR bad fencing flag')
-end
-if not is_flag(ARGV[4]) then
-  return redis.error_reply('ERR bad waiting flag')
-end
 local fencing = ARGV[3] == '1'
 if not n or n < 1 or n ~= math.floor(n) or #KEYS ~= (fencing and 2 * n or n) then
   return redis.error_reply('ERR bad segment count')

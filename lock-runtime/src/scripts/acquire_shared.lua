@@ -25,29 +25,24 @@
 --
 -- Every argument is checked before the first write.
 
+local refused = refuse_attempt('^[rwp]:%x+:%d+$')
+if refused then
+  return refused
+end
 local member = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local permits = tonumber(ARGV[5])
-local claim_ttl = tonumber(ARGV[6])
 if not permits or permits < 0 or permits ~= math.floor(permits) then
   return redis.error_reply('ERR bad permit count')
 end
-local side, id = string.match(member, '^([rwp]):(%x+:%d+)$')
-if not side or (side == 'p') ~= (permits > 0) then
+local side, id = string.match(member, '^([rwp]):(.+)$')
+if (side == 'p') ~= (permits > 0) then
   return redis.error_reply('ERR bad holder id')
 end
-if not is_ms(ttl) then
-  return redis.error_reply('ERR bad ttl')
-end
-if not is_ms(claim_ttl) then
+if not is_ms(ARGV[6]) then
   return redis.error_reply('ERR bad claim ttl')
 end
-if not is_flag(ARGV[3]) then
-  return redis.error_reply('ERR bad fencing flag')
-end
-if not is_flag(ARGV[4]) then
-  return redis.error_reply('ERR bad waiting flag')
-end
+local claim_ttl = tonumber(ARGV[6])
 
 local found = redis.call('TYPE', KEYS[1])['ok']
 if found ~= 'zset' and found ~= 'none' then

@@ -15,6 +15,26 @@ local function is_flag(value)
   return value == '0' or value == '1'
 end
 
+-- Checks what every acquire script takes first: ARGV[1] the holder id
+-- (matching `shape`), ARGV[2] the lease in ms, ARGV[3] the fencing flag and
+-- ARGV[4] the waiting flag. Returns the error reply for the first bad one,
+-- or nil.
+local function refuse_attempt(shape)
+  if type(ARGV[1]) ~= 'string' or not string.match(ARGV[1], shape) then
+    return redis.error_reply('ERR bad holder id')
+  end
+  if not is_ms(ARGV[2]) then
+    return redis.error_reply('ERR bad ttl')
+  end
+  if not is_flag(ARGV[3]) then
+    return redis.error_reply('ERR bad fencing flag')
+  end
+  if not is_flag(ARGV[4]) then
+    return redis.error_reply('ERR bad waiting flag')
+  end
+  return nil
+end
+
 -- The server's clock in milliseconds: shared locks score their holders'
 -- leases with it.
 local function now_ms()
