@@ -38,7 +38,8 @@ impl Default for Board {
 /// What to run in each worker process.
 #[derive(Debug, Clone)]
 pub struct Workload {
-    /// A Redis URL, or `redlock=` and comma-separated URLs.
+    /// A Redis URL; `redlock=` and comma-separated URLs; or `sentinel=`,
+    /// the master's name, `@` and comma-separated sentinel URLs.
     pub target: String,
     /// Keys the tasks pick from at random.
     pub keys: Vec<String>,
@@ -56,6 +57,8 @@ pub struct Workload {
     pub command_timeout: Option<Duration>,
     /// Percent of bodies that last 0.5–2.5 s instead (renewed while they run).
     pub long_body_percent: u32,
+    /// The client's `replica_acks`, when any.
+    pub replica_acks: Option<u32>,
 }
 
 /// What workers did: counted by each task, summed per process (printed as
@@ -161,6 +164,9 @@ impl Workers {
                 );
                 if let Some(timeout) = workload.command_timeout {
                     command.env("LOCK_WORKER_COMMAND_TIMEOUT_MS", timeout.as_millis().to_string());
+                }
+                if let Some(acks) = workload.replica_acks {
+                    command.env("LOCK_WORKER_REPLICA_ACKS", acks.to_string());
                 }
                 crate::server::spawn_owned(command).expect("spawn worker")
             })

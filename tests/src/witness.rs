@@ -75,6 +75,7 @@ pub const FAULTS: &[&str] = &[
     "proxy-throttle",
     "eviction",
     "kill-restart-empty",
+    "master-sigkill",
 ];
 
 /// The raw `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process

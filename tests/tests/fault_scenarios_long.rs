@@ -47,6 +47,7 @@ fn workload(target: String, keys: &[&str], duration: Duration, max_body: Duratio
         max_body,
         command_timeout: Some(COMMAND_TIMEOUT),
         long_body_percent: 0,
+        replica_acks: None,
     }
 }
 
@@ -55,6 +56,7 @@ fn workload(target: String, keys: &[&str], duration: Duration, max_body: Duratio
 fn campaign_workload(target: String, length: Duration) -> Workload {
     Workload {
         long_body_percent: 1,
+        replica_acks: None,
         ..workload(target, &["x:a", "x:b", "x:c"], length, Duration::from_millis(20))
     }
 }

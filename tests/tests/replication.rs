@@ -13,9 +13,8 @@ fn exists(server: &RedisServer, key: &str) -> bool {
 }
 
 /// With one replica acknowledging, locks are taken and renewed; with the
-/// replica frozen, an acquisition fails with `NotReplicated` within the
-/// acknowledgement timeout and leaves nothing at the key, and a held lease
-/// whose renewals go unacknowledged is declared lost before its deadline.
+/// replica frozen, a held lease whose renewals go unacknowledged is declared
+/// lost before its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_acks_on_a_master_with_a_replica() {
     let group = Replicated::start_without_sentinels(1);
@@ -39,24 +38,8 @@ async fn replica_acks_on_a_master_with_a_replica() {
     let replica_has_it = group.replicas[0].query::<i64>(redis::cmd("EXISTS").arg("lock:{acked}"));
     assert_eq!(replica_has_it, 1, "the replica holds the lock");
 
+    // (The fault suite's P3r times unacknowledged acquisitions.)
     group.replicas[0].pause();
-    let started = Instant::now();
-    let err = locks
-        .lock("unacked")
-        .run(async {})
-        .await
-        .expect_err("no replica acknowledges");
-    let took = started.elapsed();
-    assert!(
-        matches!(&err, LockError::NotReplicated { key, acked: 0, wanted: 1 } if key == "unacked"),
-        "{err}"
-    );
-    assert!(took < Duration::from_millis(600), "NotReplicated after {took:?}");
-    assert!(
-        !exists(&group.master, "lock:{unacked}"),
-        "an unacknowledged lock was left"
-    );
-
     // The held lease's renewals now go unacknowledged: lost before D.
     let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await

@@ -15,8 +15,9 @@
 //!   <ttl-ms> <max-body-ms>`: `tasks` tasks take `lock` on one of the
 //!   comma-separated `keys` at random for `ms` milliseconds, each body
 //!   reporting to the run's checker board in `witness-dir` (see
-//!   `lock_tests::witness`). `target` is a Redis URL, or `redlock=` followed by
-//!   comma-separated URLs. `lock` is `library` (the exclusive lock),
+//!   `lock_tests::witness`). `target` is a Redis URL, `redlock=` followed by
+//!   comma-separated URLs, or `sentinel=<master name>@` followed by
+//!   comma-separated sentinel URLs. `lock` is `library` (the exclusive lock),
 //!   `library-rw` (one writer in four, the rest readers) or
 //!   `library-permits-N`; or a control the checker must catch:
 //!   `library-rw-writers-read` (writers take the read lock) and
@@ -27,7 +28,8 @@
 //!   `blind-renew` (renews with a plain SET, never noticing it lost the lock).
 //!   Prints one JSON line of counts, errors and the worst lateness of this
 //!   process's assumption monitor. `LOCK_WORKER_COMMAND_TIMEOUT_MS` sets the
-//!   client's command timeout; `LOCK_WORKER_LONG_BODY_PERCENT` makes that
+//!   client's command timeout, `LOCK_WORKER_REPLICA_ACKS` its
+//!   `replica_acks`; `LOCK_WORKER_LONG_BODY_PERCENT` makes that
 //!   share of the library's bodies last 0.5–2.5 s instead.
 //! - `lock-worker fence <url> <key> <n>`: `n` times, take the lock with a
 //!   fencing token and, under the lock, append the token to the list
@@ -212,10 +214,19 @@ async fn connect(target: &str) -> Result<LockClient, LockError> {
     {
         builder = builder.command_timeout(Duration::from_millis(ms));
     }
-    match target.strip_prefix("redlock=") {
-        Some(urls) => builder.redlock(urls.split(',')).await,
-        None => builder.connect(target).await,
+    if let Some(acks) = std::env::var("LOCK_WORKER_REPLICA_ACKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        builder = builder.replica_acks(acks);
     }
+    if let Some(urls) = target.strip_prefix("redlock=") {
+        return builder.redlock(urls.split(',')).await;
+    }
+    if let Some((name, urls)) = target.strip_prefix("sentinel=").and_then(|t| t.split_once('@')) {
+        return builder.sentinel(name, urls.split(',')).await;
+    }
+    builder.connect(target).await
 }
 
 async fn witness(run: WitnessRun, witness_dir: &str, tasks: usize) -> Result<(), Box<dyn std::error::Error>> {

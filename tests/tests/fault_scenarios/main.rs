@@ -38,6 +38,7 @@ pub(crate) fn broken_or_library(target: &str, keys: &[&str], lock: &str, duratio
         max_body: Duration::from_millis(2),
         command_timeout: None,
         long_body_percent: 0,
+        replica_acks: None,
     }
 }
 

@@ -1,5 +1,6 @@
 //! A failover that promotes a replica: what `replica_acks` changes (P1m,
-//! the mitigation of tier 2's P1 negative control).
+//! the mitigation of tier 2's P1 negative control), and a Sentinel failover
+//! under load (P2s), and a stopped replica (P3r).
 
 use super::*;
 
@@ -76,6 +77,209 @@ async fn p1m_acknowledged_grants_survive_the_promotion_of_their_replica() {
             "acknowledged_locks_surviving_promotion": survived,
             "seconds": started.elapsed().as_secs_f64(),
             "key_figure": format!("0 overlaps in {trials}; {refused} unacknowledged grants refused, {survived} acknowledged locks kept"),
+        }),
+    );
+}
+
+/// P2s: Sentinel failover under load. A master with two replicas and three
+/// sentinels; two worker processes of four tasks on three keys, through a
+/// `LockClient::sentinel` with `replica_acks(1)`, for 16 s, and one holder
+/// of this process that holds a lock across the kill; 4 s in, the
+/// master is SIGKILLed and the sentinels promote a replica. The witness
+/// sees no overlap (every grant the workers trusted was on a replica
+/// before it was used), every lease the failover took was reported lost
+/// before its deadline, and the first body after the promotion entered
+/// within a second of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2s_sentinel_failover_under_load() {
+    let started = Instant::now();
+    let mut group = tokio::task::block_in_place(|| lock_tests::Replicated::start(2));
+    let keys = ["p2s:a", "p2s:b", "p2s:c"];
+    let board = Board::new();
+    let target = format!(
+        "sentinel={}@{}",
+        lock_tests::sentinel::MASTER_NAME,
+        group.sentinel_urls().join(",")
+    );
+    let mut workload = broken_or_library(&target, &keys, "library", Duration::from_secs(16));
+    workload.replica_acks = Some(1);
+    let controller = Monitor::start();
+    let workers = lab::Workers::spawn(&board, &workload, 2);
+    // A holder of this process spans the kill: the failover takes longer
+    // than its lease, so it must hear of the loss before its deadline.
+    let spanning = LockClient::builder()
+        .replica_acks(1)
+        .sentinel(lock_tests::sentinel::MASTER_NAME, group.sentinel_urls())
+        .await
+        .expect("sentinel client");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = spanning
+        .lock("p2s:held")
+        .ttl(T)
+        .fencing(true)
+        .acquire()
+        .await
+        .expect("the spanning holder");
+    let token = held.fencing_token().unwrap_or(0);
+    board.witness.enter("p2s:held", 1, token);
+    let watch = {
+        let witness = board.witness.clone();
+        tokio::spawn(async move {
+            let reason = held.lost().await;
+            witness.lost("p2s:held", 1, token, held.valid_until());
+            reason
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let old_port = group.master.port();
+    board.witness.fault("master-sigkill");
+    let killed = Instant::now();
+    tokio::task::block_in_place(|| group.master.kill());
+    let new_port = tokio::task::block_in_place(|| group.wait_for_failover(old_port, Duration::from_secs(30)));
+    let promoted = killed.elapsed();
+    board.witness.heal("master-sigkill");
+    let spanning_lost = tokio::time::timeout(Duration::from_secs(10), watch)
+        .await
+        .map(|reason| reason.expect("watch task"));
+    let tally = tokio::task::block_in_place(|| workers.finish());
+    let worst_late = tally.worst_late.max(controller.worst());
+    let logged = analyze(board.path(), &keys).expect("analyze");
+    assert!(
+        spanning_lost.is_ok(),
+        "the holder spanning the failover never heard of its loss"
+    );
+    let online: u64 = keys.iter().map(|k| board.witness.seen(k).overlaps).sum();
+    let late_losses = logged.lost_slack_ns.iter().filter(|slack| **slack < 0).count();
+    let promotion_to_entry_ms = logged.heal_to_entry_ns.first().map(|ns| *ns as f64 / 1e6);
+    assert_ne!(new_port, old_port);
+    // A process starved past δ/2 proves nothing either way (the setup is
+    // too slow to run again): the record says INVALID.
+    let valid = worst_late <= monitor::bound(T);
+    let overlaps = online + logged.overlaps.len() as u64;
+    if valid {
+        assert_eq!(overlaps, 0, "P2s: {logged:?}");
+        assert_eq!(logged.token_regressions, 0, "P2s: fencing tokens went back");
+        assert_eq!(
+            late_losses, 0,
+            "P2s: a loss noticed after its deadline: {logged:?}"
+        );
+        let after = promotion_to_entry_ms.expect("a body entered after the promotion");
+        assert!(
+            after <= 1000.0,
+            "the first body after the promotion came {after} ms after it"
+        );
+    } else {
+        eprintln!("P2s INVALID: a process was {worst_late:?} late; {overlaps} overlaps not counted");
+    }
+    let promotion_to_entry_ms = promotion_to_entry_ms.unwrap_or(f64::NAN);
+    report::write(
+        "P2s",
+        json!({
+            "scenario": "P2s Sentinel failover under load, replica_acks(1)",
+            "verdict": if valid { "PASS" } else { "INVALID" },
+            "parameters": {"processes": 2, "tasks": 4, "keys": 3, "seconds": 16, "ttl_ms": T.as_millis(),
+                "replicas": 2, "sentinels": 3, "replica_acks": 1},
+            "acquisitions": logged.entries,
+            "faults": 1,
+            "overlaps": overlaps,
+            "token_regressions": logged.token_regressions,
+            "lost": tally.lost + 1,
+            "lost_after_deadline": late_losses,
+            "spanning_holder_slack_ms": logged.lost_slack_ns.iter().min().map(|ns| *ns as f64 / 1e6),
+            "errors": tally.errors,
+            "first_error": tally.first_error,
+            "kill_to_promotion_ms": promoted.as_millis(),
+            "promotion_to_first_entry_ms": promotion_to_entry_ms,
+            "worst_lateness_ms": (worst_late.as_secs_f64() * 1e5).round() / 100.0,
+            "key_figure": format!(
+                "{} acquisitions, master killed: promoted after {} ms, first body {:.0} ms later, 0 overlaps",
+                logged.entries,
+                promoted.as_millis(),
+                promotion_to_entry_ms
+            ),
+            "seconds": started.elapsed().as_secs_f64(),
+        }),
+    );
+}
+
+/// P3r: a replica stopped (SIGSTOP) under `replica_acks(1)` (ack timeout
+/// 100 ms): each of 10 acquisitions fails with `NotReplicated` within the
+/// acknowledgement timeout plus a round trip or two, and leaves nothing at
+/// its key; once the replica resumes, acquisitions are acknowledged again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p3r_a_stopped_replica_refuses_acquisitions_and_leaves_nothing() {
+    const ACK_TIMEOUT: Duration = Duration::from_millis(100);
+    let started = Instant::now();
+    let group = tokio::task::block_in_place(|| lock_tests::Replicated::start_without_sentinels(1));
+    let locks = LockClient::builder()
+        .replica_acks(1)
+        .replica_ack_timeout(ACK_TIMEOUT)
+        .connect(&group.master.url())
+        .await
+        .expect("connect");
+    let board = Board::new();
+    let controller = Monitor::start();
+    board.witness.fault(Stall::Stop.fault());
+    group.replicas[0].pause();
+    let trials = 10;
+    let mut refusals = Vec::new();
+    let mut left = 0;
+    for trial in 0..trials {
+        let key = format!("p3r:{trial}");
+        let sent = Instant::now();
+        let attempt = locks.lock(key.as_str()).run(async {}).await;
+        refusals.push(sent.elapsed());
+        assert!(
+            matches!(
+                &attempt,
+                Err(LockError::NotReplicated {
+                    acked: 0,
+                    wanted: 1,
+                    ..
+                })
+            ),
+            "trial {trial}: {attempt:?}"
+        );
+        left += group
+            .master
+            .query::<i64>(redis::cmd("EXISTS").arg(format!("lock:{{{key}}}")));
+    }
+    group.replicas[0].resume();
+    board.witness.heal(Stall::Stop.fault());
+    locks
+        .lock("p3r:after")
+        .wait(Duration::from_secs(5))
+        .run(async {})
+        .await
+        .expect("acknowledged again once the replica resumes");
+    assert_eq!(left, 0, "unacknowledged locks were left at their keys");
+    refusals.sort();
+    let slowest = refusals[refusals.len() - 1];
+    let valid = controller.worst() <= monitor::bound(T);
+    if valid {
+        assert!(
+            slowest < ACK_TIMEOUT * 5,
+            "a refusal took {slowest:?} with a {ACK_TIMEOUT:?} acknowledgement timeout"
+        );
+    }
+    report::write(
+        "P3r",
+        json!({
+            "scenario": "P3r replica stopped, replica_acks(1)",
+            "verdict": if valid { "PASS" } else { "INVALID" },
+            "trials": trials,
+            "not_replicated": trials,
+            "left_at_key": left,
+            "ack_timeout_ms": ACK_TIMEOUT.as_millis(),
+            "refusal_p50_ms": report::quantile_ms(&refusals, 0.5),
+            "refusal_max_ms": slowest.as_secs_f64() * 1e3,
+            "seconds": started.elapsed().as_secs_f64(),
+            "key_figure": format!(
+                "{trials}/{trials} refused with NotReplicated, p50 {:.0} ms, max {:.0} ms (ack timeout {} ms), nothing left",
+                report::quantile_ms(&refusals, 0.5),
+                slowest.as_secs_f64() * 1e3,
+                ACK_TIMEOUT.as_millis()
+            ),
         }),
     );
 }
