@@ -11,9 +11,12 @@ use syn::{Expr, ExprLit, Ident, Lit, LitBool, LitStr, Token};
 use crate::duration;
 use crate::errors::{Errors, backticked, closest};
 
-const ARGUMENTS: [&str; 8] = [
-    "key", "ttl", "wait", "renew", "fencing", "mode", "permits", "segments",
+const ARGUMENTS: [&str; 9] = [
+    "key", "keys", "ttl", "wait", "renew", "fencing", "mode", "permits", "segments",
 ];
+
+/// The most keys one call may lock (the runtime's bound too).
+pub(crate) const MAX_KEYS: usize = 64;
 
 /// The most segments a lock may have (the runtime's bound too).
 pub(crate) const MAX_SEGMENTS: u32 = 1024;
@@ -38,6 +41,8 @@ pub(crate) struct DurationArg {
 #[derive(Debug, Default)]
 pub(crate) struct Args {
     pub(crate) key: Option<LitStr>,
+    /// `keys = ["...", ...]`: several keys, all or none.
+    pub(crate) keys: Option<Vec<LitStr>>,
     pub(crate) ttl: Option<DurationArg>,
     pub(crate) wait: Option<DurationArg>,
     pub(crate) renew: Option<bool>,
@@ -73,6 +78,7 @@ impl Parse for RawArg {
         input.parse::<Token![=]>().map_err(|_| {
             let example = match name.to_string().as_str() {
                 "fencing" => "fencing = true".to_owned(),
+                "keys" => "keys = [\"a:<x>\", \"b:<y>\"]".to_owned(),
                 "mode" => "mode = \"read\"".to_owned(),
                 "permits" | "segments" => format!("{name} = 4"),
                 "renew" => "renew = false".to_owned(),
@@ -110,6 +116,7 @@ impl Args {
             seen.push(name.clone());
             match label.as_str() {
                 "key" => args.key = string_arg(&label, &value, errors),
+                "keys" => args.keys = keys_arg(&value, errors),
                 "ttl" => args.ttl = duration_arg(&label, &value, errors),
                 "wait" => args.wait = duration_arg(&label, &value, errors),
                 "renew" => args.renew = bool_arg(&label, &value, errors),
@@ -131,11 +138,27 @@ impl Args {
                 }
             }
         }
-        if args.key.is_none() && !seen.iter().any(|s| *s == "key") {
-            errors.push_at(
+        let given = |name: &str| seen.iter().find(|s| *s == name);
+        match (given("key"), given("keys")) {
+            (Some(_), Some(keys)) => errors.push_at(
+                keys.span(),
+                "`keys` cannot be combined with `key`: give one key as `key = \"...\"`, or several as `keys = [...]`",
+            ),
+            (None, None) => errors.push_at(
                 Span::call_site(),
                 "missing `key`: write `#[distributed_lock(key = \"name:<param>\")]`",
-            );
+            ),
+            _ => {}
+        }
+        if let Some(at) = given("keys") {
+            for other in ["mode", "permits", "segments", "fencing"] {
+                if given(other).is_some() && (other != "fencing" || args.fencing == Some(true)) {
+                    errors.push_at(
+                        at.span(),
+                        format!("`keys` cannot be combined with `{other}`: a set of keys takes exclusive locks, without a fencing token"),
+                    );
+                }
+            }
         }
         args.check_kind(&seen, errors);
         args
@@ -171,6 +194,43 @@ impl Args {
             }
         }
     }
+}
+
+fn keys_arg(value: &Expr, errors: &mut Errors) -> Option<Vec<LitStr>> {
+    let shape =
+        "`keys` must be a list of string literals, e.g. `keys = [\"account:<from>\", \"account:<to>\"]`";
+    let Expr::Array(array) = value else {
+        errors.push(syn::Error::new_spanned(value, shape));
+        return None;
+    };
+    let mut keys = Vec::new();
+    for element in &array.elems {
+        match literal(element) {
+            Some(Lit::Str(s)) => keys.push(s.clone()),
+            _ => {
+                errors.push(syn::Error::new_spanned(element, shape));
+                return None;
+            }
+        }
+    }
+    if keys.is_empty() {
+        errors.push(syn::Error::new_spanned(
+            value,
+            "`keys` is empty: give at least one key",
+        ));
+        return None;
+    }
+    if keys.len() > MAX_KEYS {
+        errors.push(syn::Error::new_spanned(
+            value,
+            format!(
+                "`keys` names {} keys; a call may lock at most {MAX_KEYS}",
+                keys.len()
+            ),
+        ));
+        return None;
+    }
+    Some(keys)
 }
 
 fn mode_arg(value: &Expr, errors: &mut Errors) -> Option<Mode> {

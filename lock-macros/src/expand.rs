@@ -52,15 +52,38 @@ fn locked(args: TokenStream, func: &LockedFn) -> syn::Result<TokenStream> {
         .key
         .as_ref()
         .and_then(|key| Template::parse(key, &params, &mut errors));
+    let templates: Option<Vec<Template>> = args.keys.as_ref().and_then(|keys| {
+        let parsed: Vec<Option<Template>> = keys.iter().map(|k| Template::parse(k, &params, &mut errors)).collect();
+        for template in parsed.iter().flatten() {
+            if !template.has_placeholder() {
+                errors.push_at(
+                    template.span(),
+                    "a key of `keys` names no parameter, so every call would wait for the same lock; use `key = \"...\"` for a constant key, or name a parameter, e.g. `<id>`",
+                );
+            }
+        }
+        parsed.into_iter().collect()
+    });
     errors.finish(())?;
-    let (Some(template), Some(body)) = (template, &func.body) else {
-        unreachable!("every missing part was reported as an error");
+    let Some(body) = &func.body else {
+        unreachable!("a missing body was reported as an error");
+    };
+    // The rendered key (or keys), and the runtime entry point that takes it.
+    let (render, entry) = match (template, templates) {
+        (Some(template), _) => (template.render(), quote!(run_locked)),
+        (None, Some(templates)) => {
+            let rendered = templates.iter().map(Template::render);
+            (
+                quote!(::lock_runtime::__private::vec![#(#rendered),*]),
+                quote!(run_locked_all),
+            )
+        }
+        (None, None) => unreachable!("a missing key was reported as an error"),
     };
 
     let spec_ident = syn::Ident::new("LOCK_SPEC", Span::mixed_site());
     let key_ident = syn::Ident::new("lock_key", Span::mixed_site());
     let spec = spec(&args);
-    let render = template.render();
     // `impl Trait` cannot annotate a `let`: the fake return names it `_`.
     let (return_type, return_span) = match &sig.output {
         ReturnType::Default => (quote!(()), sig.paren_token.span.close()),
@@ -91,7 +114,7 @@ fn locked(args: TokenStream, func: &LockedFn) -> syn::Result<TokenStream> {
     // `unused_braces` warning whose fix does not compile.
     let stmts = &body.stmts;
     let call = quote_spanned! {return_span=>
-        ::lock_runtime::__private::run_locked(&#spec_ident, #key_ident, async move {
+        ::lock_runtime::__private::#entry(&#spec_ident, #key_ident, async move {
             #fake_return
             #(#stmts)*
         })
@@ -256,6 +279,19 @@ mod snapshots {
             quote! {
                 async fn sell(sku: u64) -> Result<u64, E> {
                     Ok(sku)
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn several_keys() {
+        check(
+            "keys",
+            quote!(keys = ["account:<from>", "account:<to>"], wait = "5s"),
+            quote! {
+                async fn transfer(from: u64, to: u64, cents: u64) -> Result<u64, E> {
+                    Ok(cents)
                 }
             },
         );

@@ -53,6 +53,17 @@ impl Template {
         (errors.count() == before).then_some(Template { segments, span })
     }
 
+    /// Whether the template names a parameter: a constant key in a set of
+    /// keys would serialise every call.
+    pub(crate) fn has_placeholder(&self) -> bool {
+        self.segments.iter().any(|s| matches!(s, Segment::Placeholder(_)))
+    }
+
+    /// The template's span (its literal).
+    pub(crate) fn span(&self) -> Span {
+        self.span
+    }
+
     /// An expression of type `String` that renders the key. Each placeholder
     /// is borrowed and passed through `key_part`, whose trait bound reports
     /// a non-`Display` type at the key literal in our words.

@@ -42,14 +42,68 @@ pub(crate) async fn acquire(
         ttl_ms = millis(opts.ttl),
         wait_ms = millis(opts.wait)
     );
-    acquire_within_wait(client, key, opts).instrument(span).await
+    let holder = holder::new_holder_id(opts.kind);
+    let (lease, _) = acquire_within_wait(client, key, Vec::new(), holder, opts)
+        .instrument(span)
+        .await?;
+    Ok(lease)
 }
 
+/// Takes every lock of `keys` (sorted, without duplicates, at least two), or
+/// none: group by group in the backend's order (one group, except on a
+/// cluster), each group at once, all within the one `wait`. If a group
+/// cannot be had, the groups taken so far are released before the error
+/// is returned.
+pub(crate) async fn acquire_all(
+    client: &Arc<ClientInner>,
+    keys: Vec<LockKey>,
+    opts: &LockOptions,
+) -> Result<Vec<Lease>, LockError> {
+    let span = tracing::debug_span!(
+        "lock_acquire_all",
+        keys = keys.len(),
+        first = %keys.first().map_or("", |k| k.name.as_str()),
+        ttl_ms = millis(opts.ttl),
+        wait_ms = millis(opts.wait)
+    );
+    async {
+        let give_up_at = Instant::now() + opts.wait;
+        let holder = holder::new_holder_id(opts.kind);
+        let mut taken: Vec<Lease> = Vec::new();
+        for group in client.backend.groups(keys) {
+            let mut group = group.into_iter();
+            let Some(first) = group.next() else {
+                continue;
+            };
+            let within = LockOptions {
+                wait: give_up_at.saturating_duration_since(Instant::now()),
+                ..*opts
+            };
+            match acquire_within_wait(client, first, group.collect(), holder.clone(), &within).await {
+                Ok((lease, more)) => {
+                    taken.push(lease);
+                    taken.extend(more);
+                }
+                Err(error) => {
+                    futures_util::future::join_all(taken.into_iter().map(Lease::release)).await;
+                    return Err(error);
+                }
+            }
+        }
+        Ok(taken)
+    }
+    .instrument(span)
+    .await
+}
+
+/// Takes `key` and, all at once, the locks of `also` (on the same node).
 async fn acquire_within_wait(
     client: &Arc<ClientInner>,
     key: LockKey,
+    also: Vec<LockKey>,
+    holder: String,
     opts: &LockOptions,
-) -> Result<Lease, LockError> {
+) -> Result<(Lease, Vec<Lease>), LockError> {
     if opts.fencing && !client.backend.supports_fencing() {
         return Err(LockError::Unsupported {
             key: key.name,
@@ -68,7 +122,8 @@ async fn acquire_within_wait(
     let mut pending = DropGuard::new(Pending {
         client: Arc::clone(client),
         key,
-        holder: holder::new_holder_id(opts.kind),
+        also,
+        holder,
         kind: opts.kind,
         in_doubt: false,
     });
@@ -78,15 +133,16 @@ async fn acquire_within_wait(
     // The latest attempt that failed for a reason of its own, kept to
     // explain a give-up whose last attempt only ran out of time.
     let mut last_failure: Option<LockError> = None;
-    // Subscribed to the lock's release channel once the first attempt finds
-    // it held and there is time left to wait.
-    let mut watch: Option<Watch> = None;
+    // Subscribed to the release channel of the lock in the way (of a set,
+    // the one the last attempt found held) once an attempt finds it held
+    // and there is time left to wait.
+    let mut watch: Option<(usize, Watch)> = None;
 
     loop {
         attempts += 1;
         // Registered before the attempt, so that a release between its reply
         // and our sleep still wakes us.
-        let released = watch.as_ref().map(|w| w.notify.clone());
+        let released = watch.as_ref().map(|(_, w)| w.notify.clone());
         let released = released.as_deref().map(Notify::notified);
         let mut released = std::pin::pin!(released);
         if let Some(r) = released.as_mut().as_pin_mut() {
@@ -101,6 +157,7 @@ async fn acquire_within_wait(
             key: &pending.key,
             holder: &pending.holder,
             kind: opts.kind,
+            also: &pending.also,
             ttl: opts.ttl,
             fencing: opts.fencing,
             first: attempts == 1,
@@ -133,6 +190,7 @@ async fn acquire_within_wait(
         };
 
         let mut sleep_cap = None;
+        let mut blocker = 0;
         let mut retry_now = false;
         let outcome = match attempt {
             Ok(AcquireReply::Acquired { token, segment }) => {
@@ -140,24 +198,33 @@ async fn acquire_within_wait(
                 if Instant::now() < cutoff {
                     // Handed over to the lease: nothing is left in doubt.
                     let Pending {
-                        key, holder, kind, ..
-                    } = pending.into_inner();
-                    tracing::debug!(key = %key.name, waited_ms = millis(started.elapsed()), attempts, segment, "lock acquired");
-                    let grant = Grant {
-                        key: match segment {
-                            Some(i) => key.segment(i),
-                            None => key,
-                        },
+                        key,
+                        also,
                         holder,
                         kind,
-                        token,
-                        segment,
+                        ..
+                    } = pending.into_inner();
+                    tracing::debug!(key = %key.name, waited_ms = millis(started.elapsed()), attempts, segment, "lock acquired");
+                    let lease = |key: LockKey, token: Option<u64>| {
+                        let grant = Grant {
+                            key,
+                            holder: holder.clone(),
+                            kind,
+                            token,
+                            segment,
+                        };
+                        let state = Arc::new(LeaseState::new(grant, opts.ttl, opts.renew, sent));
+                        if opts.renew {
+                            client.watchdog.watch(&state);
+                        }
+                        Lease::new(Arc::clone(client), state)
                     };
-                    let state = Arc::new(LeaseState::new(grant, opts.ttl, opts.renew, sent));
-                    if opts.renew {
-                        client.watchdog.watch(&state);
-                    }
-                    return Ok(Lease::new(Arc::clone(client), state));
+                    let more = also.into_iter().map(|key| lease(key, None)).collect();
+                    let key = match segment {
+                        Some(i) => key.segment(i),
+                        None => key,
+                    };
+                    return Ok((lease(key, token), more));
                 }
                 // The reply came back after the lease could already have
                 // expired on the server, so the lock is useless: give it back
@@ -174,7 +241,12 @@ async fn acquire_within_wait(
                     ),
                 ))
             }
-            Ok(AcquireReply::Held { pttl, claimed }) => {
+            Ok(AcquireReply::Held {
+                pttl,
+                claimed,
+                blocked_by,
+            }) => {
+                blocker = blocked_by;
                 // Attempts are applied in the order sent, and a later one would
                 // have found an earlier success ("already mine"): so no attempt
                 // holds the lock. A writer's claim is withdrawn like a lock
@@ -208,7 +280,7 @@ async fn acquire_within_wait(
             // connection, and waiting for it would overrun `wait`.
             let error = match outcome {
                 Outcome::Held { no_expiry } => LockError::Timeout {
-                    key: pending.key.name.clone(),
+                    key: pending.lock(blocker).name.clone(),
                     wait: opts.wait,
                     no_expiry,
                 },
@@ -230,13 +302,14 @@ async fn acquire_within_wait(
         }
         // About to wait: not for a guard this very task holds, which would
         // never be released while it waits.
-        if held && watch.is_none() && client.guards.held_by_this_task(&pending.key) {
+        if held && watch.is_none() && client.guards.held_by_this_task(pending.lock(blocker)) {
             return Err(LockError::WouldDeadlock {
-                key: pending.key.name.clone(),
+                key: pending.lock(blocker).name.clone(),
             });
         }
-        if watch.is_none() && held {
-            watch = Some(client.notifier.watch(&pending.key.channel).await);
+        if held && watch.as_ref().is_none_or(|(watched, _)| *watched != blocker) {
+            let channel = &pending.lock(blocker).channel;
+            watch = Some((blocker, client.notifier.watch(channel).await));
             // The release may have come while we subscribed: look again now.
             continue;
         }
@@ -285,12 +358,22 @@ fn jitter(d: Duration) -> Duration {
 struct Pending {
     client: Arc<ClientInner>,
     key: LockKey,
+    /// The other locks of a set, taken with `key`.
+    also: Vec<LockKey>,
     holder: String,
     kind: Kind,
     in_doubt: bool,
 }
 
 impl Pending {
+    /// Lock `i` of the set: 0 is `key`.
+    fn lock(&self, i: usize) -> &LockKey {
+        match i.checked_sub(1).and_then(|i| self.also.get(i)) {
+            Some(other) => other,
+            None => &self.key,
+        }
+    }
+
     /// Gives back a lock an attempt may hold, before the next attempt is sent.
     async fn settle(&mut self) {
         if !self.in_doubt {
@@ -309,6 +392,10 @@ impl Pending {
         let backend = &self.client.backend;
         let released = match self.kind {
             Kind::Segments(n) => backend.release_segments(&self.key, n, &self.holder).await,
+            _ if !self.also.is_empty() => {
+                let set: Vec<LockKey> = std::iter::once(&self.key).chain(&self.also).cloned().collect();
+                backend.release_many(&set, &self.holder).await
+            }
             _ => backend.release(&self.key, &self.holder).await,
         };
         released.map(drop).map_err(LockError::from)

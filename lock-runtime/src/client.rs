@@ -101,6 +101,23 @@ impl LockClient {
     pub fn lock(&self, key: impl Into<String>) -> LockRequest<'_> {
         LockRequest::new(&self.inner, key.into())
     }
+
+    /// Starts a request for every lock of `keys` at once, all or none (at
+    /// most 64). The keys are sorted and deduplicated, and taken in that
+    /// order, so two calls naming the same keys in any order never
+    /// deadlock: on one node (and on Sentinel, Redlock and in-process) in
+    /// one script, all at once; on a cluster slot by slot, releasing what it
+    /// took if a later slot's keys cannot be had within `wait`. Each key is
+    /// the same exclusive lock [`lock`](Self::lock) takes. Inside a body
+    /// that holds some of the keys, those re-enter and the rest are a new
+    /// acquisition.
+    pub fn lock_all<I, S>(&self, keys: I) -> LockRequest<'_>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        LockRequest::new_all(&self.inner, keys.into_iter().map(Into::into).collect())
+    }
 }
 
 /// Builds a [`LockClient`] with non-default options.

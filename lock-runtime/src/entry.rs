@@ -40,6 +40,74 @@ pub(crate) async fn enter(
     acquire::acquire(client, key, &opts).await.map(Entered::Acquired)
 }
 
+/// How a call for several keys got them: some re-entered (held around the
+/// call), the rest acquired together.
+pub(crate) struct EnteredAll {
+    pub(crate) reentered: Vec<Arc<LeaseState>>,
+    pub(crate) acquired: Vec<Lease>,
+}
+
+/// The most keys one call may lock at once (the attribute's bound too).
+pub(crate) const MAX_KEYS: usize = 64;
+
+/// Several exclusive locks, all or none. The keys are rendered, sorted and
+/// deduplicated, so that every call naming the same keys takes them in the
+/// same order. Keys held around the call are re-entered; the others are
+/// acquired together, as a new acquisition.
+pub(crate) async fn enter_all(
+    client: &Arc<ClientInner>,
+    names: Vec<String>,
+    spec: &LockSpec,
+) -> Result<EnteredAll, LockError> {
+    let invalid = |key: &str, reason: &str| LockError::InvalidRequest {
+        key: key.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if names.is_empty() {
+        return Err(invalid("", "`lock_all` needs at least one key"));
+    }
+    if names.len() > MAX_KEYS {
+        return Err(invalid(&names[0], "a call may lock at most 64 keys at once"));
+    }
+    let mut keys = names
+        .into_iter()
+        .map(|name| LockKey::new(&client.config.prefix, name))
+        .collect::<Result<Vec<_>, _>>()?;
+    keys.sort_by(|a, b| a.redis_key.cmp(&b.redis_key));
+    keys.dedup_by(|a, b| a.redis_key == b.redis_key);
+    let opts = spec.resolve(&client.config, &keys[0])?;
+    if opts.kind != Kind::Exclusive {
+        return Err(invalid(
+            &keys[0].name,
+            "several keys take exclusive locks only (no `mode`, `permits` or `segments`)",
+        ));
+    }
+    if opts.fencing {
+        return Err(invalid(
+            &keys[0].name,
+            "several keys have no fencing token: take the lock of the resource you fence on its own",
+        ));
+    }
+    let mut reentered = Vec::new();
+    let mut missing = Vec::new();
+    for key in keys {
+        match holder::find(client, &key) {
+            Some(held) => {
+                may_reenter(held.kind, opts.kind, &key)?;
+                lease::extend(client, &held, opts.ttl).await?;
+                reentered.push(held);
+            }
+            None => missing.push(key),
+        }
+    }
+    let acquired = match missing.len() {
+        0 => Vec::new(),
+        1 => vec![acquire::acquire(client, missing.remove(0), &opts).await?],
+        _ => acquire::acquire_all(client, missing, &opts).await?,
+    };
+    Ok(EnteredAll { reentered, acquired })
+}
+
 /// Whether a call asking for `asked` may re-enter a lease of `held` on the
 /// same key. A writer may read; a reader may not write: waiting for the
 /// write lock would wait for its own read lock, forever.

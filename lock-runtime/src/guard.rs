@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::entry::{self, Entered};
+use crate::entry::{self, Entered, EnteredAll};
 use crate::error::{LockError, LostReason};
 use crate::lease::Lease;
 use crate::lease_state::LeaseState;
@@ -19,15 +19,31 @@ use crate::with_lock;
 #[must_use = "a lock request does nothing until `.acquire().await` or `.run(body).await`"]
 pub struct LockRequest<'c> {
     client: &'c Arc<ClientInner>,
-    key: String,
+    names: Names,
     spec: LockSpec,
+}
+
+/// What a request locks.
+#[derive(Debug)]
+enum Names {
+    One(String),
+    /// All of them or none (`lock_all`).
+    All(Vec<String>),
 }
 
 impl<'c> LockRequest<'c> {
     pub(crate) fn new(client: &'c Arc<ClientInner>, key: String) -> Self {
         LockRequest {
             client,
-            key,
+            names: Names::One(key),
+            spec: LockSpec::DEFAULT,
+        }
+    }
+
+    pub(crate) fn new_all(client: &'c Arc<ClientInner>, keys: Vec<String>) -> Self {
+        LockRequest {
+            client,
+            names: Names::All(keys),
             spec: LockSpec::DEFAULT,
         }
     }
@@ -92,7 +108,10 @@ impl<'c> LockRequest<'c> {
     /// structural re-entry, release on every exit path, cancellation when the
     /// lease is lost.
     pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
-        with_lock::run_with(self.client, self.key, &self.spec, body).await
+        match self.names {
+            Names::One(key) => with_lock::run_with(self.client, key, &self.spec, body).await,
+            Names::All(keys) => with_lock::run_with_all(self.client, keys, &self.spec, body).await,
+        }
     }
 
     /// Takes the lock and returns a guard that holds it until
@@ -107,15 +126,49 @@ impl<'c> LockRequest<'c> {
     /// held lock). Use [`run`](Self::run) for calls that should re-enter.
     pub async fn acquire(self) -> Result<LockGuard, LockError> {
         let inner = self.client;
-        Ok(match entry::enter(inner, self.key, &self.spec).await? {
-            Entered::Reentered(state) => LockGuard { state, lease: None },
+        let key = match self.names {
+            Names::One(key) => key,
+            Names::All(keys) => return Self::acquire_all(inner, keys, &self.spec).await,
+        };
+        Ok(match entry::enter(inner, key, &self.spec).await? {
+            Entered::Reentered(state) => LockGuard {
+                state,
+                lease: None,
+                others: Vec::new(),
+            },
             Entered::Acquired(lease) => {
                 inner.guards.mark(lease.state());
                 LockGuard {
                     state: Arc::clone(lease.state()),
                     lease: Some(lease),
+                    others: Vec::new(),
                 }
             }
+        })
+    }
+
+    async fn acquire_all(
+        inner: &Arc<ClientInner>,
+        keys: Vec<String>,
+        spec: &LockSpec,
+    ) -> Result<LockGuard, LockError> {
+        let EnteredAll { reentered, acquired } = entry::enter_all(inner, keys, spec).await?;
+        let mut parts: Vec<(Arc<LeaseState>, Option<Lease>)> =
+            reentered.into_iter().map(|state| (state, None)).collect();
+        for lease in acquired {
+            inner.guards.mark(lease.state());
+            parts.push((Arc::clone(lease.state()), Some(lease)));
+        }
+        // Sorted by key, as they were taken: the first is the guard's `key`.
+        parts.sort_by(|a, b| a.0.key.redis_key.cmp(&b.0.key.redis_key));
+        let mut parts = parts.into_iter();
+        let Some((state, lease)) = parts.next() else {
+            unreachable!("enter_all holds at least one key");
+        };
+        Ok(LockGuard {
+            state,
+            lease,
+            others: parts.collect(),
         })
     }
 }
@@ -128,12 +181,24 @@ pub struct LockGuard {
     state: Arc<LeaseState>,
     /// `None` for a re-entrant guard: the enclosing holder owns the release.
     lease: Option<Lease>,
+    /// The other locks of a `lock_all` guard, in key order.
+    others: Vec<(Arc<LeaseState>, Option<Lease>)>,
 }
 
 impl LockGuard {
-    /// The lock's key, as requested.
+    /// The lock's key, as requested (of a `lock_all` guard, the first in
+    /// sorted order; [`keys`](Self::keys) lists them all).
     pub fn key(&self) -> &str {
         &self.state.key.name
+    }
+
+    /// Every key this guard holds, in the order they were taken.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.states().map(|state| state.key.name.as_str())
+    }
+
+    fn states(&self) -> impl Iterator<Item = &Arc<LeaseState>> {
+        std::iter::once(&self.state).chain(self.others.iter().map(|(state, _)| state))
     }
 
     /// Which segment of a segmented lock this guard holds; `None` for any
@@ -150,14 +215,17 @@ impl LockGuard {
     /// Whether the lease is still valid by the local clock: not released and
     /// its validity deadline not passed.
     pub fn is_held(&self) -> bool {
-        self.state.is_held()
+        self.states().all(|state| state.is_held())
     }
 
     /// The validity deadline: until then the server holds the lock for this
     /// holder even if the clocks drift by the allowance. Moves on with every
     /// confirmed renewal.
     pub fn valid_until(&self) -> Instant {
-        self.state.deadline()
+        self.states()
+            .map(|state| state.deadline())
+            .min()
+            .unwrap_or_else(|| self.state.deadline())
     }
 
     /// Resolves when the lease is lost: the server reported the lock gone or
@@ -165,15 +233,23 @@ impl LockGuard {
     /// it against your work (`tokio::select!`) to stop before another holder
     /// can start.
     pub async fn lost(&self) -> LostReason {
-        self.state.lost().await
+        if self.others.is_empty() {
+            return self.state.lost().await;
+        }
+        futures_util::future::select_all(self.states().map(|state| Box::pin(state.lost())))
+            .await
+            .0
     }
 
-    /// Releases the lock. `Err(NotHeld)` when it had already expired or been
-    /// taken over; a re-entrant guard's release is a no-op.
+    /// Releases the lock (every lock of a `lock_all` guard). `Err(NotHeld)`
+    /// when one had already expired or been taken over; a re-entrant
+    /// guard's release is a no-op.
     pub async fn release(self) -> Result<(), LockError> {
-        match self.lease {
-            Some(lease) => lease.release().await,
-            None => Ok(()),
-        }
+        let leases = self
+            .lease
+            .into_iter()
+            .chain(self.others.into_iter().filter_map(|(_, lease)| lease));
+        let released = futures_util::future::join_all(leases.map(Lease::release)).await;
+        released.into_iter().collect()
     }
 }

@@ -92,6 +92,28 @@ pub fn segment() -> Option<u32> {
         .flatten()
 }
 
+/// Runs `body` with every lease of `leases`, taken from `client`, added to
+/// the leases held around it.
+pub(crate) fn scope_all<F: Future>(
+    client: &Arc<ClientInner>,
+    leases: Vec<Arc<LeaseState>>,
+    body: F,
+) -> impl Future<Output = F::Output> {
+    let mut held = current();
+    for lease in leases {
+        held = Some(Held(Arc::new(HeldNode {
+            client: Arc::clone(client),
+            lease,
+            parent: held,
+        })));
+    }
+    match held {
+        Some(held) => futures_util::future::Either::Left(HELD.scope(held, body)),
+        // No lease at all: nothing to add.
+        None => futures_util::future::Either::Right(body),
+    }
+}
+
 /// Runs `body` with `lease`, taken from `client`, added to the leases held
 /// around it.
 pub(crate) fn scope<F: Future>(

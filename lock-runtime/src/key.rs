@@ -29,6 +29,17 @@ impl LockKey {
         format!("{}:fence", self.redis_key)
     }
 
+    /// The Redis Cluster slot of the lock (of its hash tag, `{K}`).
+    pub(crate) fn slot(&self) -> u16 {
+        const SLOTS: u16 = 16384;
+        let tag = self
+            .redis_key
+            .split_once('{')
+            .and_then(|(_, rest)| rest.split_once('}'))
+            .map_or(self.redis_key.as_str(), |(tag, _)| tag);
+        crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % SLOTS
+    }
+
     /// Segment `i` of a segmented lock: `P{K}#i`, in the slot of `P{K}`
     /// (so that one script can try every segment), named `K#i` in errors
     /// and traces. All segments announce releases on the lock's channel, so
@@ -127,6 +138,22 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_agree_with_the_redis_crate() {
+        for name in [
+            "a",
+            "account:1",
+            "account:2",
+            "stock:42",
+            "ü:ñ",
+            "x".repeat(300).as_str(),
+        ] {
+            let key = LockKey::new("lock:", name.to_owned()).expect("valid key");
+            let theirs = format!("{:?}", redis::cluster_routing::Slot::for_key(&key.redis_key));
+            assert_eq!(theirs, format!("Slot({})", key.slot()), "{name}");
+        }
+    }
 
     fn reason(name: &str) -> String {
         match LockKey::new("lock:", name.to_owned()) {

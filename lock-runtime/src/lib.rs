@@ -69,9 +69,9 @@ pub use spec::LockMode;
 /// promised for anything in here.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::private::run_locked;
+    pub use crate::private::{run_locked, run_locked_all};
     pub use crate::spec::{KeyArg, KeyPart, LockOutput, LockSpec, key_part};
-    pub use std::format;
+    pub use std::{format, vec};
 }
 
 /// Compiles (and, where marked, runs) every example in the README.

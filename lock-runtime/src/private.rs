@@ -24,3 +24,19 @@ where
         Err(e) => LockOutput::from_lock_error(e),
     }
 }
+
+/// [`run_locked`] for `keys = [...]`: every key, all or none.
+pub async fn run_locked_all<F>(spec: &LockSpec, keys: Vec<String>, body: F) -> F::Output
+where
+    F: Future,
+    F::Output: LockOutput,
+{
+    let client = match client::global() {
+        Ok(client) => &client.inner,
+        Err(e) => return LockOutput::from_lock_error(e),
+    };
+    match with_lock::run_with_all(client, keys, spec, body).await {
+        Ok(output) => output,
+        Err(e) => LockOutput::from_lock_error(e),
+    }
+}

@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 
-use crate::entry::{self, Entered};
+use crate::entry::{self, Entered, EnteredAll};
 use crate::error::LockError;
 use crate::holder;
+use crate::lease::Lease;
 use crate::shared::ClientInner;
 use crate::spec::LockSpec;
 
@@ -69,6 +70,54 @@ pub(crate) async fn run_with<F: Future>(
                 key: state.key.name.clone(),
                 reason,
             })
+        }
+    }
+}
+
+/// [`run_with`] for several keys, all or none: the body runs once every key
+/// is held (re-entered or acquired), and is cancelled when any lease this
+/// call acquired is lost. Every acquired lease is released on the way out.
+pub(crate) async fn run_with_all<F: Future>(
+    client: &Arc<ClientInner>,
+    names: Vec<String>,
+    spec: &LockSpec,
+    body: F,
+) -> Result<F::Output, LockError> {
+    let EnteredAll { reentered, acquired } = entry::enter_all(client, names, spec).await?;
+    let states: Vec<_> = reentered
+        .into_iter()
+        .chain(acquired.iter().map(|lease| Arc::clone(lease.state())))
+        .collect();
+    let body = holder::scope_all(client, states, AssertUnwindSafe(body).catch_unwind());
+    if acquired.is_empty() {
+        // Every key re-entered: the enclosing calls watch and release them.
+        return match body.await {
+            Ok(output) => Ok(output),
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+    }
+    let outcome = {
+        let body = std::pin::pin!(body);
+        let lost =
+            futures_util::future::select_all(acquired.iter().map(|lease| Box::pin(lease.state().lost())));
+        tokio::select! {
+            biased;
+            finished = body => Ok(finished),
+            (reason, i, _) = lost => Err((reason, acquired[i].state().key.name.clone())),
+        }
+    };
+    let released = futures_util::future::join_all(acquired.into_iter().map(Lease::release)).await;
+    match outcome {
+        Ok(Ok(output)) => {
+            for error in released.into_iter().filter_map(Result::err) {
+                tracing::warn!(error = %error, "release failed after the body finished");
+            }
+            Ok(output)
+        }
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err((reason, key)) => {
+            tracing::warn!(key = %key, %reason, "lock lost; body cancelled");
+            Err(LockError::Lost { key, reason })
         }
     }
 }

@@ -15,6 +15,10 @@ pub(crate) struct AcquireRequest<'a> {
     /// The holder id; a read-write lock's carries its side (`r:` or `w:`).
     pub(crate) holder: &'a str,
     pub(crate) kind: Kind,
+    /// The other exclusive locks of an all-or-nothing set, after `key` in
+    /// sorted order and on the same node (the same slot on a cluster);
+    /// empty for a single lock.
+    pub(crate) also: &'a [LockKey],
     pub(crate) ttl: Duration,
     pub(crate) fencing: bool,
     /// The first attempt of an acquisition, which most often finds the lock
@@ -38,7 +42,13 @@ pub(crate) enum AcquireReply {
     /// in the way, `None` when the key has no expiry at all. `claimed`: a
     /// writer's claim now holds new readers back, and must be withdrawn if
     /// the caller stops waiting.
-    Held { pttl: Option<Duration>, claimed: bool },
+    Held {
+        pttl: Option<Duration>,
+        claimed: bool,
+        /// Which lock of a set is in the way: 0 for `key`, `i` for
+        /// `also[i - 1]`.
+        blocked_by: usize,
+    },
 }
 
 impl AcquireReply {
@@ -89,6 +99,10 @@ pub(crate) trait Backend {
     /// withdraws a writer's claim too. `Ok(false)`: it was no longer this
     /// holder's.
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure>;
+
+    /// Releases every lock of `keys` this holder still has: the undo of a
+    /// set's acquisition. `Ok(true)` if any was.
+    async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure>;
 
     /// Releases whichever of the `count` segments of `key` this holder has:
     /// the undo of a segment acquisition whose reply was lost.

@@ -178,9 +178,38 @@ impl State {
             Some(pttl) => Ok(AcquireReply::Held {
                 pttl: Some(pttl),
                 claimed: false,
+                blocked_by: 0,
             }),
             None => Err(conflict(req.key, &keys[0], "another kind of lock")),
         }
+    }
+
+    /// Every lock of a set, or none, as `acquire_many.lua` takes them.
+    fn acquire_set(&mut self, req: &AcquireRequest<'_>, now: Instant) -> Result<AcquireReply, Failure> {
+        let set: Vec<&LockKey> = std::iter::once(req.key).chain(req.also).collect();
+        for (i, key) in set.iter().enumerate() {
+            match self.live(&key.redis_key, now) {
+                Some(Entry::Exclusive(lease)) if lease.holder != req.holder => {
+                    return Ok(AcquireReply::Held {
+                        pttl: Some(lease.expires - now),
+                        claimed: false,
+                        blocked_by: i,
+                    });
+                }
+                Some(Entry::Shared(_)) => {
+                    return Err(conflict(key, &key.redis_key, "another kind of lock"));
+                }
+                _ => {}
+            }
+        }
+        for key in set {
+            let lease = Lease {
+                holder: req.holder.to_owned(),
+                expires: now + req.ttl,
+            };
+            self.insert(&key.redis_key, Entry::Exclusive(lease), now);
+        }
+        Ok(AcquireReply::acquired(None))
     }
 
     /// A side of a read-write lock (`permits` 0) or a permit of a semaphore,
@@ -243,6 +272,7 @@ impl State {
             return Ok(AcquireReply::Held {
                 pttl: Some(pttl),
                 claimed,
+                blocked_by: 0,
             });
         }
         let claim = claim_of(req.holder);
@@ -312,10 +342,12 @@ impl Backend for MemoryBackend {
         let now = Instant::now();
         let mut state = self.state();
         match req.kind {
+            Kind::Exclusive if !req.also.is_empty() => state.acquire_set(req, now),
             Kind::Exclusive => Ok(match state.acquire_exclusive(req, &req.key.redis_key, now)? {
                 Some(pttl) => AcquireReply::Held {
                     pttl: Some(pttl),
                     claimed: false,
+                    blocked_by: 0,
                 },
                 None => AcquireReply::acquired(state.token(req, &req.key.redis_key)),
             }),
@@ -327,6 +359,16 @@ impl Backend for MemoryBackend {
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
         Ok(self.state().release(&key.redis_key, holder, Instant::now()))
+    }
+
+    async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let mut released = false;
+        for key in keys {
+            released |= state.release(&key.redis_key, holder, now);
+        }
+        Ok(released)
     }
 
     async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
@@ -386,6 +428,7 @@ mod tests {
             key,
             holder,
             kind: Kind::Exclusive,
+            also: &[],
             ttl: Duration::from_millis(ttl_ms),
             fencing,
             first: true,

@@ -34,6 +34,25 @@ impl AnyBackend {
         !matches!(self, AnyBackend::Redlock(_))
     }
 
+    /// The sorted `keys` of a set split into the groups one script can take
+    /// at once, in the order to take them: one group, except on a cluster,
+    /// where a script reaches one slot, so a group per slot, by slot number.
+    /// Every caller takes a given set's groups in the same order, so two
+    /// sets cannot each hold a group the other waits for.
+    pub(crate) fn groups(&self, keys: Vec<LockKey>) -> Vec<Vec<LockKey>> {
+        match self {
+            AnyBackend::Cluster(_) => {
+                let mut by_slot: std::collections::BTreeMap<u16, Vec<LockKey>> =
+                    std::collections::BTreeMap::new();
+                for key in keys {
+                    by_slot.entry(key.slot()).or_default().push(key);
+                }
+                by_slot.into_values().collect()
+            }
+            _ => vec![keys],
+        }
+    }
+
     /// Why this backend cannot take a lock of `kind`, if it cannot.
     pub(crate) fn unsupported(&self, kind: Kind) -> Option<&'static str> {
         match self {
@@ -61,6 +80,16 @@ impl Backend for AnyBackend {
             AnyBackend::Redlock(b) => b.release(key, holder).await,
             AnyBackend::Cluster(b) => b.release(key, holder).await,
             AnyBackend::Sentinel(b) => b.release(key, holder).await,
+        }
+    }
+
+    async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
+        match self {
+            AnyBackend::Redis(b) => b.release_many(keys, holder).await,
+            AnyBackend::Memory(b) => b.release_many(keys, holder).await,
+            AnyBackend::Redlock(b) => b.release_many(keys, holder).await,
+            AnyBackend::Cluster(b) => b.release_many(keys, holder).await,
+            AnyBackend::Sentinel(b) => b.release_many(keys, holder).await,
         }
     }
 

@@ -38,6 +38,8 @@ macro_rules! script {
 static ACQUIRE: LazyLock<Script> = script!("acquire.lua");
 static ACQUIRE_SHARED: LazyLock<Script> = script!("acquire_shared.lua");
 static ACQUIRE_SEGMENT: LazyLock<Script> = script!("acquire_segment.lua");
+static ACQUIRE_MANY: LazyLock<Script> = script!("acquire_many.lua");
+static RELEASE_MANY: LazyLock<Script> = script!("release_many.lua");
 static RELEASE: LazyLock<Script> = script!("release.lua");
 static RELEASE_SEGMENTS: LazyLock<Script> = script!("release_segments.lua");
 static RENEW: LazyLock<Script> = script!("renew.lua");
@@ -292,6 +294,7 @@ impl<C: Connection> RedisBackend<C> {
 impl<C: Connection> Backend for RedisBackend<C> {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let acquired = match req.kind {
+            Kind::Exclusive if !req.also.is_empty() => self.acquire_set(req).await?,
             Kind::Exclusive => self.acquire_exclusive(req).await?,
             Kind::Read | Kind::Write => self.acquire_shared(req, 0).await?,
             Kind::Permits(n) => self.acquire_shared(req, n).await?,
@@ -301,6 +304,26 @@ impl<C: Connection> Backend for RedisBackend<C> {
             AcquireReply::Acquired { segment, .. } => self.replicated(req, segment, acquired).await,
             held @ AcquireReply::Held { .. } => Ok(held),
         }
+    }
+
+    async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
+        let Some(first) = keys.first() else {
+            return Ok(false);
+        };
+        let mut invocation = RELEASE_MANY.prepare_invoke();
+        for key in keys {
+            invocation.key(&key.redis_key);
+        }
+        for key in keys {
+            invocation.key(&key.channel);
+        }
+        let released: i64 = invocation
+            .arg(holder)
+            .arg(self.announce())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(first, e))?;
+        Ok(released > 0)
     }
 
     async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
@@ -414,9 +437,37 @@ impl<C: Connection> RedisBackend<C> {
             Some([Value::Int(1), Value::Int(token)]) => {
                 Ok(AcquireReply::acquired(fencing_token(req, *token)))
             }
-            Some([Value::Int(0), Value::Int(pttl)]) => Ok(held(*pttl, false)),
+            Some([Value::Int(0), Value::Int(pttl)]) => Ok(held(*pttl, false, 0)),
             Some([Value::Int(-1), found]) => Err(self.conflict(key, found)),
             _ => Err(self.unexpected(key, "acquire", &reply)),
+        }
+    }
+
+    /// Every lock of a set at once, or none.
+    async fn acquire_set(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        let key = req.key;
+        let mut invocation = ACQUIRE_MANY.key(&key.redis_key);
+        for other in req.also {
+            invocation.key(&other.redis_key);
+        }
+        let reply: Value = attempt_args(&mut invocation, req)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        let in_set = |index: &i64| usize::try_from(*index).ok().filter(|&i| i <= req.also.len());
+        match reply.as_sequence() {
+            Some([Value::Int(1), Value::Int(_)]) => Ok(AcquireReply::acquired(None)),
+            Some([Value::Int(0), Value::Int(pttl), Value::Int(index)]) if in_set(index).is_some() => {
+                Ok(held(*pttl, false, in_set(index).unwrap_or(0)))
+            }
+            Some([Value::Int(-1), found, Value::Int(index)]) => {
+                let conflicting = match in_set(index) {
+                    Some(i) if i > 0 => &req.also[i - 1],
+                    _ => key,
+                };
+                Err(self.conflict(conflicting, found))
+            }
+            _ => Err(self.unexpected(key, "set acquire", &reply)),
         }
     }
 
@@ -435,7 +486,7 @@ impl<C: Connection> RedisBackend<C> {
             Some([Value::Int(1), Value::Int(token)]) => {
                 Ok(AcquireReply::acquired(fencing_token(req, *token)))
             }
-            Some([Value::Int(0), Value::Int(pttl), Value::Int(claimed)]) => Ok(held(*pttl, *claimed == 1)),
+            Some([Value::Int(0), Value::Int(pttl), Value::Int(claimed)]) => Ok(held(*pttl, *claimed == 1, 0)),
             Some([Value::Int(-1), found]) => Err(self.conflict(key, found)),
             _ => Err(self.unexpected(key, "acquire", &reply)),
         }
@@ -466,7 +517,7 @@ impl<C: Connection> RedisBackend<C> {
                 }),
                 _ => Err(self.unexpected(key, "segment acquire", &reply)),
             },
-            Some([Value::Int(0), Value::Int(pttl)]) => Ok(held(*pttl, false)),
+            Some([Value::Int(0), Value::Int(pttl)]) => Ok(held(*pttl, false, 0)),
             Some([Value::Int(-1), found]) => Err(self.conflict(key, found)),
             _ => Err(self.unexpected(key, "segment acquire", &reply)),
         }
@@ -500,10 +551,11 @@ fn fencing_token(req: &AcquireRequest<'_>, token: i64) -> Option<u64> {
 }
 
 /// Held, with the script's `pttl` (-1: no expiry).
-fn held(pttl: i64, claimed: bool) -> AcquireReply {
+fn held(pttl: i64, claimed: bool, blocked_by: usize) -> AcquireReply {
     AcquireReply::Held {
         pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
         claimed,
+        blocked_by,
     }
 }
 
@@ -534,7 +586,12 @@ impl<C: Connection> RedisBackend<C> {
         if acked >= i64::from(acks.replicas) {
             return Ok(acquired);
         }
-        self.release(key, req.holder).await?;
+        if req.also.is_empty() {
+            self.release(key, req.holder).await?;
+        } else {
+            let set: Vec<LockKey> = std::iter::once(key).chain(req.also).cloned().collect();
+            self.release_many(&set, req.holder).await?;
+        }
         Err(Failure {
             error: self.not_replicated(key, acked, acks),
             transient: true,

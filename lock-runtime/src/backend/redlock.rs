@@ -106,7 +106,7 @@ impl Backend for RedlockBackend {
             .iter()
             .map(|node| async move { (node, tokio::time::timeout(timeout, node.acquire(req)).await) })
             .collect();
-        let (mut granted, mut held, mut shortest) = (0, 0, None::<Duration>);
+        let (mut granted, mut held, mut shortest, mut blocker) = (0, 0, None::<Duration>, 0);
         // Masters that answered "held" granted nothing, but may keep a
         // writer's claim, which must outlive this attempt.
         let mut refused: Vec<&RedisBackend> = Vec::new();
@@ -118,9 +118,14 @@ impl Backend for RedlockBackend {
         while let Some((node, answer)) = pending.next().await {
             match answer {
                 Ok(Ok(AcquireReply::Acquired { .. })) => granted += 1,
-                Ok(Ok(AcquireReply::Held { pttl, claimed: c })) => {
+                Ok(Ok(AcquireReply::Held {
+                    pttl,
+                    claimed: c,
+                    blocked_by,
+                })) => {
                     held += 1;
                     claimed |= c;
+                    blocker = blocked_by;
                     refused.push(node);
                     if let Some(pttl) = pttl {
                         shortest = Some(shortest.map_or(pttl, |s| s.min(pttl)));
@@ -145,12 +150,24 @@ impl Backend for RedlockBackend {
             .nodes
             .iter()
             .filter(|node| !refused.iter().any(|r| std::ptr::eq(*r, *node)))
-            .map(|node| tokio::time::timeout(timeout, node.release(req.key, req.holder)));
+            .map(|node| async move {
+                if req.also.is_empty() {
+                    tokio::time::timeout(timeout, node.release(req.key, req.holder))
+                        .await
+                        .ok();
+                } else {
+                    let set: Vec<LockKey> = std::iter::once(req.key).chain(req.also).cloned().collect();
+                    tokio::time::timeout(timeout, node.release_many(&set, req.holder))
+                        .await
+                        .ok();
+                }
+            });
         join_all(undo).await;
         if held >= self.quorum() {
             return Ok(AcquireReply::Held {
                 pttl: shortest,
                 claimed,
+                blocked_by: blocker,
             });
         }
         Err(self.quorum_failure(req.key, granted, causes))
@@ -170,6 +187,11 @@ impl Backend for RedlockBackend {
             return Err(self.quorum_failure(key, 0, causes));
         }
         Ok(released)
+    }
+
+    async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
+        let answers = self.ask_all(|node| node.release_many(keys, holder)).await;
+        Ok(answers.iter().any(|a| matches!(a, Answer::Got(true))))
     }
 
     async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {

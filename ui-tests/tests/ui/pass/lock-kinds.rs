@@ -17,6 +17,12 @@ async fn use_connection(name: &str) -> Result<usize, LockError> {
     Ok(name.len())
 }
 
+#[distributed_lock(keys = ["account:<from>", "account:<to>"], wait = "5s")]
+async fn transfer(from: u64, to: u64, cents: u64) -> Result<u64, LockError> {
+    let _ = (from, to);
+    Ok(cents)
+}
+
 struct Stock;
 
 impl Stock {
@@ -28,5 +34,5 @@ impl Stock {
 }
 
 fn main() {
-    let _ = (write_report(1), use_connection("db"), Stock.sell(2));
+    let _ = (write_report(1), use_connection("db"), Stock.sell(2), transfer(1, 2, 3));
 }

@@ -1,0 +1,259 @@
+//! Several keys at once (`lock_all`, `keys = [...]`), one body of code over
+//! the in-process backend, one `redis-server`, a Redis Cluster (keys spread
+//! over slots) and a Redlock of three masters: transfers in both directions
+//! never deadlock and never lose money; a set is taken whole or not at all;
+//! nested calls re-enter what they hold.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError};
+use lock_tests::{Cluster, RedisServer, start_masters};
+
+/// Two clients on the same locks (two services), and what they need alive.
+struct Fixture {
+    clients: [LockClient; 2],
+    _servers: Servers,
+}
+
+#[allow(dead_code, reason = "held only to keep the servers running")]
+enum Servers {
+    None,
+    One(RedisServer),
+    Cluster(Cluster),
+    Masters(Vec<RedisServer>),
+}
+
+async fn in_memory() -> Fixture {
+    let locks = LockClient::in_memory();
+    Fixture {
+        clients: [locks.clone(), locks],
+        _servers: Servers::None,
+    }
+}
+
+async fn redis() -> Fixture {
+    let server = RedisServer::start();
+    let url = server.url();
+    let connect = || LockClient::connect(&url);
+    Fixture {
+        clients: [
+            connect().await.expect("connect"),
+            connect().await.expect("connect"),
+        ],
+        _servers: Servers::One(server),
+    }
+}
+
+async fn cluster() -> Fixture {
+    let cluster = Cluster::start(3, 0);
+    let connect = || LockClient::cluster(cluster.urls());
+    Fixture {
+        clients: [
+            connect().await.expect("connect"),
+            connect().await.expect("connect"),
+        ],
+        _servers: Servers::Cluster(cluster),
+    }
+}
+
+async fn redlock() -> Fixture {
+    let masters = start_masters(3);
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let connect = || LockClient::redlock(&urls);
+    Fixture {
+        clients: [
+            connect().await.expect("connect"),
+            connect().await.expect("connect"),
+        ],
+        _servers: Servers::Masters(masters),
+    }
+}
+
+macro_rules! on_every_backend {
+    ($($behaviour:ident),+ $(,)?) => {
+        mod in_memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::in_memory().await).await;
+                }
+            )+
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::redis().await).await;
+                }
+            )+
+        }
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::cluster().await).await;
+                }
+            )+
+        }
+        mod redlock {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::redlock().await).await;
+                }
+            )+
+        }
+    };
+}
+
+on_every_backend!(
+    transfers_in_both_directions_never_deadlock_and_keep_the_sum,
+    a_set_is_taken_whole_or_not_at_all,
+    nested_calls_reenter_and_grow_the_set,
+    duplicates_merge_and_one_key_is_a_plain_lock,
+);
+
+const ACCOUNTS: usize = 10;
+const OPENING: i64 = 1_000;
+
+fn account(i: usize) -> String {
+    format!("account:{i}")
+}
+
+/// 1,000 transfers between 10 accounts, from 8 tasks over two clients, each
+/// between a random pair in a random direction: every call finishes within
+/// its wait (a deadlock would end in `Timeout`), and no money is made or
+/// lost (a read-modify-write of both balances, with a yield in between).
+async fn transfers_in_both_directions_never_deadlock_and_keep_the_sum(f: Fixture) {
+    const TASKS: usize = 8;
+    const TRANSFERS: usize = 1_000;
+    let balances: Arc<Vec<AtomicI64>> = Arc::new((0..ACCOUNTS).map(|_| AtomicI64::new(OPENING)).collect());
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (locks, balances) = (f.clients[task % 2].clone(), Arc::clone(&balances));
+            tokio::spawn(async move {
+                for _ in 0..TRANSFERS / TASKS {
+                    let from = rand::random_range(0..ACCOUNTS);
+                    let to = (from + rand::random_range(1..ACCOUNTS)) % ACCOUNTS;
+                    let balances = &balances;
+                    locks
+                        .lock_all([account(from), account(to)])
+                        .wait(Duration::from_secs(30))
+                        .run(async move {
+                            let (a, b) = (
+                                balances[from].load(Ordering::SeqCst),
+                                balances[to].load(Ordering::SeqCst),
+                            );
+                            tokio::task::yield_now().await;
+                            balances[from].store(a - 7, Ordering::SeqCst);
+                            balances[to].store(b + 7, Ordering::SeqCst);
+                        })
+                        .await
+                        .expect("a transfer within its wait");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("transfer task");
+    }
+    let total: i64 = balances.iter().map(|b| b.load(Ordering::SeqCst)).sum();
+    assert_eq!(total, OPENING * ACCOUNTS as i64, "money was made or lost");
+}
+
+/// With one key of the set held by the other client, the set is refused
+/// and none of its other keys is taken, as the other client sees.
+async fn a_set_is_taken_whole_or_not_at_all(f: Fixture) {
+    let [ours, theirs] = &f.clients;
+    let keys: Vec<String> = (0..6).map(account).collect();
+    let held = lock_tests::guard_from_another_task(theirs, &keys[4]).await;
+    let refused = ours
+        .lock_all(keys.clone())
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await;
+    match refused {
+        Err(LockError::Timeout { key, .. }) => assert_eq!(key, keys[4], "the key in the way is named"),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    for key in keys.iter().filter(|k| **k != keys[4]) {
+        assert!(
+            !lock_tests::refused_elsewhere(theirs, key, |request| request).await,
+            "`{key}` was left taken by a refused set"
+        );
+    }
+    held.release().await.expect("release");
+    let guard = ours
+        .lock_all(keys.clone())
+        .acquire()
+        .await
+        .expect("the whole set once free");
+    assert_eq!(guard.keys().count(), keys.len());
+    for key in &keys {
+        assert!(lock_tests::refused_elsewhere(theirs, key, |request| request).await);
+    }
+    guard.release().await.expect("release the set");
+    assert!(!lock_tests::refused_elsewhere(theirs, &keys[0], |request| request).await);
+}
+
+/// Inside a set's body, a single key of the set and a subset re-enter
+/// without waiting; a superset takes only the missing key.
+async fn nested_calls_reenter_and_grow_the_set(f: Fixture) {
+    let [locks, other] = &f.clients;
+    let grown = locks
+        .lock_all([account(1), account(2)])
+        .run(async {
+            locks
+                .lock(account(2))
+                .run(async {})
+                .await
+                .expect("one key of the set re-enters");
+            locks
+                .lock_all([account(2), account(1)])
+                .run(async {})
+                .await
+                .expect("the same set re-enters");
+            locks
+                .lock_all([account(3), account(1)])
+                .run(async { lock_tests::refused_elsewhere(other, &account(3), |request| request).await })
+                .await
+                .expect("a superset takes the missing key")
+        })
+        .await
+        .expect("the set");
+    assert!(grown, "the missing key was held inside the nested call");
+    assert!(!lock_tests::refused_elsewhere(other, &account(3), |request| request).await);
+}
+
+async fn duplicates_merge_and_one_key_is_a_plain_lock(f: Fixture) {
+    let [locks, other] = &f.clients;
+    let guard = locks
+        .lock_all([account(5), account(5)])
+        .acquire()
+        .await
+        .expect("a transfer to oneself locks one key");
+    assert_eq!(guard.keys().collect::<Vec<_>>(), [account(5).as_str()]);
+    assert!(lock_tests::refused_elsewhere(other, &account(5), |request| request).await);
+    guard.release().await.expect("release");
+    let empty: [&str; 0] = [];
+    assert!(matches!(
+        locks.lock_all(empty).acquire().await,
+        Err(LockError::InvalidRequest { .. })
+    ));
+    let too_many = locks.lock_all((0..65).map(account)).acquire().await;
+    assert!(
+        matches!(too_many, Err(LockError::InvalidRequest { .. })),
+        "{too_many:?}"
+    );
+    let fenced = locks
+        .lock_all([account(1), account(2)])
+        .fencing(true)
+        .acquire()
+        .await;
+    assert!(
+        matches!(fenced, Err(LockError::InvalidRequest { .. })),
+        "{fenced:?}"
+    );
+}
