@@ -49,6 +49,7 @@ mod w3_contended;
 mod w4_scale_out;
 mod w5_reentry;
 mod w6_watchdog;
+mod w7_transfer;
 mod wk_kinds;
 mod wr_replica_acks;
 
@@ -60,6 +61,7 @@ use w3_contended::*;
 use w4_scale_out::*;
 use w5_reentry::*;
 use w6_watchdog::*;
+use w7_transfer::*;
 use wk_kinds::*;
 use wr_replica_acks::*;
 
@@ -121,6 +123,12 @@ async fn main() -> Result<(), Error> {
     }
     run!("W5", w5_reentry(&url, server.as_ref()));
     run!("W6", w6_watchdog(&url, server.as_ref()));
+    if wanted("W7") {
+        for report in w7_transfer(&url).await? {
+            println!("{}", report.json());
+            reports.push(report);
+        }
+    }
     if wanted("WK") {
         for report in wk_kinds(&url).await? {
             println!("{}", report.json());
