@@ -18,12 +18,13 @@
 //!   `lock_tests::witness`). `target` is a Redis URL, `redlock=` followed by
 //!   comma-separated URLs, or `sentinel=<master name>@` followed by
 //!   comma-separated sentinel URLs. `lock` is `library` (the exclusive lock),
-//!   `library-rw` (one writer in four, the rest readers) or
-//!   `library-permits-N`; or a control the checker must catch:
-//!   `library-rw-writers-read` (writers take the read lock) and
-//!   `library-permits-N-checked-M` (N permits where the checker allows M);
-//!   or a deliberately broken lock
-//!   the checker must catch: `del-release` (released by a plain DEL, no owner
+//!   `library-rw` (one writer in four, the rest readers),
+//!   `library-permits-N`, or `library-transfer` (two keys at once with
+//!   `lock_all`); or a control that lies to the checker, which must catch
+//!   it: `library-rw-writers-read` (writers take the read lock),
+//!   `library-permits-N-checked-M` (N permits where the checker allows M),
+//!   `library-transfer-first-only` (only the first of the two keys is
+//!   locked); or a deliberately broken lock the checker must catch: `del-release` (released by a plain DEL, no owner
 //!   check), `no-deadline` (the body ignores its lease running out) or
 //!   `blind-renew` (renews with a plain SET, never noticing it lost the lock).
 //!   Prints one JSON line of counts, errors and the worst lateness of this
@@ -163,8 +164,17 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Exclusive,
-    ReadWrite { writers_read: bool },
-    Permits { taken: u32, checked: u64 },
+    /// Two keys with `lock_all`; the control locks only the first.
+    Transfer {
+        first_only: bool,
+    },
+    ReadWrite {
+        writers_read: bool,
+    },
+    Permits {
+        taken: u32,
+        checked: u64,
+    },
 }
 
 impl Kind {
@@ -178,6 +188,8 @@ impl Kind {
         };
         match lock {
             "library" => Some(Kind::Exclusive),
+            "library-transfer" => Some(Kind::Transfer { first_only: false }),
+            "library-transfer-first-only" => Some(Kind::Transfer { first_only: true }),
             "library-rw" => Some(Kind::ReadWrite { writers_read: false }),
             "library-rw-writers-read" => Some(Kind::ReadWrite { writers_read: true }),
             other => permits(other.strip_prefix("library-permits-")?),
@@ -185,10 +197,13 @@ impl Kind {
     }
 
     /// The request for one acquisition, and the share the checker is told.
-    fn request(self, request: lock_runtime::LockRequest<'_>) -> (lock_runtime::LockRequest<'_>, Share) {
+    fn request<'c>(self, locks: &'c LockClient, keys: &[&str]) -> (lock_runtime::LockRequest<'c>, Share) {
         use lock_runtime::LockMode;
+        let request = locks.lock(keys[0]);
         match self {
             Kind::Exclusive => (request, Share::EXCLUSIVE),
+            Kind::Transfer { first_only: true } => (request, Share::EXCLUSIVE),
+            Kind::Transfer { first_only: false } => (locks.lock_all(keys.iter().copied()), Share::EXCLUSIVE),
             Kind::ReadWrite { writers_read } => {
                 if rand::random_ratio(1, 4) {
                     let mode = if writers_read {
@@ -274,6 +289,16 @@ fn pick(keys: &[String]) -> &str {
 }
 
 /// A holder id unique within this process.
+/// A key of `keys` other than `key` (there are at least two).
+fn pick_other<'k>(keys: &'k [String], key: &str) -> &'k str {
+    loop {
+        let other = pick(keys);
+        if other != key || keys.len() < 2 {
+            return other;
+        }
+    }
+}
+
 fn next_holder(task: usize) -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -304,7 +329,12 @@ async fn library_task(
         } else {
             body_length(run.max_body)
         };
-        let (request, share) = kind.request(locks.lock(key));
+        // A transfer locks a second key too.
+        let keys: Vec<&str> = match kind {
+            Kind::Transfer { .. } => vec![key, pick_other(&run.keys, key)],
+            _ => vec![key],
+        };
+        let (request, share) = kind.request(&locks, &keys);
         let guard = match request
             .ttl(run.ttl)
             .fencing(fencing)
@@ -329,28 +359,36 @@ async fn library_task(
         let holder = next_holder(task);
         let token = guard.fencing_token().unwrap_or(0);
         let exclusive = share == Share::EXCLUSIVE;
-        checker.enter_shared(key, holder, token, share);
+        for key in &keys {
+            checker.enter_shared(key, holder, token, share);
+        }
         let work = async {
             if token != 0 {
                 checker.write(key, token, true);
             }
             if exclusive {
-                checker.bump(key).await;
+                for key in &keys {
+                    checker.bump(key).await;
+                }
             }
             tokio::time::sleep(body).await;
         };
         tokio::select! {
             biased;
             _ = guard.lost() => {
-                if exclusive {
-                    checker.lost(key, holder, token, guard.valid_until());
-                } else {
-                    checker.exit_shared(key, holder, token, share);
+                for key in &keys {
+                    if exclusive {
+                        checker.lost(key, holder, token, guard.valid_until());
+                    } else {
+                        checker.exit_shared(key, holder, token, share);
+                    }
                 }
                 tally.lost += 1;
             }
             () = work => {
-                checker.exit_shared(key, holder, token, share);
+                for key in &keys {
+                    checker.exit_shared(key, holder, token, share);
+                }
                 tally.taken += 1;
             }
         }

@@ -1,10 +1,12 @@
 //! Lock kinds under faults: the S0 shape (two processes of four tasks on
-//! three keys) with read-write locks (S0rw) and with permits (S0p), while
+//! three keys) with read-write locks (S0rw), with permits (S0p) and with
+//! two-key transfers (S0t), while
 //! the server is stopped (SIGSTOP) past every lease three times. The
 //! long bodies (one in a hundred lasts 0.5–2.5 s) lose their leases mid-body
 //! and must stop before their deadline. The checker's board is told each
 //! body's share: no writer beside anyone, no
-//! reader beside a writer, never more than N permit holders. Each run comes
+//! reader beside a writer, never more than N permit holders, no key of a
+//! transfer held by another body. Each run comes
 //! after its control, a lock that lies to the checker, was caught.
 
 use super::*;
@@ -18,18 +20,18 @@ struct KindScenario {
     control: &'static str,
 }
 
-/// The control: on one key, eight tasks with bodies of up to 20 ms, so that
-/// the lie shows within the run.
+/// The control: on two keys, eight tasks with bodies of up to 20 ms, so
+/// that the lie shows within the run.
 fn control_is_caught(server: &RedisServer, control: &str) -> u32 {
     let trials = 3;
+    let keys = ["control:a", "control:b"];
     let mut caught = 0;
     for _ in 0..trials {
         let board = Board::new();
-        let mut workload =
-            broken_or_library(&server.url(), &["control"], control, Duration::from_millis(1500));
+        let mut workload = broken_or_library(&server.url(), &keys, control, Duration::from_millis(1500));
         workload.max_body = Duration::from_millis(20);
         lab::run(&board, &workload, 2);
-        if board.witness.seen("control").overlaps > 0 {
+        if keys.iter().any(|k| board.witness.seen(k).overlaps > 0) {
             caught += 1;
         }
     }
@@ -114,6 +116,20 @@ async fn s0rw_no_writer_beside_anyone_through_server_stops() {
         name: "S0 with read-write locks, server stopped past the leases",
         lock: "library-rw",
         control: "library-rw-writers-read",
+    })
+    .await;
+}
+
+/// S0t: transfers, two of the three keys at once with `lock_all`; the
+/// board checks each key's occupancy, so a body that held only one of its
+/// keys shows as an overlap on the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0t_transfers_hold_both_keys_through_server_stops() {
+    run_kind_scenario(KindScenario {
+        id: "S0t",
+        name: "S0 with two-key transfers (lock_all), server stopped past the leases",
+        lock: "library-transfer",
+        control: "library-transfer-first-only",
     })
     .await;
 }
