@@ -11,8 +11,8 @@ use syn::{Expr, ExprLit, Ident, Lit, LitBool, LitStr, Token};
 use crate::duration;
 use crate::errors::{Errors, backticked, closest};
 
-const ARGUMENTS: [&str; 9] = [
-    "key", "keys", "ttl", "wait", "renew", "fencing", "mode", "permits", "segments",
+const ARGUMENTS: [&str; 10] = [
+    "key", "keys", "ttl", "wait", "renew", "fencing", "mode", "permits", "segments", "fair",
 ];
 
 /// The most keys one call may lock (the runtime's bound too).
@@ -50,6 +50,7 @@ pub(crate) struct Args {
     pub(crate) mode: Option<Mode>,
     pub(crate) permits: Option<u32>,
     pub(crate) segments: Option<u32>,
+    pub(crate) fair: Option<bool>,
 }
 
 /// `mode = "read"` or `mode = "write"`.
@@ -78,6 +79,7 @@ impl Parse for RawArg {
         input.parse::<Token![=]>().map_err(|_| {
             let example = match name.to_string().as_str() {
                 "fencing" => "fencing = true".to_owned(),
+                "fair" => "fair = true".to_owned(),
                 "keys" => "keys = [\"a:<x>\", \"b:<y>\"]".to_owned(),
                 "mode" => "mode = \"read\"".to_owned(),
                 "permits" | "segments" => format!("{name} = 4"),
@@ -121,6 +123,7 @@ impl Args {
                 "wait" => args.wait = duration_arg(&label, &value, errors),
                 "renew" => args.renew = bool_arg(&label, &value, errors),
                 "fencing" => args.fencing = bool_arg(&label, &value, errors),
+                "fair" => args.fair = bool_arg(&label, &value, errors),
                 "mode" => args.mode = mode_arg(&value, errors),
                 "permits" => args.permits = count_arg(&label, &value, u32::MAX, errors),
                 "segments" => args.segments = count_arg(&label, &value, MAX_SEGMENTS, errors),
@@ -174,6 +177,16 @@ impl Args {
                     at.span(),
                     format!("`{a}` cannot be combined with `{b}`: a lock is one kind; give one of them"),
                 );
+            }
+        }
+        if self.fair == Some(true) {
+            for other in ["mode", "permits", "segments", "keys"] {
+                if let (Some(at), Some(_)) = (given("fair"), given(other)) {
+                    errors.push_at(
+                        at.span(),
+                        format!("`fair` cannot be combined with `{other}`: a fair lock is one exclusive lock handed out in arrival order"),
+                    );
+                }
             }
         }
         if self.fencing == Some(true) {

@@ -168,6 +168,9 @@ fn spec(args: &Args) -> TokenStream {
     if let Some(n) = args.segments {
         spec.extend(quote!(.segments(#n)));
     }
+    if let Some(fair) = args.fair {
+        spec.extend(quote!(.fair(#fair)));
+    }
     spec
 }
 

@@ -159,6 +159,7 @@ async fn acquire_within_wait(
             kind: opts.kind,
             also: &pending.also,
             ttl: opts.ttl,
+            waiter_timeout: config.fair_waiter_timeout,
             fencing: opts.fencing,
             first: attempts == 1,
             waiting: sent < give_up_at,
@@ -309,7 +310,12 @@ async fn acquire_within_wait(
         }
         if held && watch.as_ref().is_none_or(|(watched, _)| *watched != blocker) {
             let channel = &pending.lock(blocker).channel;
-            watch = Some((blocker, client.notifier.watch(channel).await));
+            // A fair waiter is woken by name, when it is first in line.
+            let watching = match opts.kind {
+                Kind::Fair => client.notifier.watch_as(channel, &pending.holder).await,
+                _ => client.notifier.watch(channel).await,
+            };
+            watch = Some((blocker, watching));
             // The release may have come while we subscribed: look again now.
             continue;
         }

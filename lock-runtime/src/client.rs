@@ -186,6 +186,15 @@ impl LockClientBuilder {
         self
     }
 
+    /// Fair locks (`fair = true`): how long a waiter keeps its place in line
+    /// without an attempt (default 2 s). A live waiter attempts at least
+    /// every 200 ms; a waiter whose process died is skipped after this, so
+    /// the line never stalls on it. From 250 ms to 1 h.
+    pub fn fair_waiter_timeout(mut self, timeout: Duration) -> Self {
+        self.config.fair_waiter_timeout = timeout;
+        self
+    }
+
     /// Redlock only: how long each master may take to answer one request
     /// (default 50 ms). Keep it small against the ttl: a slow master then
     /// costs one timeout, not the lease.
@@ -228,12 +237,19 @@ impl LockClientBuilder {
             ("command timeout", c.command_timeout),
             ("node timeout", c.node_timeout),
             ("replica acknowledgement timeout", c.ack_timeout),
+            ("fair waiter timeout", c.fair_waiter_timeout),
         ] {
             if timeout < Duration::from_millis(1) || timeout > MAX_TIMEOUT {
                 return Err(invalid(format!(
                     "the {what} must be between 1ms and 1h, got {timeout:?}"
                 )));
             }
+        }
+        if c.fair_waiter_timeout < Duration::from_millis(250) {
+            return Err(invalid(format!(
+                "the fair waiter timeout must be at least 250ms (a live waiter attempts every 200ms), got {:?}",
+                c.fair_waiter_timeout
+            )));
         }
         if c.replica_acks > 0 && c.ack_timeout >= c.command_timeout {
             return Err(invalid(format!(

@@ -31,6 +31,10 @@ pub(crate) struct ClientConfig {
     /// acknowledge the write (0: don't), for at most `ack_timeout`.
     pub(crate) replica_acks: u32,
     pub(crate) ack_timeout: Duration,
+    /// How long a fair lock's waiter stays in line without an attempt (a
+    /// live waiter attempts at least every 200 ms): a dead one is skipped
+    /// after this.
+    pub(crate) fair_waiter_timeout: Duration,
     /// A PEM root certificate that `rediss://` servers are verified against
     /// instead of the system's roots (feature `tls`).
     pub(crate) tls_root: Option<Arc<[u8]>>,
@@ -49,6 +53,7 @@ impl Default for ClientConfig {
             lazy: false,
             replica_acks: 0,
             ack_timeout: DEFAULT_ACK_TIMEOUT,
+            fair_waiter_timeout: Duration::from_secs(2),
             tls_root: None,
         }
     }

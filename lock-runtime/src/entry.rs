@@ -114,6 +114,7 @@ pub(crate) async fn enter_all(
 fn may_reenter(held: Kind, asked: Kind, key: &LockKey) -> Result<(), LockError> {
     match (held, asked) {
         (Kind::Exclusive, Kind::Exclusive)
+        | (Kind::Fair, Kind::Fair)
         | (Kind::Write, Kind::Read | Kind::Write)
         | (Kind::Read, Kind::Read)
         | (Kind::Permits(_), Kind::Permits(_))

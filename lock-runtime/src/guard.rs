@@ -95,6 +95,16 @@ impl<'c> LockRequest<'c> {
         self
     }
 
+    /// Hands the lock to its waiters in the order they started waiting
+    /// (default `false`). A waiter that stops attempting (its process died)
+    /// loses its place after the client's `fair_waiter_timeout`; a waiter
+    /// whose `wait` runs out leaves the line at once. Not with `mode`,
+    /// `permits`, `segments` or several keys; not on a Redlock client.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.spec = self.spec.fair(fair);
+        self
+    }
+
     /// Splits the lock into `n` (1 to 1024) exclusive segments `key#0 …
     /// key#(n-1)`; the call holds whichever is free ([`segment`](crate::segment)
     /// says which inside the body, [`LockGuard::segment`] on a guard).

@@ -25,13 +25,15 @@ static NEXT_HOLDER: AtomicU64 = AtomicU64::new(1);
 /// A fresh holder id, `<32 hex digits>:<counter>`; the acquire script checks
 /// this shape to tell our values from foreign ones. A side of a read-write
 /// lock carries its side in front, `r:<id>` or `w:<id>`, and a permit
-/// holder's `p:<id>`: the scripts tell shared holders by that prefix.
+/// holder's `p:<id>`, and a fair lock's holder `f:<id>`: the scripts tell
+/// them apart by that prefix.
 pub(crate) fn new_holder_id(kind: Kind) -> String {
     let n = NEXT_HOLDER.fetch_add(1, Ordering::Relaxed);
     let side = match kind {
         Kind::Read => "r:",
         Kind::Write => "w:",
         Kind::Permits(_) => "p:",
+        Kind::Fair => "f:",
         Kind::Exclusive | Kind::Segments(_) => "",
     };
     format!("{side}{}:{n}", *PROCESS_PREFIX)

@@ -29,6 +29,16 @@ impl LockKey {
         format!("{}:fence", self.redis_key)
     }
 
+    /// `P{K}:line`: a fair lock's waiters, in order.
+    pub(crate) fn line_key(&self) -> String {
+        format!("{}:line", self.redis_key)
+    }
+
+    /// `P{K}:alive`: when each of a fair lock's waiters loses its place.
+    pub(crate) fn alive_key(&self) -> String {
+        format!("{}:alive", self.redis_key)
+    }
+
     /// The Redis Cluster slot of the lock (of its hash tag, `{K}`).
     pub(crate) fn slot(&self) -> u16 {
         const SLOTS: u16 = 16384;

@@ -10,6 +10,7 @@ use crate::drop_guard::{Cleanup, DropGuard};
 use crate::error::{LockError, LostReason};
 use crate::lease_state::LeaseState;
 use crate::shared::ClientInner;
+use crate::spec::Kind;
 
 /// The owner of an acquisition. Releasing consumes it; dropping it without a
 /// release (a cancelled future, an early drop of a guard) sends the release
@@ -61,7 +62,15 @@ impl Cleanup for Release {
                 tracing::debug!(key = %state.key.name, "lock released");
                 // Waiters in this process retry now, without waiting for the
                 // server's notification to come back.
-                client.notifier.released_by(&state.key.channel, &state.holder);
+                if state.kind == Kind::Fair {
+                    // The server names the next in line; in-process, the
+                    // line's waiters look again and the first gets it.
+                    if !client.backend.announces_releases() {
+                        client.notifier.wake_line(&state.key.channel);
+                    }
+                } else {
+                    client.notifier.released_by(&state.key.channel, &state.holder);
+                }
                 Ok(())
             }
             Ok(false) => Err(LockError::NotHeld {

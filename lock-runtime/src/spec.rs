@@ -35,6 +35,8 @@ pub(crate) enum Kind {
     Permits(u32),
     /// Any one free segment of `n` exclusive locks.
     Segments(u32),
+    /// An exclusive lock handed to its waiters in the order they came.
+    Fair,
 }
 
 impl Kind {
@@ -46,6 +48,7 @@ impl Kind {
             Kind::Write => "write lock",
             Kind::Permits(_) => "permit (`permits`)",
             Kind::Segments(_) => "segmented lock (`segments`)",
+            Kind::Fair => "fair lock (`fair`)",
         }
     }
 
@@ -68,6 +71,7 @@ pub struct LockSpec {
     mode: Option<LockMode>,
     permits: Option<u32>,
     segments: Option<u32>,
+    fair: bool,
 }
 
 impl LockSpec {
@@ -81,6 +85,7 @@ impl LockSpec {
         mode: None,
         permits: None,
         segments: None,
+        fair: false,
     };
 
     /// Sets the lease length.
@@ -125,6 +130,13 @@ impl LockSpec {
         self
     }
 
+    /// Hands the lock to its waiters in the order they came.
+    #[must_use]
+    pub const fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
     /// Splits the lock into `n` segments, of which a call holds one.
     #[must_use]
     pub const fn segments(mut self, n: u32) -> Self {
@@ -164,8 +176,17 @@ impl LockSpec {
                 return Err(format!("`segments` must be from 1 to {MAX_SEGMENTS}, not {n}"));
             }
             (.., Some(n)) => Kind::Segments(n),
+            (None, None, None) if self.fair => Kind::Fair,
             (None, None, None) => Kind::Exclusive,
         };
+        if self.fair && kind != Kind::Fair {
+            let other = match kind {
+                Kind::Permits(_) => "permits",
+                Kind::Segments(_) => "segments",
+                _ => "mode",
+            };
+            return Err(conflict("fair", other));
+        }
         if self.fencing && kind.shared() {
             return Err(
                 "`fencing` cannot be combined with a shared lock (`mode = \"read\"` or `permits`): holders run side by side, so a token would order nothing"

@@ -40,6 +40,9 @@ pub(crate) struct Notifier {
 struct Channel {
     waiters: usize,
     notify: Arc<Notify>,
+    /// Fair waiters, each woken by its own name: a fair lock's release
+    /// announces the one waiter first in line.
+    named: HashMap<String, Arc<Notify>>,
 }
 
 /// A waiter's interest in one channel; dropping it withdraws the interest.
@@ -55,6 +58,8 @@ pub(crate) struct Watch {
 struct Leave {
     notifier: Arc<Notifier>,
     channel: String,
+    /// A fair waiter's name.
+    name: Option<String>,
 }
 
 impl Cleanup for Leave {
@@ -66,6 +71,9 @@ impl Cleanup for Leave {
             .unwrap_or_else(PoisonError::into_inner);
         match channels.get_mut(&self.channel) {
             Some(c) => {
+                if let Some(name) = &self.name {
+                    c.named.remove(name);
+                }
                 c.waiters -= 1;
                 let last = c.waiters == 0;
                 if last {
@@ -120,26 +128,61 @@ impl Notifier {
         }
     }
 
-    /// Wakes the waiters a release by `holder` may let in.
-    pub(crate) fn released_by(&self, channel: &str, holder: &str) {
-        if holder.starts_with("w:") {
+    /// Wakes the waiters an announcement on `channel` may let in: the fair
+    /// waiter it names (a fair lock announces the next in line), every
+    /// waiter after a writer's release, else one.
+    pub(crate) fn released_by(&self, channel: &str, named: &str) {
+        {
+            let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(waiter) = channels.get(channel).and_then(|c| c.named.get(named)) {
+                waiter.notify_one();
+                return;
+            }
+        }
+        if named.starts_with("w:") {
             self.wake_all(channel);
         } else {
             self.wake(channel);
         }
     }
 
+    /// Wakes every fair waiter of `channel` in this process, where no
+    /// server names the next (the in-process backend): each looks again,
+    /// and the one first in line gets the lock.
+    pub(crate) fn wake_line(&self, channel: &str) {
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = channels.get(channel) {
+            for waiter in c.named.values() {
+                waiter.notify_one();
+            }
+        }
+    }
+
     /// Registers a waiter on `channel`, subscribing if it is the first.
     /// Returns once the subscription is confirmed (or known to be down).
     pub(crate) async fn watch(self: &Arc<Self>, channel: &str) -> Watch {
+        self.watch_named(channel, None).await
+    }
+
+    /// Registers a fair waiter, woken only when an announcement names it.
+    pub(crate) async fn watch_as(self: &Arc<Self>, channel: &str, name: &str) -> Watch {
+        self.watch_named(channel, Some(name)).await
+    }
+
+    async fn watch_named(self: &Arc<Self>, channel: &str, name: Option<&str>) -> Watch {
         let (notify, first) = {
             let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
             let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
                 waiters: 0,
                 notify: Arc::new(Notify::new()),
+                named: HashMap::new(),
             });
             entry.waiters += 1;
-            (Arc::clone(&entry.notify), entry.waiters == 1)
+            let notify = match name {
+                Some(name) => Arc::clone(entry.named.entry(name.to_owned()).or_default()),
+                None => Arc::clone(&entry.notify),
+            };
+            (notify, entry.waiters == 1)
         };
         if first {
             self.sync_subscription(channel).await;
@@ -149,6 +192,7 @@ impl Notifier {
             _leave: DropGuard::new(Leave {
                 notifier: Arc::clone(self),
                 channel: channel.to_owned(),
+                name: name.map(str::to_owned),
             }),
         }
     }

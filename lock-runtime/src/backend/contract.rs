@@ -20,6 +20,8 @@ pub(crate) struct AcquireRequest<'a> {
     /// empty for a single lock.
     pub(crate) also: &'a [LockKey],
     pub(crate) ttl: Duration,
+    /// A fair lock's waiter keeps its place this long without an attempt.
+    pub(crate) waiter_timeout: Duration,
     pub(crate) fencing: bool,
     /// The first attempt of an acquisition, which most often finds the lock
     /// free: a backend may try a cheaper command first.
@@ -40,8 +42,9 @@ pub(crate) enum AcquireReply {
     },
     /// Other holders have it; `pttl` is what is left of the shortest lease
     /// in the way, `None` when the key has no expiry at all. `claimed`: a
-    /// writer's claim now holds new readers back, and must be withdrawn if
-    /// the caller stops waiting.
+    /// writer's claim now holds new readers back, or a fair lock's waiter
+    /// has a place in line: either must be withdrawn if the caller stops
+    /// waiting.
     Held {
         pttl: Option<Duration>,
         claimed: bool,

@@ -28,6 +28,15 @@ struct State {
     held: HashMap<String, Entry>,
     /// Like the Redis fence counters: never expire, never reset.
     fences: HashMap<String, u64>,
+    /// Fair locks' waiters, in order.
+    lines: HashMap<String, Vec<Waiter>>,
+}
+
+/// A fair lock's waiter, and when it loses its place unless it attempts.
+#[derive(Debug)]
+struct Waiter {
+    holder: String,
+    lapses: Instant,
 }
 
 /// What a key holds, as in Redis: a string for an exclusive lock (or one
@@ -184,6 +193,70 @@ impl State {
         }
     }
 
+    /// A fair lock, as `acquire_fair.lua` takes it: free and first in line
+    /// (lapsed waiters dropped), or wait in line.
+    fn acquire_fair(&mut self, req: &AcquireRequest<'_>, now: Instant) -> Result<AcquireReply, Failure> {
+        let key = req.key.redis_key.as_str();
+        let first = {
+            let line = self.lines.entry(key.to_owned()).or_default();
+            line.retain(|w| w.lapses > now);
+            line.first().map(|w| (w.holder.clone(), w.lapses))
+        };
+        let in_the_way = match self.live(key, now) {
+            Some(Entry::Exclusive(lease)) if lease.holder == req.holder => {
+                // An earlier attempt of this acquisition got it.
+                lease.expires = now + req.ttl;
+                self.leave_line(key, req.holder);
+                return Ok(AcquireReply::acquired(self.token(req, key)));
+            }
+            Some(Entry::Exclusive(lease)) => Some(lease.expires - now),
+            Some(other) => return Err(conflict(req.key, key, other.kind_name())),
+            None => None,
+        };
+        let pttl = match (in_the_way, &first) {
+            (Some(pttl), _) => pttl,
+            (None, Some((waiter, lapses))) if waiter != req.holder => *lapses - now,
+            (None, _) => {
+                let lease = Lease {
+                    holder: req.holder.to_owned(),
+                    expires: now + req.ttl,
+                };
+                self.insert(key, Entry::Exclusive(lease), now);
+                self.leave_line(key, req.holder);
+                if req.fencing {
+                    self.next_token(req.key.fence_key());
+                }
+                return Ok(AcquireReply::acquired(self.token(req, key)));
+            }
+        };
+        if req.waiting {
+            let line = self.lines.entry(key.to_owned()).or_default();
+            let lapses = now + req.waiter_timeout;
+            match line.iter_mut().find(|w| w.holder == req.holder) {
+                Some(waiter) => waiter.lapses = lapses,
+                None => line.push(Waiter {
+                    holder: req.holder.to_owned(),
+                    lapses,
+                }),
+            }
+        }
+        Ok(AcquireReply::Held {
+            pttl: Some(pttl),
+            claimed: req.waiting,
+            blocked_by: 0,
+        })
+    }
+
+    /// `holder` leaves the line of `key`, if it stood in it.
+    fn leave_line(&mut self, key: &str, holder: &str) {
+        if let Some(line) = self.lines.get_mut(key) {
+            line.retain(|w| w.holder != holder);
+            if line.is_empty() {
+                self.lines.remove(key);
+            }
+        }
+    }
+
     /// Every lock of a set, or none, as `acquire_many.lua` takes them.
     fn acquire_set(&mut self, req: &AcquireRequest<'_>, now: Instant) -> Result<AcquireReply, Failure> {
         let set: Vec<&LockKey> = std::iter::once(req.key).chain(req.also).collect();
@@ -290,6 +363,7 @@ impl State {
     }
 
     fn release(&mut self, key: &str, holder: &str, now: Instant) -> bool {
+        self.leave_line(key, holder);
         let Some(entry) = self.held.get_mut(key) else {
             return false;
         };
@@ -354,6 +428,7 @@ impl Backend for MemoryBackend {
             Kind::Segments(n) => state.acquire_segment(req, n, now),
             Kind::Read | Kind::Write => state.acquire_shared(req, 0, now),
             Kind::Permits(n) => state.acquire_shared(req, n, now),
+            Kind::Fair => state.acquire_fair(req, now),
         }
     }
 
@@ -429,6 +504,7 @@ mod tests {
             holder,
             kind: Kind::Exclusive,
             also: &[],
+            waiter_timeout: Duration::from_secs(2),
             ttl: Duration::from_millis(ttl_ms),
             fencing,
             first: true,

@@ -53,6 +53,12 @@ impl AnyBackend {
         }
     }
 
+    /// Whether releases are announced by a server (in-process, only local
+    /// wake-ups exist).
+    pub(crate) fn announces_releases(&self) -> bool {
+        !matches!(self, AnyBackend::Memory(_))
+    }
+
     /// Why this backend cannot take a lock of `kind`, if it cannot.
     pub(crate) fn unsupported(&self, kind: Kind) -> Option<&'static str> {
         match self {

@@ -39,6 +39,7 @@ static ACQUIRE: LazyLock<Script> = script!("acquire.lua");
 static ACQUIRE_SHARED: LazyLock<Script> = script!("acquire_shared.lua");
 static ACQUIRE_SEGMENT: LazyLock<Script> = script!("acquire_segment.lua");
 static ACQUIRE_MANY: LazyLock<Script> = script!("acquire_many.lua");
+static ACQUIRE_FAIR: LazyLock<Script> = script!("acquire_fair.lua");
 static RELEASE_MANY: LazyLock<Script> = script!("release_many.lua");
 static RELEASE: LazyLock<Script> = script!("release.lua");
 static RELEASE_SEGMENTS: LazyLock<Script> = script!("release_segments.lua");
@@ -299,6 +300,7 @@ impl<C: Connection> Backend for RedisBackend<C> {
             Kind::Read | Kind::Write => self.acquire_shared(req, 0).await?,
             Kind::Permits(n) => self.acquire_shared(req, n).await?,
             Kind::Segments(n) => self.acquire_segment(req, n).await?,
+            Kind::Fair => self.acquire_fair(req).await?,
         };
         match acquired {
             AcquireReply::Acquired { segment, .. } => self.replicated(req, segment, acquired).await,
@@ -342,9 +344,12 @@ impl<C: Connection> Backend for RedisBackend<C> {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        let released: i64 = RELEASE
-            .key(&key.redis_key)
-            .key(&key.channel)
+        let mut invocation = RELEASE.key(&key.redis_key);
+        invocation.key(&key.channel);
+        if holder.starts_with("f:") {
+            invocation.key(key.line_key()).key(key.alive_key());
+        }
+        let released: i64 = invocation
             .arg(holder)
             .arg(self.announce())
             .invoke_async(&mut self.conn.clone())
@@ -440,6 +445,29 @@ impl<C: Connection> RedisBackend<C> {
             Some([Value::Int(0), Value::Int(pttl)]) => Ok(held(*pttl, false, 0)),
             Some([Value::Int(-1), found]) => Err(self.conflict(key, found)),
             _ => Err(self.unexpected(key, "acquire", &reply)),
+        }
+    }
+
+    /// A fair lock: free and first in line, or wait in line.
+    async fn acquire_fair(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        let key = req.key;
+        let mut invocation = ACQUIRE_FAIR.key(&key.redis_key);
+        invocation
+            .key(key.fence_key())
+            .key(key.line_key())
+            .key(key.alive_key());
+        let reply: Value = attempt_args(&mut invocation, req)
+            .arg(millis(req.waiter_timeout))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        match reply.as_sequence() {
+            Some([Value::Int(1), Value::Int(token)]) => {
+                Ok(AcquireReply::acquired(fencing_token(req, *token)))
+            }
+            Some([Value::Int(0), Value::Int(pttl), Value::Int(queued)]) => Ok(held(*pttl, *queued == 1, 0)),
+            Some([Value::Int(-1), found]) => Err(self.conflict(key, found)),
+            _ => Err(self.unexpected(key, "fair acquire", &reply)),
         }
     }
 

@@ -35,6 +35,9 @@ pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
             "`permits` (majorities of masters with free permits need not overlap in a full one, so a Redlock could admit more than N holders)",
         ),
         Kind::Segments(_) => Some("`segments` (each master would pick its own free segment)"),
+        Kind::Fair => Some(
+            "`fair` (a line of waiters kept on every master could come out in a different order on each)",
+        ),
     }
 }
 

@@ -2,19 +2,25 @@
 --
 -- KEYS[1]  the lock key `P{K}`
 -- KEYS[2]  the release channel `P{K}:released`
+-- KEYS[3]  for a fair lock (holder `f:<id>`): its line `P{K}:line`
+-- KEYS[4]  for a fair lock: its waiters' places `P{K}:alive`
 -- ARGV[1]  holder id
 -- ARGV[2]  'publish' on one node, 'spublish' on a cluster (sharded pub/sub,
 --          delivered by the shard that owns the lock's slot)
 --
 -- Returns 1 when released, 0 when the key is gone or held by someone else.
 --
--- A shared lock (read-write or semaphore, acquire_shared.lua) is a sorted set
--- of holders, whose ids carry their role in front (`r:`, `w:`, `p:`; an
--- exclusive holder's id starts with 32 hex digits, so its second character
--- is never `:`): its holder's member goes, with the writer's claim if any,
--- and the release is always announced (any release may let waiters in).
+-- Holder ids carry their lock's kind in front (an exclusive holder's id
+-- starts with 32 hex digits, never with a letter and `:`):
+-- - `f:` a fair lock (acquire_fair.lua): the holder also leaves the line,
+--   and the first live waiter is woken by name;
+-- - `r:`, `w:`, `p:` a shared lock (read-write or semaphore,
+--   acquire_shared.lua), a sorted set of holders: its holder's member goes,
+--   with the writer's claim if any, and the release is always announced
+--   (any release may let waiters in).
 --
--- The release is announced only when a waiter marked the lock (`+w`): any
+-- An exclusive lock's release is announced only when a waiter marked the
+-- lock (`+w`): any
 -- further call costs a script about as much as the rest of it, and most
 -- releases have nobody waiting.
 --
@@ -25,7 +31,33 @@
 if ARGV[2] ~= 'publish' and ARGV[2] ~= 'spublish' then
   return redis.error_reply('ERR bad announce command')
 end
-if string.byte(ARGV[1], 2) == 58 then
+if string.sub(ARGV[1], 1, 2) == 'f:' then
+  -- A fair lock (acquire_fair.lua); KEYS[3] is its line, KEYS[4] its
+  -- waiters' places. A waiter that gives up leaves the line too.
+  local released = 0
+  if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    released = 1
+  end
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    -- The first live waiter is woken, by name: the others stay asleep.
+    local now = now_ms()
+    local lapsed = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+    for _, waiter in ipairs(lapsed) do
+      redis.call('ZREM', KEYS[3], waiter)
+    end
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+    local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if first then
+      redis.call(ARGV[2], KEYS[2], first)
+    end
+  end
+  return released
+end
+
+if string.match(ARGV[1], '^[rwp]:') then
   local ends = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
   if type(ends) == 'table' then
     -- Not a sorted set.

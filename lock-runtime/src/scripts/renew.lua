@@ -19,7 +19,7 @@ if not is_flag(ARGV[3]) then
   return redis.error_reply('ERR bad extend flag')
 end
 -- A shared lock's holder id carries its role in front (`r:`, `w:`, `p:`).
-if string.byte(ARGV[1], 2) == 58 then
+if string.match(ARGV[1], '^[rwp]:') then
   local ends = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
   if type(ends) ~= 'string' then
     return 0

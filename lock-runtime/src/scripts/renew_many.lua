@@ -45,7 +45,7 @@ local renewed = {}
 for i, key in ipairs(KEYS) do
   local holder = ARGV[2 * i - 1]
   -- A shared lock's holder id carries its role in front (`r:`, `w:`, `p:`).
-  if string.byte(holder, 2) == 58 then
+  if string.match(holder, '^[rwp]:') then
     renewed[i] = renew_member(key, holder, tonumber(ARGV[2 * i]))
   else
     local current = redis.pcall('GET', key)

@@ -23,6 +23,11 @@ async fn transfer(from: u64, to: u64, cents: u64) -> Result<u64, LockError> {
     Ok(cents)
 }
 
+#[distributed_lock(key = "queue:<id>", fair = true, wait = "10s")]
+async fn in_turn(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
 struct Stock;
 
 impl Stock {
@@ -34,5 +39,5 @@ impl Stock {
 }
 
 fn main() {
-    let _ = (write_report(1), use_connection("db"), Stock.sell(2), transfer(1, 2, 3));
+    let _ = (write_report(1), use_connection("db"), Stock.sell(2), transfer(1, 2, 3), in_turn(4));
 }

@@ -1,0 +1,268 @@
+//! Fair locks (`fair = true`): waiters get the lock in the order they
+//! started waiting, on one `redis-server` and on a Redis Cluster (where the
+//! line is read from the server to know each waiter is in it), a dead
+//! waiter is skipped within the configured bound, and a waiter whose wait
+//! runs out leaves the line. The in-process backend hands out in order too;
+//! a Redlock refuses fair locks.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError};
+use lock_tests::monitor::Monitor;
+use lock_tests::{Cluster, RedisServer, eventually, start_masters};
+
+/// A client, and a way to read the fair lock's line on the server.
+struct Fixture {
+    locks: LockClient,
+    /// The server that holds key `k`'s lock and line.
+    server_of: Box<dyn Fn(&str) -> ::redis::Connection + Send>,
+    _servers: Vec<Box<dyn std::any::Any + Send>>,
+}
+
+async fn redis() -> Fixture {
+    redis_with(LockClient::builder()).await
+}
+
+async fn redis_with(builder: lock_runtime::LockClientBuilder) -> Fixture {
+    let server = RedisServer::start();
+    let url = server.url();
+    Fixture {
+        locks: builder.connect(&url).await.expect("connect"),
+        server_of: Box::new(move |_| {
+            ::redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .expect("admin connection")
+        }),
+        _servers: vec![Box::new(server)],
+    }
+}
+
+async fn cluster() -> Fixture {
+    let cluster = Cluster::start(3, 0);
+    let locks = LockClient::cluster(cluster.urls()).await.expect("cluster client");
+    let urls = cluster.urls();
+    let masters: Vec<usize> = (0..64)
+        .map(|i| cluster.master_of(&format!("lock:{{q{i}}}")))
+        .collect();
+    Fixture {
+        locks,
+        server_of: Box::new(move |key| {
+            let index: usize = key.trim_start_matches('q').parse().unwrap_or(0);
+            ::redis::Client::open(urls[masters[index % 64]].as_str())
+                .and_then(|c| c.get_connection())
+                .expect("admin connection")
+        }),
+        _servers: vec![Box::new(cluster)],
+    }
+}
+
+/// How many waiters stand in the line of fair lock `key`.
+fn line_length(f: &Fixture, key: &str) -> i64 {
+    let mut conn = (f.server_of)(key);
+    ::redis::cmd("ZCARD")
+        .arg(format!("lock:{{{key}}}:line"))
+        .query(&mut conn)
+        .expect("ZCARD")
+}
+
+macro_rules! on_redis_and_cluster {
+    ($($behaviour:ident),+ $(,)?) => {
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::redis().await).await;
+                }
+            )+
+        }
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::cluster().await).await;
+                }
+            )+
+        }
+    };
+}
+
+on_redis_and_cluster!(
+    waiters_get_the_lock_in_arrival_order,
+    a_waiter_whose_wait_runs_out_leaves_the_line,
+);
+
+/// 20 trials: a holder keeps the lock while 10 waiters line up one after
+/// another (each seen in the line on the server before the next starts);
+/// released, the lock passes down the line in that order.
+async fn waiters_get_the_lock_in_arrival_order(f: Fixture) {
+    const WAITERS: usize = 10;
+    for trial in 0..20 {
+        let key = format!("q{trial}");
+        let holder = lock_tests::guard_with(&f.locks, &key, |l| l.fair(true)).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..WAITERS {
+            let (locks, name, order) = (f.locks.clone(), key.clone(), Arc::clone(&order));
+            waiters.push(tokio::spawn(async move {
+                locks
+                    .lock(name)
+                    .fair(true)
+                    .wait(Duration::from_secs(30))
+                    .run(async { order.lock().expect("order").push(i) })
+                    .await
+            }));
+            let queued = eventually(Duration::from_secs(10), || {
+                line_length(&f, &key) == i64::try_from(i + 1).expect("few")
+            })
+            .await;
+            assert!(queued.is_some(), "trial {trial}: waiter {i} never stood in line");
+        }
+        holder.release().await.expect("release");
+        for waiter in waiters {
+            waiter.await.expect("waiter task").expect("waiter");
+        }
+        let order = order.lock().expect("order").clone();
+        assert_eq!(order, (0..WAITERS).collect::<Vec<_>>(), "trial {trial}");
+    }
+}
+
+async fn a_waiter_whose_wait_runs_out_leaves_the_line(f: Fixture) {
+    let key = "q1";
+    let holder = lock_tests::guard_with(&f.locks, key, |l| l.fair(true)).await;
+    let gave_up = f
+        .locks
+        .lock(key)
+        .fair(true)
+        .wait(Duration::from_millis(300))
+        .run(async {})
+        .await;
+    assert!(matches!(gave_up, Err(LockError::Timeout { .. })), "{gave_up:?}");
+    let left = eventually(Duration::from_secs(2), || line_length(&f, key) == 0).await;
+    assert!(left.is_some(), "a waiter that gave up kept its place");
+    holder.release().await.expect("release");
+    f.locks
+        .lock(key)
+        .fair(true)
+        .run(async {})
+        .await
+        .expect("free for the next");
+}
+
+/// A waiter whose process died (its place in line, written as a dead
+/// process leaves it, is never renewed) delays the next waiter by at most
+/// the configured bound (500 ms here) plus one poll. A trial in which this
+/// process was starved longer than the poll proves nothing and runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiter_is_skipped_within_the_bound() {
+    const BOUND: Duration = Duration::from_millis(500);
+    let f = redis_with(LockClient::builder().fair_waiter_timeout(BOUND)).await;
+    for trial in 1..=3 {
+        let monitor = Monitor::start();
+        let key = format!("dead{trial}");
+        let holder = lock_tests::guard_with(&f.locks, &key, |l| l.fair(true)).await;
+        {
+            let mut conn = (f.server_of)(&key);
+            let (secs, micros): (u64, u64) = ::redis::cmd("TIME").query(&mut conn).expect("TIME");
+            let now_ms = secs * 1000 + micros / 1000;
+            let corpse = format!("f:{}:1", "d".repeat(32));
+            let _: () = ::redis::pipe()
+                .cmd("ZADD")
+                .arg(format!("lock:{{{key}}}:line"))
+                .arg(1)
+                .arg(&corpse)
+                .cmd("ZADD")
+                .arg(format!("lock:{{{key}}}:alive"))
+                .arg(now_ms + u64::try_from(BOUND.as_millis()).expect("small"))
+                .arg(&corpse)
+                .query(&mut conn)
+                .expect("a dead waiter's place");
+        }
+        let next = {
+            let (locks, key) = (f.locks.clone(), key.clone());
+            tokio::spawn(async move {
+                locks
+                    .lock(key)
+                    .fair(true)
+                    .wait(Duration::from_secs(10))
+                    .run(async { Instant::now() })
+                    .await
+            })
+        };
+        let queued = eventually(Duration::from_secs(10), || line_length(&f, &key) == 2).await;
+        assert!(queued.is_some(), "the next waiter never stood in line");
+        let released = Instant::now();
+        holder.release().await.expect("release");
+        let got = next
+            .await
+            .expect("waiter task")
+            .expect("the next waiter gets the lock");
+        let delay = got.saturating_duration_since(released);
+        if delay <= BOUND + Duration::from_millis(300) {
+            return;
+        }
+        assert!(
+            monitor.worst() > Duration::from_millis(100),
+            "trial {trial}: the next waiter came {delay:?} after the release (bound {BOUND:?})"
+        );
+        eprintln!("trial {trial} INVALID: starved {:?}", monitor.worst());
+    }
+    panic!("every trial was starved");
+}
+
+/// In-process, a line forms too: waiters that start while the lock is held
+/// get it one at a time, each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_waiters_are_served_one_by_one() {
+    let locks = LockClient::in_memory();
+    let holder = lock_tests::guard_with(&locks, "q", |l| l.fair(true)).await;
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let waiters: Vec<_> = (0..8)
+        .map(|_| {
+            let (locks, inside) = (locks.clone(), Arc::clone(&inside));
+            tokio::spawn(async move {
+                locks
+                    .lock("q")
+                    .fair(true)
+                    .wait(Duration::from_secs(30))
+                    .run(async move {
+                        assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
+                        tokio::task::yield_now().await;
+                        inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    })
+                    .await
+            })
+        })
+        .collect();
+    holder.release().await.expect("release");
+    for waiter in waiters {
+        waiter.await.expect("waiter task").expect("waiter");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_refuses_fair_locks_and_bad_combinations_are_refused() {
+    let masters = start_masters(3);
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let redlock = LockClient::redlock(&urls).await.expect("redlock");
+    let refused = redlock.lock("q").fair(true).acquire().await;
+    assert!(
+        matches!(refused, Err(LockError::Unsupported { .. })),
+        "{refused:?}"
+    );
+    let locks = LockClient::in_memory();
+    for attempt in [
+        locks.lock("q").fair(true).permits(2).acquire().await,
+        locks.lock("q").fair(true).segments(2).acquire().await,
+        locks.lock_all(["a", "b"]).fair(true).acquire().await,
+    ] {
+        assert!(
+            matches!(attempt, Err(LockError::InvalidRequest { .. })),
+            "{attempt:?}"
+        );
+    }
+    let too_short = LockClient::builder()
+        .fair_waiter_timeout(Duration::from_millis(100))
+        .in_memory();
+    assert!(matches!(too_short, Err(LockError::InvalidConfig { .. })));
+}
