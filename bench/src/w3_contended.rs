@@ -21,6 +21,16 @@ pub(crate) async fn w3_on(
     data_url: &str,
     workload: &'static str,
 ) -> Result<Report, Error> {
+    w3_with(locks, data_url, workload, |request| request).await
+}
+
+/// W3 with each request configured by `configure` (`.fair(true)`, say).
+pub(crate) async fn w3_with(
+    locks: LockClient,
+    data_url: &str,
+    workload: &'static str,
+    configure: fn(lock_runtime::LockRequest<'_>) -> lock_runtime::LockRequest<'_>,
+) -> Result<Report, Error> {
     let mut data = raw_connection(data_url).await?;
     let _: () = data.set("w3:counter", 0).await?;
     // (release started, by which task); the next holder reads it.
@@ -32,7 +42,10 @@ pub(crate) async fn w3_on(
             tokio::spawn(async move {
                 let (mut any, mut cross) = (Vec::new(), Vec::new());
                 for _ in 0..W3_INCREMENTS {
-                    let guard = locks.lock("w3").wait(Duration::from_secs(30)).acquire().await?;
+                    let guard = configure(locks.lock("w3"))
+                        .wait(Duration::from_secs(30))
+                        .acquire()
+                        .await?;
                     let acquired = Instant::now();
                     if let Some((released, by)) = *last_release.lock().unwrap_or_else(|e| e.into_inner()) {
                         let handoff = acquired.saturating_duration_since(released);
