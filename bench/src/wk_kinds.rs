@@ -87,10 +87,21 @@ pub(crate) async fn wk_kinds(url: &str) -> Result<Vec<Report>, Error> {
         reports.push(report);
     }
     // Fair against unfair handoff: W3 itself, both ways, same server.
-    let unfair = w3_with(locks.clone(), url, "WK W3 16 tasks, increments, unfair", |request| request).await?;
-    let mut fair = w3_with(locks, url, "WK W3 16 tasks, increments, fair", |request| request.fair(true)).await?;
-    fair.extra
-        .push(("throughput_ratio_to_unfair", fair.per_second() / unfair.per_second()));
+    let unfair = w3_with(
+        locks.clone(),
+        url,
+        "WK W3 16 tasks, increments, unfair",
+        |request| request,
+    )
+    .await?;
+    let mut fair = w3_with(locks, url, "WK W3 16 tasks, increments, fair", |request| {
+        request.fair(true)
+    })
+    .await?;
+    fair.extra.push((
+        "throughput_ratio_to_unfair",
+        fair.per_second() / unfair.per_second(),
+    ));
     reports.push(unfair);
     reports.push(fair);
     Ok(reports)
