@@ -206,10 +206,10 @@ async fn acquire_within_wait(
                         ..
                     } = pending.into_inner();
                     tracing::debug!(key = %key.name, waited_ms = millis(started.elapsed()), attempts, segment, "lock acquired");
-                    let lease = |key: LockKey, token: Option<u64>| {
+                    let lease = |key: LockKey, holder: String, token: Option<u64>| {
                         let grant = Grant {
                             key,
-                            holder: holder.clone(),
+                            holder,
                             kind,
                             token,
                             segment,
@@ -220,12 +220,17 @@ async fn acquire_within_wait(
                         }
                         Lease::new(Arc::clone(client), state)
                     };
-                    let more = also.into_iter().map(|key| lease(key, None)).collect();
+                    // The set's other locks share the holder id; the first
+                    // takes the original, so a single lock copies nothing.
+                    let more = also
+                        .into_iter()
+                        .map(|key| lease(key, holder.clone(), None))
+                        .collect();
                     let key = match segment {
                         Some(i) => key.segment(i),
                         None => key,
                     };
-                    return Ok((lease(key, token), more));
+                    return Ok((lease(key, holder, token), more));
                 }
                 // The reply came back after the lease could already have
                 // expired on the server, so the lock is useless: give it back

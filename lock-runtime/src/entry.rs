@@ -37,7 +37,13 @@ pub(crate) async fn enter(
         lease::extend(client, &held, opts.ttl).await?;
         return Ok(Entered::Reentered(held));
     }
-    acquire::acquire(client, key, &opts).await.map(Entered::Acquired)
+    // Boxed: the acquisition's future nests the backend's, and a body that
+    // awaits another locked call would otherwise nest all of it again, past
+    // the compiler's type-layout depth after two levels. One allocation per
+    // acquisition; re-entry above stays free.
+    Box::pin(acquire::acquire(client, key, &opts))
+        .await
+        .map(Entered::Acquired)
 }
 
 /// How a call for several keys got them: some re-entered (held around the
@@ -102,8 +108,8 @@ pub(crate) async fn enter_all(
     }
     let acquired = match missing.len() {
         0 => Vec::new(),
-        1 => vec![acquire::acquire(client, missing.remove(0), &opts).await?],
-        _ => acquire::acquire_all(client, missing, &opts).await?,
+        1 => vec![Box::pin(acquire::acquire(client, missing.remove(0), &opts)).await?],
+        _ => Box::pin(acquire::acquire_all(client, missing, &opts)).await?,
     };
     Ok(EnteredAll { reentered, acquired })
 }

@@ -132,17 +132,18 @@ impl Notifier {
     /// waiter it names (a fair lock announces the next in line), every
     /// waiter after a writer's release, else one.
     pub(crate) fn released_by(&self, channel: &str, named: &str) {
-        {
-            let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(waiter) = channels.get(channel).and_then(|c| c.named.get(named)) {
-                waiter.notify_one();
-                return;
-            }
-        }
-        if named.starts_with("w:") {
-            self.wake_all(channel);
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(c) = channels.get(channel) else {
+            return;
+        };
+        if let Some(waiter) = c.named.get(named) {
+            waiter.notify_one();
+        } else if named.starts_with("w:") {
+            c.notify.notify_waiters();
+            // And one stored wake-up, for a waiter between two attempts.
+            c.notify.notify_one();
         } else {
-            self.wake(channel);
+            c.notify.notify_one();
         }
     }
 

@@ -274,7 +274,7 @@ impl Drop for RedisServer {
 /// process is killed: PR_SET_PDEATHSIG fires when the spawning *thread* ends,
 /// and tokio's blocking threads end when idle, so every child is spawned
 /// from one thread that lives as long as the process.
-pub(crate) fn spawn_owned(mut command: Command) -> std::io::Result<Child> {
+pub fn spawn_owned(mut command: Command) -> std::io::Result<Child> {
     type Request = (Command, std::sync::mpsc::Sender<std::io::Result<Child>>);
     static SPAWNER: OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Request>>> = OnceLock::new();
     die_with_parent(&mut command);

@@ -210,8 +210,41 @@ async fn a_dead_waiter_is_skipped_within_the_bound() {
     panic!("every trial was starved");
 }
 
-/// In-process, a line forms too: waiters that start while the lock is held
-/// get it one at a time, each exactly once.
+/// In-process, the line is kept in memory: on a one-thread runtime, a
+/// waiter spawned and then given one turn has made its first attempt (the
+/// in-process backend answers at once) and stands in line before the next
+/// starts; released, the lock passes down the line in that order.
+#[tokio::test(flavor = "current_thread")]
+async fn in_process_waiters_get_the_lock_in_arrival_order() {
+    let locks = LockClient::in_memory();
+    for trial in 0..20 {
+        let holder = locks.lock("q").fair(true).acquire().await.expect("holder");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..10 {
+            let (locks, order) = (locks.clone(), Arc::clone(&order));
+            waiters.push(tokio::spawn(async move {
+                locks
+                    .lock("q")
+                    .fair(true)
+                    .wait(Duration::from_secs(30))
+                    .run(async { order.lock().expect("order").push(i) })
+                    .await
+            }));
+            // The spawned waiter runs until it waits: it is in line.
+            tokio::task::yield_now().await;
+        }
+        holder.release().await.expect("release");
+        for waiter in waiters {
+            waiter.await.expect("waiter task").expect("waiter");
+        }
+        let order = order.lock().expect("order").clone();
+        assert_eq!(order, (0..10).collect::<Vec<_>>(), "trial {trial}");
+    }
+}
+
+/// In-process, waiters that start while the lock is held get it one at a
+/// time, each exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_waiters_are_served_one_by_one() {
     let locks = LockClient::in_memory();

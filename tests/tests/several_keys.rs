@@ -257,3 +257,37 @@ async fn duplicates_merge_and_one_key_is_a_plain_lock(f: Fixture) {
         "{fenced:?}"
     );
 }
+
+/// 1,000 transfers between 10 accounts whose balances live in Redis, from
+/// two OS processes of four tasks each: both processes finish (a deadlock
+/// would end one in `Timeout`) and the balances still sum to what they
+/// started with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_from_two_processes_keep_the_sum() {
+    let server = RedisServer::start();
+    for i in 0..ACCOUNTS {
+        let _: () = server.query(::redis::cmd("SET").arg(format!("balance:{i}")).arg(OPENING));
+    }
+    let processes: Vec<_> = (0..2)
+        .map(|_| {
+            let mut command = std::process::Command::new(lock_tests::lab::worker_binary());
+            command
+                .args(["transfers", &server.url(), &ACCOUNTS.to_string(), "4", "125"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            lock_tests::server::spawn_owned(command).expect("spawn a transfer process")
+        })
+        .collect();
+    for process in processes {
+        let output = tokio::task::block_in_place(|| process.wait_with_output()).expect("transfer process");
+        assert!(
+            output.status.success(),
+            "a transfer process failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let total: i64 = (0..ACCOUNTS)
+        .map(|i| server.query::<i64>(::redis::cmd("GET").arg(format!("balance:{i}"))))
+        .sum();
+    assert_eq!(total, OPENING * ACCOUNTS as i64, "money was made or lost");
+}

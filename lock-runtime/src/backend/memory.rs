@@ -122,7 +122,6 @@ impl State {
         redis_key: &str,
         now: Instant,
     ) -> Result<Option<Duration>, Failure> {
-        let fence_key = format!("{redis_key}:fence");
         match self.live(redis_key, now) {
             Some(Entry::Exclusive(lease)) if lease.holder != req.holder => Ok(Some(lease.expires - now)),
             Some(Entry::Exclusive(lease)) => {
@@ -139,7 +138,7 @@ impl State {
                 };
                 self.insert(redis_key, Entry::Exclusive(lease), now);
                 if req.fencing {
-                    self.next_token(fence_key);
+                    self.next_token(format!("{redis_key}:fence"));
                 }
                 Ok(None)
             }

@@ -2,6 +2,9 @@
 //!
 //! - `lock-worker count <url> <key> <counter-key> <n>`: `n` times, under the
 //!   lock, read the counter with GET and write it back plus one with SET.
+//! - `lock-worker transfers <url> <accounts> <tasks> <n>`: `tasks` tasks
+//!   each make `n` transfers between random accounts (balances at
+//!   `balance:<i>`), locking both with `lock_all`.
 //! - `lock-worker hold <url> <key> <ttl-ms>`: take the lock, print `HELD`,
 //!   and keep it until killed; `hold-renewed` the same with lease renewal.
 //! - `lock-worker pause <url> <witness-dir> <key> <ttl-ms>`: take the lock
@@ -49,6 +52,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         [_, "count", url, key, counter, n] => count(url, key, counter, n.parse()?).await,
+        [_, "transfers", url, accounts, tasks, n] => {
+            transfers(url, accounts.parse()?, tasks.parse()?, n.parse()?).await
+        }
         [_, "hold", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?, false).await,
         [_, "hold-renewed", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?, true).await,
         [_, "pause", url, witness_dir, key, ttl_ms] => pause(url, witness_dir, key, ttl_ms.parse()?).await,
@@ -96,6 +102,49 @@ async fn count(url: &str, key: &str, counter: &str, n: u32) -> Result<(), Box<dy
                 Ok::<_, redis::RedisError>(())
             })
             .await??;
+    }
+    Ok(())
+}
+
+/// `tasks` tasks each make `n` transfers of 7 between random accounts of
+/// `accounts` (balances at `balance:<i>`), both keys locked with
+/// `lock_all`: a read-modify-write of both balances.
+async fn transfers(
+    url: &str,
+    accounts: usize,
+    tasks: usize,
+    n: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let locks = LockClient::connect(url).await?;
+    let data = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let workers: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (locks, mut data) = (locks.clone(), data.clone());
+            tokio::spawn(async move {
+                for _ in 0..n {
+                    let from = rand::random_range(0..accounts);
+                    let to = (from + rand::random_range(1..accounts)) % accounts;
+                    let data = &mut data;
+                    locks
+                        .lock_all([format!("account:{from}"), format!("account:{to}")])
+                        .wait(Duration::from_secs(30))
+                        .run(async move {
+                            let a: i64 = data.get(format!("balance:{from}")).await?;
+                            let b: i64 = data.get(format!("balance:{to}")).await?;
+                            data.set::<_, _, ()>(format!("balance:{from}"), a - 7).await?;
+                            data.set::<_, _, ()>(format!("balance:{to}"), b + 7).await?;
+                            Ok::<_, redis::RedisError>(())
+                        })
+                        .await??;
+                }
+                Ok::<_, BoxError>(())
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await?.map_err(|e| e.to_string())?;
     }
     Ok(())
 }
