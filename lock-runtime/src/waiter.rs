@@ -105,32 +105,13 @@ impl Notifier {
         })
     }
 
-    /// Wakes one local waiter of `channel`: one release lets one holder in,
-    /// and waking them all would send a herd of attempts that all but one
-    /// lose. If the woken waiter is gone before it looks, tokio hands the
-    /// wake-up to the next one; if it loses to another process, it waits
-    /// for the next release like the rest.
-    pub(crate) fn wake(&self, channel: &str) {
-        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(c) = channels.get(channel) {
-            c.notify.notify_one();
-        }
-    }
-
-    /// Wakes every local waiter of `channel`: a writer's release may let
-    /// all waiting readers in at once.
-    pub(crate) fn wake_all(&self, channel: &str) {
-        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(c) = channels.get(channel) {
-            c.notify.notify_waiters();
-            // And one stored wake-up, for a waiter between two attempts.
-            c.notify.notify_one();
-        }
-    }
-
     /// Wakes the waiters an announcement on `channel` may let in: the fair
     /// waiter it names (a fair lock announces the next in line), every
-    /// waiter after a writer's release, else one.
+    /// waiter after a writer's release (readers may all go), else one: one
+    /// release lets one holder in, and waking them all would send a herd of
+    /// attempts that all but one lose. If the woken waiter is gone before it
+    /// looks, tokio hands the wake-up to the next one; if it loses to
+    /// another process, it waits for the next release like the rest.
     pub(crate) fn released_by(&self, channel: &str, named: &str) {
         let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(c) = channels.get(channel) else {
