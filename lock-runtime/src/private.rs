@@ -19,10 +19,7 @@ where
         Ok(client) => &client.inner,
         Err(e) => return LockOutput::from_lock_error(e),
     };
-    match with_lock::run_with(client, key, spec, body).await {
-        Ok(output) => output,
-        Err(e) => LockOutput::from_lock_error(e),
-    }
+    as_output(with_lock::run_with(client, key, spec, body).await)
 }
 
 /// [`run_locked`] for `keys = [...]`: every key, all or none.
@@ -35,8 +32,10 @@ where
         Ok(client) => &client.inner,
         Err(e) => return LockOutput::from_lock_error(e),
     };
-    match with_lock::run_with_all(client, keys, spec, body).await {
-        Ok(output) => output,
-        Err(e) => LockOutput::from_lock_error(e),
-    }
+    as_output(with_lock::run_with_all(client, keys, spec, body).await)
+}
+
+/// The body's output, or the lock's failure as the function's own error.
+fn as_output<T: LockOutput>(result: Result<T, crate::error::LockError>) -> T {
+    result.unwrap_or_else(LockOutput::from_lock_error)
 }

@@ -361,13 +361,12 @@ async fn a_writer_is_not_starved_by_readers(f: Fixture) {
 async fn never_more_than_n_holders(f: Fixture) {
     const PERMITS: usize = 3;
     let inside = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..12)
         .map(|_| {
-            let (locks, inside, most) = (f.locks.clone(), Arc::clone(&inside), Arc::clone(&most));
+            let (locks, inside) = (f.locks.clone(), Arc::clone(&inside));
             tokio::spawn(async move {
                 for _ in 0..150 {
-                    let (inside, most) = (&inside, &most);
+                    let inside = &inside;
                     locks
                         .lock("pool")
                         .permits(u32::try_from(PERMITS).expect("few"))
@@ -375,7 +374,6 @@ async fn never_more_than_n_holders(f: Fixture) {
                         .run(async move {
                             let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
                             assert!(now <= PERMITS, "{now} holders of {PERMITS} permits");
-                            most.fetch_max(now, Ordering::SeqCst);
                             tokio::task::yield_now().await;
                             inside.fetch_sub(1, Ordering::SeqCst);
                         })
@@ -411,7 +409,6 @@ async fn never_more_than_n_holders(f: Fixture) {
             .expect("task")
             .expect("permit");
     }
-    assert!(most.load(Ordering::SeqCst) >= 1);
 }
 
 /// A holder that vanishes (no release, no renewal: what a killed process
