@@ -6,6 +6,8 @@
 //! cargo run --release -p lock-bench                 # starts its own redis-server
 //! cargo run --release -p lock-bench -- --pin        # redis on CPU 1, the bench on CPU 0
 //! cargo run --release -p lock-bench -- --url redis://127.0.0.1:6379/
+//! cargo run --release -p lock-bench -- --only W1 --recorder   # metrics recorded
+//! cargo run --release -p lock-bench -- --plot target/bench-plots  # SVG charts
 //! ```
 //!
 //! Prints one JSON line per workload as it finishes, then a markdown table
@@ -42,6 +44,7 @@ const W6_TTL: Duration = Duration::from_secs(3);
 const W6_HOLD: Duration = Duration::from_secs(10);
 
 mod floor;
+mod plot;
 mod report;
 mod w1_uncontended;
 mod w2_independent_keys;
@@ -79,6 +82,13 @@ async fn main() -> Result<(), Error> {
         .and_then(|i| args.get(i + 1))
         .cloned();
     let pin = args.iter().any(|a| a == "--pin");
+    // `--recorder`: the library's metrics go to a Prometheus recorder (no
+    // HTTP listener), to measure what recording costs the hot path.
+    if args.iter().any(|a| a == "--recorder") {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        metrics::set_global_recorder(recorder).map_err(|_| "a recorder was already installed")?;
+        println!("{{\"recorder\":\"prometheus\"}}");
+    }
     let server = given_url.is_none().then(RedisServer::start);
     let url = given_url.unwrap_or_else(|| server.as_ref().map(RedisServer::url).unwrap_or_default());
     if pin {
@@ -91,7 +101,11 @@ async fn main() -> Result<(), Error> {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .cloned();
-    let wanted = |name: &str| only.as_deref().is_none_or(|o| name.starts_with(o));
+    // A comma-separated list (`--only W0,W1,W3`) runs each.
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|prefix| name.starts_with(prefix)))
+    };
     let mut reports = Vec::new();
     macro_rules! run {
         ($name:literal, $workload:expr) => {{
@@ -142,6 +156,16 @@ async fn main() -> Result<(), Error> {
         }
     }
     summarise(&reports);
+    // `--plot DIR`: SVG charts of this run.
+    if let Some(dir) = args
+        .iter()
+        .position(|a| a == "--plot")
+        .and_then(|i| args.get(i + 1))
+    {
+        for file in plot::plot(std::path::Path::new(dir), &reports)? {
+            println!("wrote {file}");
+        }
+    }
     Ok(())
 }
 

@@ -128,3 +128,71 @@ fn segmented_never_oversells_at_any_segment_count() {
         }
     }
 }
+
+/// The value of the Prometheus series `series` (name and labels exactly as
+/// exposed) in `exposition`.
+fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
+}
+
+/// `GET /metrics` from the exporter at `addr`: the body.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the exporter");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{head}");
+    body.to_owned()
+}
+
+#[test]
+fn the_metrics_service_exposes_counters_that_match_its_orders() {
+    use std::io::{BufRead, BufReader};
+    let server = RedisServer::start();
+    let addr = format!("127.0.0.1:{}", lock_tests::free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_metrics"))
+        .args(["--rounds", "2"])
+        .env("REDIS_URL", server.url())
+        .env("METRICS_ADDR", &addr)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the metrics example");
+    let stdout = child.stdout.take().expect("piped");
+    let mut orders = 0;
+    let mut sold = 0;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("read");
+        if line.contains("\"done\"") {
+            break;
+        }
+        if let Ok(round) = serde_json::from_str::<serde_json::Value>(&line) {
+            orders += round["orders"].as_u64().expect("orders");
+            sold += round["sold"].as_u64().expect("sold");
+        }
+    }
+    let body = scrape(&addr);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!((orders, sold), (48, 30), "two rounds of 24 orders, 15 sold each");
+    let acquired = r#"distributed_lock_acquire_total{lock="stock:<product_id>",outcome="acquired"}"#;
+    assert_eq!(sample(&body, acquired), Some(48.0), "{body}");
+    for outcome in ["timeout", "error", "reentered"] {
+        let series =
+            format!(r#"distributed_lock_acquire_total{{lock="stock:<product_id>",outcome="{outcome}"}}"#);
+        assert_eq!(sample(&body, &series).unwrap_or(0.0), 0.0, "{outcome}: {body}");
+    }
+    let holds = r#"distributed_lock_hold_seconds_count{lock="stock:<product_id>"}"#;
+    assert_eq!(sample(&body, holds), Some(48.0), "{body}");
+    let waits = r#"distributed_lock_wait_seconds_count{lock="stock:<product_id>"}"#;
+    assert_eq!(sample(&body, waits), Some(48.0), "{body}");
+    assert_eq!(sample(&body, "distributed_lock_held"), Some(0.0), "{body}");
+    assert!(body.contains("# HELP distributed_lock_acquire_total"), "{body}");
+}

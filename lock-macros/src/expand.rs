@@ -4,8 +4,8 @@
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
-use syn::ReturnType;
 use syn::spanned::Spanned;
+use syn::{LitStr, ReturnType};
 
 use crate::args::{Args, Mode};
 use crate::errors::Errors;
@@ -141,7 +141,14 @@ fn locked(args: TokenStream, func: &LockedFn) -> syn::Result<TokenStream> {
 }
 
 fn spec(args: &Args) -> TokenStream {
-    let mut spec = quote!(::lock_runtime::__private::LockSpec::DEFAULT);
+    // The metrics' `lock` label: the key template as written, never the
+    // rendered key (one series per template).
+    let name = match (&args.key, &args.keys) {
+        (Some(key), _) => key.value(),
+        (None, Some(keys)) => keys.iter().map(LitStr::value).collect::<Vec<_>>().join(","),
+        (None, None) => String::new(),
+    };
+    let mut spec = quote!(::lock_runtime::__private::LockSpec::DEFAULT.name(#name));
     let millis = |ms: u64| quote!(::core::time::Duration::from_millis(#ms));
     if let Some(ttl) = &args.ttl {
         let d = millis(ttl.millis);

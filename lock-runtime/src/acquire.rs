@@ -36,13 +36,15 @@ pub(crate) async fn acquire(
     key: LockKey,
     opts: &LockOptions,
 ) -> Result<Lease, LockError> {
+    let holder = holder::new_holder_id(opts.kind);
     let span = tracing::debug_span!(
         "lock_acquire",
+        lock = opts.name,
         key = %key.name,
+        holder = %holder,
         ttl_ms = millis(opts.ttl),
         wait_ms = millis(opts.wait)
     );
-    let holder = holder::new_holder_id(opts.kind);
     let (lease, _) = acquire_within_wait(client, key, Vec::new(), holder, opts)
         .instrument(span)
         .await?;
@@ -59,8 +61,11 @@ pub(crate) async fn acquire_all(
     keys: Vec<LockKey>,
     opts: &LockOptions,
 ) -> Result<Vec<Lease>, LockError> {
+    let holder = holder::new_holder_id(opts.kind);
     let span = tracing::debug_span!(
         "lock_acquire_all",
+        lock = opts.name,
+        holder = %holder,
         keys = keys.len(),
         first = %keys.first().map_or("", |k| k.name.as_str()),
         ttl_ms = millis(opts.ttl),
@@ -68,7 +73,6 @@ pub(crate) async fn acquire_all(
     );
     async {
         let give_up_at = Instant::now() + opts.wait;
-        let holder = holder::new_holder_id(opts.kind);
         let mut taken: Vec<Lease> = Vec::new();
         for group in client.backend.groups(keys) {
             let mut group = group.into_iter();
@@ -213,6 +217,7 @@ async fn acquire_within_wait(
                             kind,
                             token,
                             segment,
+                            name: opts.name,
                         };
                         let state = Arc::new(LeaseState::new(grant, opts.ttl, opts.renew, sent));
                         if opts.renew {

@@ -4,6 +4,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::admin::LockAdmin;
 use crate::backend::AnyBackend;
 use crate::backend::cluster::{ClusterLink, cluster_builder};
 use crate::backend::memory::MemoryBackend;
@@ -94,6 +95,13 @@ impl LockClient {
         LockClientBuilder {
             config: ClientConfig::default(),
         }
+    }
+
+    /// An operator's view of this client's locks: list, inspect, free by
+    /// force (what `lockctl` does). Not for a service's own code paths: a
+    /// forced unlock breaks the holder's mutual exclusion by design.
+    pub fn admin(&self) -> LockAdmin<'_> {
+        LockAdmin::new(&self.inner)
     }
 
     /// Starts a lock request for `key` (the name without prefix, as the
@@ -481,6 +489,9 @@ impl LockClientBuilder {
     }
 
     fn build(self, backend: AnyBackend, notifier: Arc<Notifier>, node: String) -> LockClient {
+        // For exporters that show units and help texts: a recorder
+        // installed before the first client hears them.
+        crate::telemetry::describe();
         LockClient {
             inner: Arc::new(ClientInner::new(backend, self.config, notifier, node)),
         }

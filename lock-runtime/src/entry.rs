@@ -4,6 +4,7 @@
 //! inside, or acquire it.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::acquire;
 use crate::error::LockError;
@@ -13,6 +14,7 @@ use crate::lease::{self, Lease};
 use crate::lease_state::LeaseState;
 use crate::shared::ClientInner;
 use crate::spec::{Kind, LockSpec};
+use crate::telemetry::{self, Entry};
 
 /// How a call got its lock.
 pub(crate) enum Entered {
@@ -28,6 +30,26 @@ pub(crate) async fn enter(
     name: String,
     spec: &LockSpec,
 ) -> Result<Entered, LockError> {
+    let started = Instant::now();
+    let entered = enter_one(client, name, spec).await;
+    let outcome = match &entered {
+        Ok(Entered::Reentered(_)) => Entry::Reentered,
+        Ok(Entered::Acquired(_)) => Entry::Acquired,
+        Err(error) => failed(error),
+    };
+    telemetry::entered(spec.metric_name(), outcome, started.elapsed());
+    entered
+}
+
+/// How a failed entry counts in metrics.
+fn failed(error: &LockError) -> Entry {
+    match error {
+        LockError::Timeout { .. } => Entry::Timeout,
+        _ => Entry::Error,
+    }
+}
+
+async fn enter_one(client: &Arc<ClientInner>, name: String, spec: &LockSpec) -> Result<Entered, LockError> {
     let key = LockKey::new(&client.config.prefix, name)?;
     let opts = spec.resolve(&client.config, &key)?;
     if let Some(held) = holder::find(client, &key) {
@@ -61,6 +83,22 @@ pub(crate) const MAX_KEYS: usize = 64;
 /// same order. Keys held around the call are re-entered; the others are
 /// acquired together, as a new acquisition.
 pub(crate) async fn enter_all(
+    client: &Arc<ClientInner>,
+    names: Vec<String>,
+    spec: &LockSpec,
+) -> Result<EnteredAll, LockError> {
+    let started = Instant::now();
+    let entered = enter_set(client, names, spec).await;
+    let outcome = match &entered {
+        Ok(set) if set.acquired.is_empty() => Entry::Reentered,
+        Ok(_) => Entry::Acquired,
+        Err(error) => failed(error),
+    };
+    telemetry::entered(spec.metric_name(), outcome, started.elapsed());
+    entered
+}
+
+async fn enter_set(
     client: &Arc<ClientInner>,
     names: Vec<String>,
     spec: &LockSpec,

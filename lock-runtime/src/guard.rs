@@ -114,6 +114,16 @@ impl<'c> LockRequest<'c> {
         self
     }
 
+    /// Names the lock in metrics: the `lock` label of every
+    /// `distributed_lock_*` series this call records (default
+    /// `"programmatic"`). Give a name per kind of resource, like the
+    /// attribute's key template (`"stock:<product_id>"`), never a rendered
+    /// key: each name is a series of its own.
+    pub fn name(mut self, name: &'static str) -> Self {
+        self.spec = self.spec.name(name);
+        self
+    }
+
     /// Runs `body` with the lock held, exactly as `#[distributed_lock]` does:
     /// structural re-entry, release on every exit path, cancellation when the
     /// lease is lost.

@@ -59,7 +59,7 @@ impl Cleanup for Release {
         state.end();
         match client.backend.release(&state.key, &state.holder).await {
             Ok(true) => {
-                tracing::debug!(key = %state.key.name, "lock released");
+                tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, "lock released");
                 // Waiters in this process retry now, without waiting for the
                 // server's notification to come back.
                 if state.kind == Kind::Fair {

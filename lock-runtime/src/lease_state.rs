@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::error::LostReason;
 use crate::key::LockKey;
 use crate::spec::Kind;
+use crate::telemetry;
 use crate::timing::{millis, renewal_interval, stop_margin, validity_deadline};
 
 /// The state of one acquisition, shared between its owner (`Lease`), the
@@ -23,6 +24,10 @@ pub(crate) struct LeaseState {
     pub(crate) token: Option<u64>,
     /// Which segment of a segmented lock.
     pub(crate) segment: Option<u32>,
+    /// The `lock` label of its metrics.
+    pub(crate) name: &'static str,
+    /// When the acquiring attempt was sent: the hold time counts from here.
+    since: Instant,
     ttl_ms: AtomicU64,
     /// Renewed by the watchdog; `false` for a fixed lease (`renew = false`),
     /// whose end is not a failure to renew.
@@ -46,6 +51,7 @@ pub(crate) struct Grant {
     pub(crate) kind: Kind,
     pub(crate) token: Option<u64>,
     pub(crate) segment: Option<u32>,
+    pub(crate) name: &'static str,
 }
 
 impl LeaseState {
@@ -56,13 +62,17 @@ impl LeaseState {
             kind,
             token,
             segment,
+            name,
         } = grant;
+        telemetry::lease_started();
         LeaseState {
             key,
             holder,
             kind,
             token,
             segment,
+            name,
+            since: sent,
             ttl_ms: AtomicU64::new(millis(ttl)),
             renews,
             deadline: Mutex::new(validity_deadline(sent, ttl)),
@@ -127,7 +137,8 @@ impl LeaseState {
             .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            tracing::warn!(key = %self.key.name, %reason, "lock lost");
+            tracing::warn!(key = %self.key.name, lock = self.name, holder = %self.holder, %reason, "lock lost");
+            telemetry::lost(self.name, reason);
             self.lost_signal.notify_waiters();
         }
     }
@@ -208,7 +219,18 @@ impl LeaseState {
     }
 
     /// The release is under way: the watchdog must leave the lease alone.
+    /// The first call ends the lease's hold time.
     pub(crate) fn end(&self) {
-        self.ended.store(true, Ordering::Release);
+        if !self.ended.swap(true, Ordering::AcqRel) {
+            telemetry::lease_ended(self.name, self.since.elapsed());
+        }
+    }
+}
+
+/// A lease forgotten without a release (its runtime gone before the drop
+/// guard could send one) still stops counting as held.
+impl Drop for LeaseState {
+    fn drop(&mut self) {
+        self.end();
     }
 }

@@ -25,10 +25,11 @@
 //! See the README for the guarantees and what is not guaranteed.
 
 // Layers, bottom up: each module imports only from the lines above it.
-// Errors, settings and lease arithmetic; the drop guard.
+// Errors, settings and lease arithmetic; the drop guard; metrics.
 mod config;
 mod drop_guard;
 mod error;
+mod telemetry;
 mod timing;
 // Keys and what a call asks for (data only).
 mod key;
@@ -51,11 +52,14 @@ mod holder;
 mod acquire;
 mod entry;
 mod with_lock;
-// The programmatic API, the public client, the attribute's entry point.
+// The programmatic API, the public client, the operator's view, the
+// attribute's entry point.
+mod admin;
 mod client;
 mod guard;
 mod private;
 
+pub use admin::{HeldKind, LockAdmin, LockHolder, LockInfo};
 pub use client::{LockClient, LockClientBuilder, init};
 pub use error::{BoxError, LockError, LostReason};
 pub use guard::{LockGuard, LockRequest};

@@ -72,6 +72,8 @@ pub struct LockSpec {
     permits: Option<u32>,
     segments: Option<u32>,
     fair: bool,
+    /// The `lock` label of the call's metrics: the attribute's key template.
+    name: Option<&'static str>,
 }
 
 impl LockSpec {
@@ -86,6 +88,7 @@ impl LockSpec {
         permits: None,
         segments: None,
         fair: false,
+        name: None,
     };
 
     /// Sets the lease length.
@@ -144,6 +147,21 @@ impl LockSpec {
         self
     }
 
+    /// Names the lock in metrics (the attribute passes its key template).
+    #[must_use]
+    pub const fn name(mut self, name: &'static str) -> Self {
+        self.name = Some(name);
+        self
+    }
+
+    /// The `lock` label of the call's metrics.
+    pub(crate) fn metric_name(&self) -> &'static str {
+        match self.name {
+            Some(name) => name,
+            None => crate::telemetry::PROGRAMMATIC,
+        }
+    }
+
     /// The call's options with the client's defaults filled in, checked
     /// before any I/O: the same bounds and combinations the attribute
     /// checks at compile time.
@@ -154,6 +172,7 @@ impl LockSpec {
             wait: self.wait.unwrap_or(config.default_wait).min(FOREVER),
             renew: self.renew,
             fencing: self.fencing,
+            name: self.metric_name(),
             kind: self.kind().map_err(|reason| LockError::InvalidRequest {
                 key: key.name.clone(),
                 reason,
@@ -209,6 +228,8 @@ pub(crate) struct LockOptions {
     pub(crate) renew: bool,
     pub(crate) fencing: bool,
     pub(crate) kind: Kind,
+    /// The `lock` label of its metrics.
+    pub(crate) name: &'static str,
 }
 
 impl LockOptions {

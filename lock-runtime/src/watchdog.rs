@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{AnyBackend, Backend, RenewItem, Renewal};
 use crate::error::LostReason;
 use crate::lease_state::LeaseState;
+use crate::telemetry::{self, RenewalOutcome};
 use crate::timing::{millis, renewal_interval};
 
 /// How many leases one renewal script call carries. Bounds how long one
@@ -205,16 +206,29 @@ async fn renew_batch(backend: &AnyBackend, command_timeout: Duration, batch: &[A
     match outcome {
         Ok(Ok(renewed)) => {
             let now = Instant::now();
+            let (mut confirmed, mut gone, mut unconfirmed) = (0, 0, 0);
             for ((lease, &ttl), renewal) in batch.iter().zip(&ttls).zip(renewed) {
                 match renewal {
-                    Renewal::Renewed => lease.renewed(sent, ttl),
+                    Renewal::Renewed => {
+                        confirmed += 1;
+                        lease.renewed(sent, ttl);
+                    }
                     // Not a release racing this renewal (`is_live` would be
                     // false): the key is gone or someone else has it.
-                    Renewal::Gone if lease.is_live() => lease.mark_lost(LostReason::TakenOver),
+                    Renewal::Gone if lease.is_live() => {
+                        gone += 1;
+                        lease.mark_lost(LostReason::TakenOver);
+                    }
                     Renewal::Gone => {}
-                    Renewal::Unconfirmed => lease.set_next_renewal(now + retry_after(ttl)),
+                    Renewal::Unconfirmed => {
+                        unconfirmed += 1;
+                        lease.set_next_renewal(now + retry_after(ttl));
+                    }
                 }
             }
+            telemetry::renewals(RenewalOutcome::Renewed, confirmed);
+            telemetry::renewals(RenewalOutcome::Lost, gone);
+            telemetry::renewals(RenewalOutcome::Unconfirmed, unconfirmed);
             tracing::trace!(leases = batch.len(), "leases renewed");
         }
         failed => {
@@ -223,6 +237,7 @@ async fn renew_batch(backend: &AnyBackend, command_timeout: Duration, batch: &[A
                 _ => format!("no reply within {}ms", millis(timeout)),
             };
             tracing::warn!(leases = batch.len(), %error, "lease renewal failed; retrying until the leases' deadlines");
+            telemetry::renewals(RenewalOutcome::Failed, batch.len());
             let now = Instant::now();
             for (lease, &ttl) in batch.iter().zip(&ttls) {
                 lease.set_next_renewal(now + retry_after(ttl));

@@ -59,13 +59,13 @@ pub(crate) async fn run_with<F: Future>(
             if let Err(e) = released {
                 // The body's result must not be lost to a failed release; the
                 // key frees itself at its TTL.
-                tracing::warn!(key = %state.key.name, error = %e, "release failed after the body finished");
+                tracing::warn!(key = %state.key.name, lock = state.name, holder = %state.holder, error = %e, "release failed after the body finished");
             }
             Ok(output)
         }
         Ok(Err(panic)) => std::panic::resume_unwind(panic),
         Err(reason) => {
-            tracing::warn!(key = %state.key.name, %reason, "lock lost; body cancelled");
+            tracing::warn!(key = %state.key.name, lock = state.name, holder = %state.holder, %reason, "lock lost; body cancelled");
             Err(LockError::Lost {
                 key: state.key.name.clone(),
                 reason,
@@ -103,21 +103,24 @@ pub(crate) async fn run_with_all<F: Future>(
         tokio::select! {
             biased;
             finished = body => Ok(finished),
-            (reason, i, _) = lost => Err((reason, acquired[i].state().key.name.clone())),
+            (reason, i, _) = lost => Err((reason, Arc::clone(acquired[i].state()))),
         }
     };
     let released = futures_util::future::join_all(acquired.into_iter().map(Lease::release)).await;
     match outcome {
         Ok(Ok(output)) => {
             for error in released.into_iter().filter_map(Result::err) {
-                tracing::warn!(error = %error, "release failed after the body finished");
+                tracing::warn!(lock = spec.metric_name(), error = %error, "release failed after the body finished");
             }
             Ok(output)
         }
         Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        Err((reason, key)) => {
-            tracing::warn!(key = %key, %reason, "lock lost; body cancelled");
-            Err(LockError::Lost { key, reason })
+        Err((reason, state)) => {
+            tracing::warn!(key = %state.key.name, lock = state.name, holder = %state.holder, %reason, "lock lost; body cancelled");
+            Err(LockError::Lost {
+                key: state.key.name.clone(),
+                reason,
+            })
         }
     }
 }

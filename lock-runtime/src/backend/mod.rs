@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
 
@@ -15,6 +16,7 @@ pub(crate) mod redlock;
 pub(crate) mod sentinel;
 mod tls;
 
+pub(crate) use self::redis::admin::Found;
 pub(crate) use contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 
 /// The backend a client was built with.
@@ -57,6 +59,69 @@ impl AnyBackend {
     /// wake-ups exist).
     pub(crate) fn announces_releases(&self) -> bool {
         !matches!(self, AnyBackend::Memory(_))
+    }
+
+    /// The lock keys matching the Redis glob `pattern`, per node (per
+    /// master of a cluster or a Redlock).
+    pub(crate) async fn scan_keys(&self, pattern: &str) -> Result<Vec<(String, Vec<String>)>, LockError> {
+        match self {
+            AnyBackend::Redis(b) => b.scan_keys(pattern).await,
+            AnyBackend::Cluster(b) => b.scan_keys(pattern).await,
+            AnyBackend::Sentinel(b) => b.scan_keys(pattern).await,
+            AnyBackend::Redlock(b) => {
+                let mut all = Vec::new();
+                for node in b.nodes() {
+                    all.extend(node.scan_keys(pattern).await?);
+                }
+                Ok(all)
+            }
+            AnyBackend::Memory(_) => Err(no_admin()),
+        }
+    }
+
+    /// The lock `key` on each node that has it; on a Redlock, only on the
+    /// master named `only` when given.
+    pub(crate) async fn inspect(
+        &self,
+        key: &LockKey,
+        only: Option<&str>,
+    ) -> Result<Vec<(String, Found)>, LockError> {
+        let on =
+            |node: &str, found: Option<Found>| found.map(|f| vec![(node.to_owned(), f)]).unwrap_or_default();
+        match self {
+            AnyBackend::Redis(b) => Ok(on(b.node(), b.inspect(key).await?)),
+            AnyBackend::Cluster(b) => Ok(on(b.node(), b.inspect(key).await?)),
+            AnyBackend::Sentinel(b) => Ok(on(b.node(), b.inspect(key).await?)),
+            AnyBackend::Redlock(b) => {
+                let mut all = Vec::new();
+                for node in b
+                    .nodes()
+                    .iter()
+                    .filter(|n| only.is_none_or(|name| n.node() == name))
+                {
+                    all.extend(on(node.node(), node.inspect(key).await?));
+                }
+                Ok(all)
+            }
+            AnyBackend::Memory(_) => Err(no_admin()),
+        }
+    }
+
+    /// Frees the lock `key` whatever holds it: how many nodes had it.
+    pub(crate) async fn force_unlock(&self, key: &LockKey) -> Result<usize, LockError> {
+        match self {
+            AnyBackend::Redis(b) => Ok(usize::from(b.force_unlock(key).await?)),
+            AnyBackend::Cluster(b) => Ok(usize::from(b.force_unlock(key).await?)),
+            AnyBackend::Sentinel(b) => Ok(usize::from(b.force_unlock(key).await?)),
+            AnyBackend::Redlock(b) => {
+                let mut freed = 0;
+                for node in b.nodes() {
+                    freed += usize::from(node.force_unlock(key).await?);
+                }
+                Ok(freed)
+            }
+            AnyBackend::Memory(_) => Err(no_admin()),
+        }
     }
 
     /// Why this backend cannot take a lock of `kind`, if it cannot.
@@ -133,5 +198,14 @@ impl Backend for AnyBackend {
             AnyBackend::Cluster(b) => b.renew_many(items).await,
             AnyBackend::Sentinel(b) => b.renew_many(items).await,
         }
+    }
+}
+
+/// The in-process backend has no server to inspect: its locks live and die
+/// with the process that holds them.
+fn no_admin() -> LockError {
+    LockError::Unsupported {
+        key: String::new(),
+        feature: "inspecting locks (the in-process backend keeps them inside its process)".into(),
     }
 }

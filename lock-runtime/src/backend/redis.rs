@@ -26,14 +26,16 @@ use crate::timing::{WRITER_CLAIM, millis};
 /// A script from `scripts/`, with the prelude every script shares in front.
 macro_rules! script {
     ($file:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../scripts/prelude.lua"),
-                include_str!(concat!("../scripts/", $file))
+        ::std::sync::LazyLock::new(|| {
+            ::redis::Script::new(concat!(
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts/prelude.lua")),
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts/", $file))
             ))
         })
     };
 }
+
+pub(crate) mod admin;
 
 static ACQUIRE: LazyLock<Script> = script!("acquire.lua");
 static ACQUIRE_SHARED: LazyLock<Script> = script!("acquire_shared.lua");

@@ -42,3 +42,20 @@ local function now_ms()
   return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 end
 
+
+-- Wakes the first live waiter of a fair lock, by name (its holder id as the
+-- announcement), after dropping the waiters whose places lapsed. `line` is
+-- `P{K}:line`, `alive` `P{K}:alive`, `channel` `P{K}:released`, `announce`
+-- 'publish' or 'spublish'.
+local function wake_first_in_line(line, alive, channel, announce)
+  local now = now_ms()
+  local lapsed = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
+  for _, waiter in ipairs(lapsed) do
+    redis.call('ZREM', line, waiter)
+  end
+  redis.call('ZREMRANGEBYSCORE', alive, '-inf', now)
+  local first = redis.call('ZRANGE', line, 0, 0)[1]
+  if first then
+    redis.call(announce, channel, first)
+  end
+end

@@ -43,16 +43,7 @@ if string.sub(ARGV[1], 1, 2) == 'f:' then
   redis.call('ZREM', KEYS[4], ARGV[1])
   if redis.call('EXISTS', KEYS[1]) == 0 then
     -- The first live waiter is woken, by name: the others stay asleep.
-    local now = now_ms()
-    local lapsed = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
-    for _, waiter in ipairs(lapsed) do
-      redis.call('ZREM', KEYS[3], waiter)
-    end
-    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-    local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if first then
-      redis.call(ARGV[2], KEYS[2], first)
-    end
+    wake_first_in_line(KEYS[3], KEYS[4], KEYS[2], ARGV[2])
   end
   return released
 end

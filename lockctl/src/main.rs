@@ -1,0 +1,412 @@
+//! `lockctl`: see which locks are held, by whom and for how long; free one
+//! whose holder is stuck; watch them come and go. It connects like a
+//! service's client does and reads through the library's own code
+//! (`LockClient::admin`), so it shows exactly what the locks see.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use lock_runtime::{LockClient, LockError, LockHolder, LockInfo};
+use serde_json::{Value, json};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "lockctl",
+    version,
+    about = "Inspect and operate lock-runtime's distributed locks"
+)]
+struct Cli {
+    #[command(flatten)]
+    target: Target,
+    /// Print JSON lines instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the locks live: like the service's client.
+#[derive(Debug, Args)]
+struct Target {
+    /// One Redis node (`redis://[user:password@]host[:port][/db]`).
+    #[arg(long, global = true, default_value = "redis://127.0.0.1:6379/", conflicts_with_all = ["cluster", "redlock", "sentinel"])]
+    url: String,
+    /// A Redis Cluster: one or more seed URLs (comma-separated or repeated).
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redlock", "sentinel"])]
+    cluster: Vec<String>,
+    /// A Redlock: every master's URL (comma-separated or repeated).
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with = "sentinel")]
+    redlock: Vec<String>,
+    /// A master found through Sentinel, as `NAME@URL,URL,...` (the master's
+    /// name, then the sentinels' URLs).
+    #[arg(long, global = true)]
+    sentinel: Option<String>,
+    /// The key prefix the services use.
+    #[arg(long, global = true, default_value = "lock:")]
+    prefix: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Every held lock (or those whose key matches PATTERN, a glob such as
+    /// `stock:*`): key, kind, holder, time left, fencing counter, waiters.
+    List {
+        /// A glob over keys as services render them.
+        pattern: Option<String>,
+    },
+    /// One lock in full (`KEY#i` for segment i of a segmented lock).
+    Inspect {
+        /// The lock's key as services render it.
+        key: String,
+    },
+    /// Free a lock whatever holds it. Its holder learns it lost the lock at
+    /// its next renewal and its body is cancelled; waiters are woken now.
+    Unlock {
+        /// The lock's key as services render it.
+        key: String,
+        /// Required: freeing another process's lock breaks its exclusion.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Print acquisitions and releases as they happen, until interrupted.
+    /// Locks are sampled every INTERVAL: one held for less may not show.
+    Watch {
+        /// A glob over keys as services render them.
+        pattern: Option<String>,
+        /// How often to look (`200ms`, `1s`).
+        #[arg(long, default_value = "200ms", value_parser = parse_interval)]
+        interval: Duration,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("lockctl: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, LockError> {
+    if let Command::Unlock { key, force: false } = &cli.command {
+        eprintln!(
+            "lockctl: `unlock` frees a lock that another process holds, breaking its exclusion; \
+             run `lockctl unlock {key} --force` to do it"
+        );
+        return Ok(ExitCode::from(2));
+    }
+    let client = connect(&cli.target).await?;
+    let admin = client.admin();
+    let out = Output { json: cli.json };
+    match cli.command {
+        Command::List { pattern } => {
+            let locks = admin.list(pattern.as_deref()).await?;
+            out.list(&locks);
+        }
+        Command::Inspect { key } => {
+            let locks = admin.inspect(&key).await?;
+            out.inspect(&key, &locks);
+        }
+        Command::Unlock { key, .. } => {
+            let freed = admin.force_unlock(&key).await?;
+            out.unlocked(&key, freed);
+        }
+        Command::Watch { pattern, interval } => {
+            watch(&client, pattern.as_deref(), interval, &out).await?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn connect(target: &Target) -> Result<LockClient, LockError> {
+    let builder = || LockClient::builder().key_prefix(target.prefix.clone());
+    if !target.cluster.is_empty() {
+        builder().cluster(&target.cluster).await
+    } else if !target.redlock.is_empty() {
+        builder().redlock(&target.redlock).await
+    } else if let Some(sentinel) = &target.sentinel {
+        let Some((name, urls)) = sentinel.split_once('@') else {
+            return Err(LockError::InvalidConfig {
+                node: "--sentinel".into(),
+                reason: "--sentinel takes NAME@URL,URL,... (the master's name, then the sentinels)".into(),
+            });
+        };
+        builder().sentinel(name, urls.split(',')).await
+    } else {
+        builder().connect(&target.url).await
+    }
+}
+
+/// `200ms`, `2s`, `1m`: whole numbers only.
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like `200ms` or `2s`"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        _ => return Err(format!("`{text}`: the unit must be ms, s or m")),
+    };
+    if d < Duration::from_millis(10) {
+        return Err("the interval must be at least 10ms".into());
+    }
+    Ok(d)
+}
+
+/// Polls `list` and prints what changed: a lock (key, holder) seen for the
+/// first time is `acquired` (or `held` in the first sample), one no longer
+/// seen is `released`.
+async fn watch(
+    client: &LockClient,
+    pattern: Option<&str>,
+    interval: Duration,
+    out: &Output,
+) -> Result<(), LockError> {
+    let admin = client.admin();
+    let started = Instant::now();
+    let mut seen: BTreeMap<(String, String, String), LockInfo> = BTreeMap::new();
+    let mut first = true;
+    loop {
+        let mut now: BTreeMap<(String, String, String), LockInfo> = BTreeMap::new();
+        for lock in admin.list(pattern).await? {
+            for holder in &lock.holders {
+                now.insert(
+                    (lock.key.clone(), lock.node.clone(), holder.id.clone()),
+                    lock.clone(),
+                );
+            }
+        }
+        let at = started.elapsed();
+        for ((key, node, holder), lock) in &now {
+            if !seen.contains_key(&(key.clone(), node.clone(), holder.clone())) {
+                let event = if first { "held" } else { "acquired" };
+                out.event(event, at, lock, holder);
+            }
+        }
+        for ((key, node, holder), lock) in &seen {
+            if !now.contains_key(&(key.clone(), node.clone(), holder.clone())) {
+                out.event("released", at, lock, holder);
+            }
+        }
+        if first {
+            out.started(seen.len() + now.len(), interval);
+        }
+        seen = now;
+        first = false;
+        tokio::time::sleep(interval).await;
+    }
+}
+
+struct Output {
+    json: bool,
+}
+
+impl Output {
+    fn list(&self, locks: &[LockInfo]) {
+        if self.json {
+            for lock in locks {
+                println!("{}", lock_json(lock));
+            }
+            return;
+        }
+        if locks.is_empty() {
+            println!("no locks held");
+            return;
+        }
+        let mut rows = vec![[
+            "KEY".to_owned(),
+            "KIND".to_owned(),
+            "HOLDER".to_owned(),
+            "TIME LEFT".to_owned(),
+            "FENCE".to_owned(),
+            "WAITERS".to_owned(),
+            "NODE".to_owned(),
+        ]];
+        for lock in locks {
+            let waiters = waiters_text(lock);
+            let fence = lock.fence.map_or_else(|| "-".to_owned(), |f| f.to_string());
+            if lock.holders.is_empty() {
+                rows.push([
+                    lock.key.clone(),
+                    lock.kind.as_str().to_owned(),
+                    "-".to_owned(),
+                    "-".to_owned(),
+                    fence.clone(),
+                    waiters.clone(),
+                    lock.node.clone(),
+                ]);
+            }
+            for holder in &lock.holders {
+                rows.push([
+                    lock.key.clone(),
+                    lock.kind.as_str().to_owned(),
+                    holder_text(holder),
+                    time_left_text(holder.time_left),
+                    fence.clone(),
+                    waiters.clone(),
+                    lock.node.clone(),
+                ]);
+            }
+        }
+        print_table(&rows);
+    }
+
+    fn inspect(&self, key: &str, locks: &[LockInfo]) {
+        if self.json {
+            let locks: Vec<Value> = locks.iter().map(lock_json).collect();
+            println!(
+                "{}",
+                json!({"key": key, "held": !locks.is_empty(), "locks": locks})
+            );
+            return;
+        }
+        if locks.is_empty() {
+            println!("{key}: not held");
+            return;
+        }
+        for lock in locks {
+            println!("key:      {}", lock.key);
+            println!("node:     {}", lock.node);
+            println!("kind:     {}", lock.kind.as_str());
+            println!(
+                "fence:    {}",
+                lock.fence
+                    .map_or_else(|| "none issued".to_owned(), |f| f.to_string())
+            );
+            println!("waiters:  {}", waiters_text(lock));
+            if lock.holders.is_empty() {
+                println!("holders:  none (a waiting writer's claim keeps the key)");
+            }
+            for holder in &lock.holders {
+                println!(
+                    "{:<9} {}  ({} left)",
+                    format!("{}:", holder.role),
+                    holder.id,
+                    time_left_text(holder.time_left)
+                );
+            }
+        }
+    }
+
+    fn unlocked(&self, key: &str, freed: usize) {
+        if self.json {
+            println!("{}", json!({"key": key, "freed": freed > 0, "nodes": freed}));
+        } else if freed == 0 {
+            println!("{key}: not held; nothing freed");
+        } else {
+            println!(
+                "{key}: freed on {freed} node(s); its holder learns at its next renewal, and waiters were woken"
+            );
+        }
+    }
+
+    /// The first sample is taken: from here on, changes are reported.
+    fn started(&self, held: usize, interval: Duration) {
+        if self.json {
+            let every = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+            println!(
+                "{}",
+                json!({"event": "started", "held": held, "interval_ms": every})
+            );
+        } else {
+            println!("watching: {held} held, sampled every {interval:?}");
+        }
+    }
+
+    fn event(&self, event: &str, at: Duration, lock: &LockInfo, holder_id: &str) {
+        let holder = lock.holders.iter().find(|h| h.id == holder_id);
+        if self.json {
+            println!(
+                "{}",
+                json!({
+                    "event": event,
+                    "at_ms": u64::try_from(at.as_millis()).unwrap_or(u64::MAX),
+                    "key": lock.key,
+                    "node": lock.node,
+                    "kind": lock.kind.as_str(),
+                    "holder": holder_id,
+                    "time_left_ms": holder.and_then(|h| h.time_left).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                    "fence": lock.fence,
+                })
+            );
+        } else {
+            let left = holder.map_or_else(String::new, |h| format!(" {} left", time_left_text(h.time_left)));
+            println!(
+                "{:>8.3}s {event:<8} {} {holder_id}{left}",
+                at.as_secs_f64(),
+                lock.key
+            );
+        }
+    }
+}
+
+fn lock_json(lock: &LockInfo) -> Value {
+    let holders: Vec<Value> = lock
+        .holders
+        .iter()
+        .map(|h| {
+            json!({
+                "id": h.id,
+                "role": h.role,
+                "time_left_ms": h.time_left.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            })
+        })
+        .collect();
+    json!({
+        "key": lock.key,
+        "node": lock.node,
+        "kind": lock.kind.as_str(),
+        "holders": holders,
+        "fence": lock.fence,
+        "waiters": lock.waiters,
+        "in_line": lock.in_line,
+    })
+}
+
+fn holder_text(holder: &LockHolder) -> String {
+    match holder.role {
+        "holder" => holder.id.clone(),
+        role => format!("{} ({role})", holder.id),
+    }
+}
+
+fn time_left_text(left: Option<Duration>) -> String {
+    match left {
+        Some(d) => format!("{:.1}s", d.as_secs_f64()),
+        None => "no expiry".to_owned(),
+    }
+}
+
+fn waiters_text(lock: &LockInfo) -> String {
+    match (lock.waiters, lock.in_line) {
+        (_, n) if n > 0 => format!("{n} in line"),
+        (true, _) => "yes".to_owned(),
+        (false, _) => "no".to_owned(),
+    }
+}
+
+fn print_table<const N: usize>(rows: &[[String; N]]) {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+}
