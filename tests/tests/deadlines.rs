@@ -98,3 +98,34 @@ async fn a_grant_that_arrives_after_its_lease_could_have_expired_is_refused() {
         "a lease that may already have expired was handed out: {late:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_against_a_stalled_server_gets_only_what_is_left_of_the_wait() {
+    let server = RedisServer::start();
+    let rival = LockClient::connect(&server.url()).await.expect("connect");
+    let held = rival.lock("stalled").acquire().await.expect("free");
+    let locks = LockClient::builder()
+        .command_timeout(Duration::from_secs(3))
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    let wait = Duration::from_millis(500);
+    let started = Instant::now();
+    let waiting = tokio::spawn(async move { locks.lock("stalled").wait(wait).acquire().await.map(drop) });
+    // The first attempt found the lock held and the waiter subscribed: its
+    // next attempt goes to a server that no longer answers.
+    lock_tests::until_waiting(&server, "stalled").await;
+    server.pause();
+    let outcome = tokio::time::timeout(BOUND, waiting).await;
+    let took = started.elapsed();
+    server.resume();
+    let outcome = outcome.expect("bounded").expect("join");
+    assert!(outcome.is_err(), "the lock is held: {outcome:?}");
+    // What is left of `wait` (at least 10 ms a retry) bounds the call; a
+    // retry given the whole 3 s command timeout would take past 3 s.
+    assert!(
+        took < wait + Duration::from_millis(700),
+        "a 500 ms wait took {took:?} against a stalled server"
+    );
+    held.release().await.expect("release");
+}

@@ -221,3 +221,65 @@ async fn releases_are_announced_only_when_someone_waits() {
     waiter.await.expect("the waiter got the lock");
     assert_eq!(publishes(), 1, "the marked release was announced once");
 }
+
+/// A release in this process wakes this process's waiters directly, not
+/// through the server's announcement: with the waiter's subscription killed
+/// and no new connection allowed to replace it, the handoff still takes
+/// about a round trip, not the 200 ms poll. Trials in which the test
+/// process was starved (the assumption monitor saw a stall) do not count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_of_the_same_process_without_the_server() {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    let mut admin = server.sync_connection().expect("admin connection");
+    let (mut fast, mut trials) = (0, 0);
+    while fast < 8 {
+        trials += 1;
+        assert!(trials <= 40, "only {fast} of {trials} trials ran unstarved");
+        let key = format!("local-wake:{trials}");
+        let guard = lock_tests::guard_from_another_task(&locks, &key).await;
+        let waiter = spawn_waiter(&locks, &key);
+        lock_tests::until_waiting(&server, &key).await;
+        // Refuse new connections first, then kill the subscription: it
+        // cannot come back.
+        let connected: String = redis::cmd("INFO").arg("clients").query(&mut admin).expect("INFO");
+        let connected: u64 = connected
+            .lines()
+            .find_map(|l| l.strip_prefix("connected_clients:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("connected_clients");
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxclients")
+            .arg(connected - 1)
+            .query::<()>(&mut admin)
+            .expect("limit clients");
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query::<i64>(&mut admin)
+            .expect("kill the subscription");
+        let monitor = lock_tests::monitor::Monitor::start();
+        let released = Instant::now();
+        guard.release().await.expect("release");
+        let acquired = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter got the lock")
+            .expect("join");
+        let handoff = acquired.saturating_duration_since(released);
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxclients")
+            .arg(10_000)
+            .query::<()>(&mut admin)
+            .expect("lift the limit");
+        if handoff < Duration::from_millis(100) {
+            fast += 1;
+        } else if monitor.worst() < Duration::from_millis(20) {
+            panic!(
+                "handoff took {handoff:?} with the process unstarved: the release did not wake the local waiter"
+            );
+        }
+    }
+}
