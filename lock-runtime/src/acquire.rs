@@ -200,7 +200,9 @@ async fn acquire_within_wait(
         let outcome = match attempt {
             Ok(AcquireReply::Acquired { token, segment }) => {
                 let cutoff = validity_deadline(sent, opts.ttl) - stop_margin(opts.ttl);
-                if Instant::now() < cutoff {
+                let granted = Instant::now();
+                if granted < cutoff {
+                    let waited = granted - started;
                     // Handed over to the lease: nothing is left in doubt.
                     let Pending {
                         key,
@@ -209,7 +211,7 @@ async fn acquire_within_wait(
                         kind,
                         ..
                     } = pending.into_inner();
-                    tracing::debug!(key = %key.name, waited_ms = millis(started.elapsed()), attempts, segment, "lock acquired");
+                    tracing::debug!(key = %key.name, waited_ms = millis(waited), attempts, segment, "lock acquired");
                     let lease = |key: LockKey, holder: String, token: Option<u64>| {
                         let grant = Grant {
                             key,
@@ -218,6 +220,7 @@ async fn acquire_within_wait(
                             token,
                             segment,
                             name: opts.name,
+                            waited,
                         };
                         let state = Arc::new(LeaseState::new(grant, opts.ttl, opts.renew, sent));
                         if opts.renew {

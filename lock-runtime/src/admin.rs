@@ -11,6 +11,9 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::shared::ClientInner;
 
+/// How many locks `list` reads at once.
+const READ_BATCH: usize = 256;
+
 /// What kind of lock a key is, as the server shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -106,12 +109,17 @@ impl<'c> LockAdmin<'c> {
         let glob = format!("{}{{{pattern}}}*", escape_glob(prefix));
         let mut locks = Vec::new();
         for (node, keys) in self.client.backend.scan_keys(&glob).await? {
-            for redis_key in keys {
-                let Some(key) = lock_key(prefix, &redis_key) else {
-                    continue;
-                };
-                // Read where it was found: the master that has it.
-                for mut info in self.read(&key, Some(&node)).await? {
+            let keys: Vec<LockKey> = keys.iter().filter_map(|k| lock_key(prefix, k)).collect();
+            // Read where each was found (the master that has it), a batch
+            // at a time: the reads share the connection, so a batch costs
+            // about one round trip, not one per lock.
+            for batch in keys.chunks(READ_BATCH) {
+                let reads = batch.iter().map(|key| self.read(key, Some(&node)));
+                for mut info in futures_util::future::try_join_all(reads)
+                    .await?
+                    .into_iter()
+                    .flatten()
+                {
                     info.node.clone_from(&node);
                     locks.push(info);
                 }

@@ -4,7 +4,7 @@
 //! inside, or acquire it.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::acquire;
 use crate::error::LockError;
@@ -30,14 +30,15 @@ pub(crate) async fn enter(
     name: String,
     spec: &LockSpec,
 ) -> Result<Entered, LockError> {
-    let started = Instant::now();
     let entered = enter_one(client, name, spec).await;
-    let outcome = match &entered {
-        Ok(Entered::Reentered(_)) => Entry::Reentered,
-        Ok(Entered::Acquired(_)) => Entry::Acquired,
-        Err(error) => failed(error),
+    // The wait comes from the acquisition, which already read the clock:
+    // an entry adds no clock read of its own.
+    let (outcome, waited) = match &entered {
+        Ok(Entered::Reentered(_)) => (Entry::Reentered, Duration::ZERO),
+        Ok(Entered::Acquired(lease)) => (Entry::Acquired, lease.state().waited),
+        Err(error) => (failed(error), Duration::ZERO),
     };
-    telemetry::entered(spec.metric_name(), outcome, started.elapsed());
+    telemetry::entered(spec.metric_name(), outcome, waited);
     entered
 }
 
@@ -87,6 +88,8 @@ pub(crate) async fn enter_all(
     names: Vec<String>,
     spec: &LockSpec,
 ) -> Result<EnteredAll, LockError> {
+    // A set may be taken group by group, each group's wait counted from
+    // its own start: the call's wait is read here (sets are rare).
     let started = Instant::now();
     let entered = enter_set(client, names, spec).await;
     let outcome = match &entered {

@@ -28,6 +28,8 @@ pub(crate) struct LeaseState {
     pub(crate) name: &'static str,
     /// When the acquiring attempt was sent: the hold time counts from here.
     since: Instant,
+    /// How long the acquisition waited for the lock (its metrics' wait).
+    pub(crate) waited: Duration,
     ttl_ms: AtomicU64,
     /// Renewed by the watchdog; `false` for a fixed lease (`renew = false`),
     /// whose end is not a failure to renew.
@@ -52,6 +54,7 @@ pub(crate) struct Grant {
     pub(crate) token: Option<u64>,
     pub(crate) segment: Option<u32>,
     pub(crate) name: &'static str,
+    pub(crate) waited: Duration,
 }
 
 impl LeaseState {
@@ -63,6 +66,7 @@ impl LeaseState {
             token,
             segment,
             name,
+            waited,
         } = grant;
         telemetry::lease_started();
         LeaseState {
@@ -73,6 +77,7 @@ impl LeaseState {
             segment,
             name,
             since: sent,
+            waited,
             ttl_ms: AtomicU64::new(millis(ttl)),
             renews,
             deadline: Mutex::new(validity_deadline(sent, ttl)),

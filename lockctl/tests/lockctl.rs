@@ -170,25 +170,35 @@ async fn unlock_force_is_seen_as_lost_by_the_running_holder_and_wakes_a_waiter()
         holder
             .lock("stuck-job")
             .ttl(Duration::from_millis(600))
+            .fencing(true)
             .run(async move {
-                let _ = started_tx.send(());
+                let _ = started_tx.send(lock_runtime::fencing_token());
                 std::future::pending::<()>().await;
             })
             .await
     });
-    tokio::time::timeout(BOUND, started_rx)
+    let stuck_token = tokio::time::timeout(BOUND, started_rx)
         .await
         .expect("the body started")
-        .expect("sender kept");
+        .expect("sender kept")
+        .expect("a token was asked for");
     let waiting = tokio::spawn(async move {
         let guard = waiter
             .lock("stuck-job")
+            .fencing(true)
             .wait(Duration::from_secs(60))
             .acquire()
             .await?;
-        guard.release().await
+        let token = guard.fencing_token();
+        guard.release().await.map(|()| token)
     });
     until_waiting(&server, "stuck-job").await;
+    let mut announcements = server.sync_connection().expect("connect");
+    let mut announcements = announcements.as_pubsub();
+    announcements
+        .subscribe("lock:{stuck-job}:released")
+        .expect("subscribe");
+    announcements.set_read_timeout(Some(BOUND)).expect("read timeout");
 
     // Without --force nothing happens.
     let refused = lockctl(&["--url", &url, "unlock", "stuck-job"]);
@@ -205,6 +215,15 @@ async fn unlock_force_is_seen_as_lost_by_the_running_holder_and_wakes_a_waiter()
         "--force",
     ]));
     assert_eq!(forced[0]["freed"], true);
+    // Announced as a writer's release, which wakes every waiter of a
+    // process: none of them sleeps until its poll.
+    let announced: String = announcements
+        .get_message()
+        .expect("the forced unlock was announced")
+        .get_payload()
+        .expect("a text payload");
+    assert_eq!(announced, "w:forced");
+    drop(announcements);
     let lost = tokio::time::timeout(BOUND, running)
         .await
         .expect("the holder's body was stopped")
@@ -219,11 +238,16 @@ async fn unlock_force_is_seen_as_lost_by_the_running_holder_and_wakes_a_waiter()
         ),
         "{lost:?}"
     );
-    tokio::time::timeout(BOUND, waiting)
+    let next_token = tokio::time::timeout(BOUND, waiting)
         .await
         .expect("the waiter got the lock")
         .expect("join")
-        .expect("acquired and released");
+        .expect("acquired and released")
+        .expect("a token was asked for");
+    assert!(
+        next_token > stuck_token,
+        "the fence counter went back: {next_token} after {stuck_token}"
+    );
 
     let again = json_lines(&lockctl(&[
         "--url",
@@ -394,10 +418,26 @@ async fn a_fair_lock_shows_its_line_and_a_forced_unlock_hands_it_to_the_first_wa
     assert_eq!(queue["in_line"], 1);
     assert_eq!(queue["waiters"], true);
 
+    let first_in_line: Vec<String> =
+        server.query(redis::cmd("ZRANGE").arg("lock:{queue}:line").arg(0).arg(0));
+    let mut announcements = server.sync_connection().expect("connect");
+    let mut announcements = announcements.as_pubsub();
+    announcements
+        .subscribe("lock:{queue}:released")
+        .expect("subscribe");
+    announcements.set_read_timeout(Some(BOUND)).expect("read timeout");
+
     let forced = json_lines(&lockctl(&["--url", &url, "--json", "unlock", "queue", "--force"]));
     assert_eq!(forced[0]["freed"], true);
-    // Named by the forced release, the waiter takes the lock long before
-    // its own 60 s wait would end.
+    // The forced release names the first in line, as a release does: that
+    // waiter alone is woken.
+    let announced: String = announcements
+        .get_message()
+        .expect("the forced unlock was announced")
+        .get_payload()
+        .expect("a text payload");
+    assert_eq!(Some(&announced), first_in_line.first());
+    drop(announcements);
     tokio::time::timeout(BOUND, waiter)
         .await
         .expect("the first in line got the lock")
