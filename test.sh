@@ -9,6 +9,8 @@
 #     and `openssl` (the TLS test makes its certificates with it)
 #   - the PyPI package `redis` (redis-py), whose `Lock` the interoperability
 #     test holds a key with
+#   - Debian package `mariadb-server` (mariadbd, mariadb-install-db): the
+#     MySQL backend's tests start MariaDB in a fresh data directory
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -18,12 +20,18 @@ missing_debs=()
 command -v redis-server >/dev/null 2>&1 || missing_debs+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing_debs+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || missing_debs+=(openssl)
+# Debian installs mariadbd in /usr/sbin, which a user's PATH may lack.
+if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+  missing_debs+=(mariadb-server)
+fi
 if [ "${#missing_debs[@]}" -gt 0 ]; then
   echo "--- installing ${missing_debs[*]} (Debian)"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing_debs[@]}"
   # The package starts a system service on 6379; the tests never use it.
   $SUDO systemctl stop redis-server >/dev/null 2>&1 || $SUDO service redis-server stop >/dev/null 2>&1 || true
+  # Likewise MariaDB's service on 3306.
+  $SUDO systemctl stop mariadb >/dev/null 2>&1 || $SUDO service mariadb stop >/dev/null 2>&1 || true
 fi
 
 PYTHON="${PYTHON:-python3}"
@@ -33,6 +41,7 @@ if ! "$PYTHON" -c 'import redis' >/dev/null 2>&1; then
 fi
 
 redis-server --version
+"$(command -v mariadbd || echo /usr/sbin/mariadbd)" --version
 "$PYTHON" -c 'import redis; print("redis-py", redis.__version__)'
 
 if [ "${1:-}" = "--install-only" ]; then

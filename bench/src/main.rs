@@ -8,6 +8,7 @@
 //! cargo run --release -p lock-bench -- --url redis://127.0.0.1:6379/
 //! cargo run --release -p lock-bench -- --only W1 --recorder   # metrics recorded
 //! cargo run --release -p lock-bench -- --plot target/bench-plots  # SVG charts
+//! cargo run --release -p lock-bench -- --only WM    # MariaDB (MySQL backend)
 //! ```
 //!
 //! Prints one JSON line per workload as it finishes, then a markdown table
@@ -54,6 +55,7 @@ mod w5_reentry;
 mod w6_watchdog;
 mod w7_transfer;
 mod wk_kinds;
+mod wm_mysql;
 mod wr_replica_acks;
 
 use floor::*;
@@ -66,6 +68,7 @@ use w5_reentry::*;
 use w6_watchdog::*;
 use w7_transfer::*;
 use wk_kinds::*;
+use wm_mysql::*;
 use wr_replica_acks::*;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -145,6 +148,12 @@ async fn main() -> Result<(), Error> {
     }
     if wanted("WK") {
         for report in wk_kinds(&url).await? {
+            println!("{}", report.json());
+            reports.push(report);
+        }
+    }
+    if wanted("WM") {
+        for report in wm_mysql().await? {
             println!("{}", report.json());
             reports.push(report);
         }

@@ -340,7 +340,15 @@ async fn acquire_within_wait(
             // Subscribed: a release wakes us; the poll only covers lost
             // messages.
             Some(released) => {
-                let poll = pause.min(POLL);
+                // Without announcements from other processes, the poll is
+                // how their releases are seen: jittered, so that waiters
+                // that started together do not query in lockstep.
+                let poll = if client.backend.polls_for_releases() {
+                    jitter(config.poll_interval)
+                } else {
+                    POLL
+                };
+                let poll = pause.min(poll);
                 tokio::select! {
                     () = released => {}
                     () = tokio::time::sleep(poll) => {}

@@ -89,6 +89,21 @@ impl LockClient {
         LockClient::builder().sentinel(master_name, sentinel_urls).await
     }
 
+    /// A MySQL 8 or MariaDB 10.6+ database:
+    /// `mysql://user:password@host:port/database`. Each held lock is a row
+    /// of the table `distributed_locks` (see
+    /// [`mysql_table`](LockClientBuilder::mysql_table)), created if missing;
+    /// every expiry is judged by the database's clock. Waiters in other
+    /// processes see a release by polling (see
+    /// [`poll_interval`](LockClientBuilder::poll_interval)); waiters in this
+    /// process are woken at once. Exclusive, segmented and all-or-nothing
+    /// sets of locks, with fencing tokens; not `read`/`write`, `permits` or
+    /// `fair`. Needs the `mysql` feature.
+    #[cfg(feature = "mysql")]
+    pub async fn mysql(url: &str) -> Result<LockClient, LockError> {
+        LockClient::builder().mysql(url).await
+    }
+
     /// Options: key prefix, default ttl and wait, retry backoff, command
     /// timeout.
     pub fn builder() -> LockClientBuilder {
@@ -231,6 +246,25 @@ impl LockClientBuilder {
         self
     }
 
+    /// Where no server announces releases (the MySQL backend), how often a
+    /// waiter looks again for a lock another process holds: each pause is
+    /// jittered to `[d/2, d]` and never outlasts the holder's remaining
+    /// lease (default 50 ms). Shorter hands a lock over sooner and costs
+    /// the database more queries per waiter. Releases in this process wake
+    /// its waiters at once whatever this is.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.config.poll_interval = interval;
+        self
+    }
+
+    /// The MySQL backend's table (default `distributed_locks`): 1 to 64
+    /// ASCII letters, digits or `_`.
+    #[cfg(feature = "mysql")]
+    pub fn mysql_table(mut self, table: impl Into<String>) -> Self {
+        self.config.table = table.into();
+        self
+    }
+
     fn check(&self, node: &str) -> Result<(), LockError> {
         let invalid = |reason: String| LockError::InvalidConfig {
             node: node.to_owned(),
@@ -246,6 +280,7 @@ impl LockClientBuilder {
             ("node timeout", c.node_timeout),
             ("replica acknowledgement timeout", c.ack_timeout),
             ("fair waiter timeout", c.fair_waiter_timeout),
+            ("poll interval", c.poll_interval),
         ] {
             if timeout < Duration::from_millis(1) || timeout > MAX_TIMEOUT {
                 return Err(invalid(format!(
@@ -471,6 +506,19 @@ impl LockClientBuilder {
         }
         let notifier = Notifier::new(Some(backend.topology().clone()));
         Ok(self.build(AnyBackend::Sentinel(backend), notifier, name))
+    }
+
+    /// A MySQL / MariaDB client; see [`LockClient::mysql`].
+    #[cfg(feature = "mysql")]
+    pub async fn mysql(self, url: &str) -> Result<LockClient, LockError> {
+        use crate::backend::mysql::MysqlBackend;
+        self.check(&redact_url(url))?;
+        let backend = MysqlBackend::new(url, &self.config.table, self.config.command_timeout)?;
+        if !self.config.lazy {
+            backend.verify().await?;
+        }
+        let node = backend.node().to_owned();
+        Ok(self.build(AnyBackend::Mysql(backend), Notifier::new(None), node))
     }
 
     /// An in-process client with these options; see

@@ -38,6 +38,12 @@ pub(crate) struct ClientConfig {
     /// A PEM root certificate that `rediss://` servers are verified against
     /// instead of the system's roots (feature `tls`).
     pub(crate) tls_root: Option<Arc<[u8]>>,
+    /// Where no server announces releases (MySQL): how often a waiter
+    /// looks again, jittered to `[d/2, d]`, capped by the lease in the way.
+    pub(crate) poll_interval: Duration,
+    /// The MySQL backend's table.
+    #[cfg(feature = "mysql")]
+    pub(crate) table: String,
 }
 
 impl Default for ClientConfig {
@@ -55,6 +61,9 @@ impl Default for ClientConfig {
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             fair_waiter_timeout: Duration::from_secs(2),
             tls_root: None,
+            poll_interval: Duration::from_millis(50),
+            #[cfg(feature = "mysql")]
+            table: "distributed_locks".into(),
         }
     }
 }

@@ -340,6 +340,15 @@ async fn on_a_redlock_each_master_shows_its_copy_and_unlock_frees_them_all() {
     let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
     let locks = LockClient::redlock(&urls).await.expect("connect");
     let guard = locks.lock("report").acquire().await.expect("free");
+    // A Redlock acquisition returns once a majority granted it; the third
+    // master's grant may still be on its way.
+    let on_every_master = lock_tests::eventually(Duration::from_secs(5), || {
+        masters
+            .iter()
+            .all(|m| m.query::<i64>(redis::cmd("EXISTS").arg("lock:{report}")) == 1)
+    })
+    .await;
+    assert!(on_every_master.is_some(), "the lock never reached every master");
     let joined = urls.join(",");
     let listed = json_lines(&lockctl(&["--redlock", &joined, "--json", "list"]));
     assert_eq!(listed.len(), 3, "one row per master: {listed:?}");

@@ -342,3 +342,31 @@ impl Stall {
         }
     }
 }
+
+/// Three `lock-worker fence` processes take `key` on `url` 1,000 times in
+/// all, each appending its token to the server's fence log under the lock;
+/// returns once all three succeeded.
+pub fn fence_from_three_processes(url: &str, key: &str) {
+    let workers: Vec<_> = ["334", "333", "333"]
+        .iter()
+        .map(|n| {
+            Command::new(worker_binary())
+                .args(["fence", url, key, n])
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn worker")
+        })
+        .collect();
+    for mut w in workers {
+        assert!(w.wait().expect("worker exit").success(), "worker failed");
+    }
+}
+
+/// The fence log, appended under the lock, is in the order the lock was
+/// held: each token must be greater than the one before.
+pub fn assert_strictly_increasing(log: &[u64]) {
+    assert_eq!(log.len(), 1000);
+    for pair in log.windows(2) {
+        assert!(pair[0] < pair[1], "token {} followed by {}", pair[0], pair[1]);
+    }
+}

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod lab;
+pub mod mariadb;
 pub mod monitor;
 pub mod proxy;
 pub mod report;
@@ -16,6 +17,7 @@ pub mod server;
 pub mod witness;
 
 pub use cluster::Cluster;
+pub use mariadb::MariaDb;
 pub use proxy::Proxy;
 pub use sentinel::Replicated;
 pub use server::{

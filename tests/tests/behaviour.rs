@@ -1,18 +1,18 @@
-//! One behaviour suite, two backends: every test here runs against the
-//! in-process backend and against a real `redis-server`, from the same code,
-//! through the public API only.
+//! One behaviour suite, three backends: every test here runs against the
+//! in-process backend, a real `redis-server` and a real MariaDB, from the
+//! same code, through the public API only.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LostReason, fencing_token};
-use lock_tests::RedisServer;
+use lock_tests::{MariaDb, RedisServer};
 
 /// A client and whatever it needs kept alive.
 struct Fixture {
     locks: LockClient,
-    _server: Option<RedisServer>,
+    _server: Option<Box<dyn std::any::Any + Send>>,
 }
 
 async fn in_memory() -> Fixture {
@@ -26,11 +26,19 @@ async fn redis() -> Fixture {
     let server = RedisServer::start();
     Fixture {
         locks: LockClient::connect(&server.url()).await.expect("connect"),
-        _server: Some(server),
+        _server: Some(Box::new(server)),
     }
 }
 
-macro_rules! on_both_backends {
+async fn mysql() -> Fixture {
+    let server = MariaDb::start();
+    Fixture {
+        locks: LockClient::mysql(&server.url()).await.expect("connect"),
+        _server: Some(Box::new(server)),
+    }
+}
+
+macro_rules! on_every_backend {
     ($($behaviour:ident),* $(,)?) => {
         mod in_memory {
             $(
@@ -48,10 +56,18 @@ macro_rules! on_both_backends {
                 }
             )*
         }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::mysql().await).await;
+                }
+            )*
+        }
     };
 }
 
-on_both_backends!(
+on_every_backend!(
     mutual_exclusion,
     structural_reentry,
     join_siblings_exclude_each_other,

@@ -168,27 +168,9 @@ async fn waiters_that_give_up_leave_no_subscription_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_strictly_increase_across_three_processes() {
     let server = RedisServer::start();
-    let per_worker = ["334", "333", "333"];
-    let workers: Vec<_> = per_worker
-        .iter()
-        .map(|n| {
-            Command::new(env!("CARGO_BIN_EXE_lock-worker"))
-                .args(["fence", &server.url(), "ledger", n])
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("spawn worker")
-        })
-        .collect();
-    for mut w in workers {
-        assert!(w.wait().expect("worker exit").success(), "worker failed");
-    }
+    tokio::task::block_in_place(|| lock_tests::lab::fence_from_three_processes(&server.url(), "ledger"));
     let log: Vec<u64> = server.query(redis::cmd("LRANGE").arg("fence-log").arg(0).arg(-1));
-    assert_eq!(log.len(), 1000);
-    // The log is appended under the lock, so its order is the order in which
-    // the lock was held.
-    for pair in log.windows(2) {
-        assert!(pair[0] < pair[1], "token {} followed by {}", pair[0], pair[1]);
-    }
+    lock_tests::lab::assert_strictly_increasing(&log);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,8 @@ use crate::spec::Kind;
 pub(crate) mod cluster;
 mod contract;
 pub(crate) mod memory;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 pub(crate) mod redis;
 pub(crate) mod redlock;
 pub(crate) mod sentinel;
@@ -27,6 +29,8 @@ pub(crate) enum AnyBackend {
     Redlock(redlock::RedlockBackend),
     Cluster(redis::RedisBackend<cluster::ClusterLink>),
     Sentinel(redis::RedisBackend<sentinel::SentinelLink>),
+    #[cfg(feature = "mysql")]
+    Mysql(mysql::MysqlBackend),
 }
 
 impl AnyBackend {
@@ -58,7 +62,23 @@ impl AnyBackend {
     /// Whether releases are announced by a server (in-process, only local
     /// wake-ups exist).
     pub(crate) fn announces_releases(&self) -> bool {
-        !matches!(self, AnyBackend::Memory(_))
+        match self {
+            AnyBackend::Memory(_) => false,
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(_) => false,
+            _ => true,
+        }
+    }
+
+    /// Whether other processes' releases can only be seen by polling (no
+    /// server announces them): waiters then poll at the client's
+    /// `poll_interval`, jittered.
+    pub(crate) fn polls_for_releases(&self) -> bool {
+        #[cfg(feature = "mysql")]
+        if let AnyBackend::Mysql(_) = self {
+            return true;
+        }
+        false
     }
 
     /// The lock keys matching the Redis glob `pattern`, per node (per
@@ -76,6 +96,8 @@ impl AnyBackend {
                 Ok(all)
             }
             AnyBackend::Memory(_) => Err(no_admin()),
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(_) => Err(no_mysql_admin()),
         }
     }
 
@@ -104,6 +126,8 @@ impl AnyBackend {
                 Ok(all)
             }
             AnyBackend::Memory(_) => Err(no_admin()),
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(_) => Err(no_mysql_admin()),
         }
     }
 
@@ -121,6 +145,8 @@ impl AnyBackend {
                 Ok(freed)
             }
             AnyBackend::Memory(_) => Err(no_admin()),
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(_) => Err(no_mysql_admin()),
         }
     }
 
@@ -128,6 +154,8 @@ impl AnyBackend {
     pub(crate) fn unsupported(&self, kind: Kind) -> Option<&'static str> {
         match self {
             AnyBackend::Redlock(_) => redlock::unsupported(kind),
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(_) => mysql::unsupported(kind),
             _ => None,
         }
     }
@@ -141,6 +169,8 @@ impl Backend for AnyBackend {
             AnyBackend::Redlock(b) => b.acquire(req).await,
             AnyBackend::Cluster(b) => b.acquire(req).await,
             AnyBackend::Sentinel(b) => b.acquire(req).await,
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(b) => b.acquire(req).await,
         }
     }
 
@@ -151,6 +181,8 @@ impl Backend for AnyBackend {
             AnyBackend::Redlock(b) => b.release(key, holder).await,
             AnyBackend::Cluster(b) => b.release(key, holder).await,
             AnyBackend::Sentinel(b) => b.release(key, holder).await,
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(b) => b.release(key, holder).await,
         }
     }
 
@@ -161,6 +193,8 @@ impl Backend for AnyBackend {
             AnyBackend::Redlock(b) => b.release_many(keys, holder).await,
             AnyBackend::Cluster(b) => b.release_many(keys, holder).await,
             AnyBackend::Sentinel(b) => b.release_many(keys, holder).await,
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(b) => b.release_many(keys, holder).await,
         }
     }
 
@@ -171,6 +205,8 @@ impl Backend for AnyBackend {
             AnyBackend::Redlock(b) => b.release_segments(key, count, holder).await,
             AnyBackend::Cluster(b) => b.release_segments(key, count, holder).await,
             AnyBackend::Sentinel(b) => b.release_segments(key, count, holder).await,
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(b) => b.release_segments(key, count, holder).await,
         }
     }
 
@@ -187,6 +223,8 @@ impl Backend for AnyBackend {
             AnyBackend::Redlock(b) => b.renew(key, holder, ttl, extend_only).await,
             AnyBackend::Cluster(b) => b.renew(key, holder, ttl, extend_only).await,
             AnyBackend::Sentinel(b) => b.renew(key, holder, ttl, extend_only).await,
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(b) => b.renew(key, holder, ttl, extend_only).await,
         }
     }
 
@@ -197,6 +235,8 @@ impl Backend for AnyBackend {
             AnyBackend::Redlock(b) => b.renew_many(items).await,
             AnyBackend::Cluster(b) => b.renew_many(items).await,
             AnyBackend::Sentinel(b) => b.renew_many(items).await,
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(b) => b.renew_many(items).await,
         }
     }
 }
@@ -207,5 +247,14 @@ fn no_admin() -> LockError {
     LockError::Unsupported {
         key: String::new(),
         feature: "inspecting locks (the in-process backend keeps them inside its process)".into(),
+    }
+}
+
+/// Operator tools read the Redis layout; the MySQL table is plain SQL.
+#[cfg(feature = "mysql")]
+fn no_mysql_admin() -> LockError {
+    LockError::Unsupported {
+        key: String::new(),
+        feature: "inspecting locks on the MySQL backend (query its table: see the README)".into(),
     }
 }

@@ -794,7 +794,7 @@ pub(crate) fn redact_url(url: &str) -> String {
 
 /// Removes the URL's secrets from a message that may quote the URL, or the
 /// password alone, raw or percent-decoded (as the redis crate holds it).
-fn redact_secrets(message: &str, url: &str) -> String {
+pub(crate) fn redact_secrets(message: &str, url: &str) -> String {
     let mut out = message.replace(url, &redact_url(url));
     for secret in secrets_of(url) {
         if secret.is_empty() {

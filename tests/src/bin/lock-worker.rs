@@ -37,7 +37,11 @@
 //!   share of the library's bodies last 0.5–2.5 s instead.
 //! - `lock-worker fence <url> <key> <n>`: `n` times, take the lock with a
 //!   fencing token and, under the lock, append the token to the list
-//!   `fence-log`: the list's order is the acquisition order.
+//!   `fence-log`: the list's order is the acquisition order. With a
+//!   `mysql://` URL, to the table `fence_log` (`id` auto-increment, `token`).
+//!
+//! Wherever a `<url>` or `<target>` is taken, a `mysql://` URL runs the
+//! same on the MySQL backend.
 
 use std::time::Duration;
 
@@ -150,7 +154,7 @@ async fn transfers(
 }
 
 async fn hold(url: &str, key: &str, ttl_ms: u64, renew: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let locks = LockClient::connect(url).await?;
+    let locks = connect(url).await?;
     let guard = locks
         .lock(key)
         .ttl(Duration::from_millis(ttl_ms))
@@ -173,24 +177,55 @@ async fn wait(url: &str, key: &str) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn fence(url: &str, key: &str, n: u32) -> Result<(), Box<dyn std::error::Error>> {
-    let locks = LockClient::connect(url).await?;
-    let mut data = redis::Client::open(url)?
-        .get_multiplexed_async_connection()
-        .await?;
+    let locks = connect(url).await?;
+    let mut log = FenceLog::open(url).await?;
     for _ in 0..n {
-        let data = &mut data;
+        let log = &mut log;
         locks
             .lock(key)
             .fencing(true)
             .wait(Duration::from_secs(30))
             .run(async move {
                 let token = lock_runtime::fencing_token().ok_or("no fencing token")?;
-                data.rpush::<_, _, ()>("fence-log", token).await?;
-                Ok::<_, Box<dyn std::error::Error>>(())
+                log.append(token).await
             })
             .await??;
     }
     Ok(())
+}
+
+/// Where `fence` appends its tokens, on the server it locks on: the Redis
+/// list `fence-log`, or the MySQL table `fence_log` (whose auto-increment
+/// id is the acquisition order).
+enum FenceLog {
+    Redis(redis::aio::MultiplexedConnection),
+    Mysql(mysql_async::Conn),
+}
+
+impl FenceLog {
+    async fn open(url: &str) -> Result<FenceLog, Box<dyn std::error::Error>> {
+        Ok(if url.starts_with("mysql://") {
+            FenceLog::Mysql(mysql_async::Conn::from_url(url).await?)
+        } else {
+            FenceLog::Redis(
+                redis::Client::open(url)?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            )
+        })
+    }
+
+    async fn append(&mut self, token: u64) -> Result<(), Box<dyn std::error::Error>> {
+        use mysql_async::prelude::Queryable;
+        match self {
+            FenceLog::Redis(conn) => conn.rpush::<_, _, ()>("fence-log", token).await?,
+            FenceLog::Mysql(conn) => {
+                conn.exec_drop("INSERT INTO fence_log (token) VALUES (?)", (token,))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone)]
@@ -289,6 +324,9 @@ async fn connect(target: &str) -> Result<LockClient, LockError> {
     }
     if let Some((name, urls)) = target.strip_prefix("sentinel=").and_then(|t| t.split_once('@')) {
         return builder.sentinel(name, urls.split(',')).await;
+    }
+    if target.starts_with("mysql://") {
+        return builder.mysql(target).await;
     }
     builder.connect(target).await
 }

@@ -13,62 +13,16 @@ async fn s0_baseline_after_its_controls_are_caught() {
     let server = RedisServer::start();
     let started = Instant::now();
     let controls = tokio::task::block_in_place(|| controls(&server));
-
-    let keys = ["s0:a", "s0:b", "s0:c"];
-    let bound = monitor::bound(T);
-    let mut invalid_runs = 0;
-    for attempt in 1..=3 {
-        let board = Board::new();
-        let controller = Monitor::start();
-        let workload = broken_or_library(&server.url(), &keys, "library", Duration::from_secs(10));
-        let tally = tokio::task::block_in_place(|| lab::run(&board, &workload, 2));
-        let worst_late = tally.worst_late.max(controller.worst());
-        let logged = analyze(board.path(), &keys).expect("analyze");
-        let seen: Vec<_> = keys.iter().map(|k| board.witness.seen(k)).collect();
-        let lost_updates: u64 = seen.iter().map(|s| s.entries - s.counter.min(s.entries)).sum();
-        let online_overlaps: u64 = seen.iter().map(|s| s.overlaps).sum();
-        let violations =
-            online_overlaps + logged.overlaps.len() as u64 + logged.token_regressions + lost_updates;
-        if worst_late > bound {
-            invalid_runs += 1;
-            eprintln!(
-                "S0 run {attempt} INVALID: a process was {worst_late:?} late (bound {bound:?}); {violations} violations not counted"
-            );
-            if attempt < 3 {
-                continue;
-            }
-        }
-        let valid = worst_late <= bound;
-        if valid {
-            assert_eq!(violations, 0, "S0: {logged:?} {seen:?}");
-            assert_eq!(tally.lost, 0, "leases lost on a healthy server");
-            assert_eq!(logged.unmatched, 0, "a body entered and never left: {logged:?}");
-            assert!(
-                logged.entries > 1000,
-                "too little traffic to mean anything: {tally:?}"
-            );
-        }
-        report::write(
-            "S0",
-            json!({
-                "scenario": "S0 baseline (short)",
-                "verdict": if valid { "PASS" } else { "INVALID" },
-                "parameters": {"processes": 2, "tasks": 4, "keys": 3, "seconds": 10, "ttl_ms": T.as_millis(), "max_body_ms": 2},
-                "acquisitions": logged.entries,
-                "faults": 0,
-                "overlaps": online_overlaps.max(logged.overlaps.len() as u64),
-                "token_regressions": logged.token_regressions,
-                "lost_updates": lost_updates,
-                "lost": tally.lost,
-                "invalid_runs": invalid_runs,
-                "worst_lateness_ms": (worst_late.as_secs_f64() * 1e5).round() / 100.0,
-                "controls": controls,
-                "key_figure": format!("{} acquisitions, controls caught 15/15", logged.entries),
-                "seconds": started.elapsed().as_secs_f64(),
-            }),
-        );
-        return;
-    }
+    run_s0(
+        &server.url(),
+        Baseline {
+            id: "S0",
+            scenario: "S0 baseline (short)",
+            min_entries: 1000,
+            controls: Some(controls),
+            started,
+        },
+    );
 }
 
 /// S1: a holder killed with SIGKILL while its lease is renewed frees the
@@ -77,34 +31,7 @@ async fn s0_baseline_after_its_controls_are_caught() {
 async fn s1_a_killed_holder_frees_the_lock_within_its_ttl() {
     let server = RedisServer::start();
     let locks = LockClient::connect(&server.url()).await.expect("connect");
-    let ttl = Duration::from_millis(600);
-    let mut unavailable = Vec::new();
-    for trial in 0..8 {
-        // Die at a varying point of the renewal cycle.
-        let after = ttl * (trial % 4 + 1) / 4;
-        unavailable.push(
-            lab::unavailable_after_holder_killed(&server.url(), &locks, &format!("s1:{trial}"), ttl, after)
-                .await,
-        );
-    }
-    let max = *unavailable.iter().max().expect("trials");
-    report::write(
-        "S1",
-        json!({
-            "scenario": "S1 holder crash (SIGKILL)",
-            "verdict": "PASS",
-            "parameters": {"trials": unavailable.len(), "ttl_ms": ttl.as_millis()},
-            "acquisitions": unavailable.len() * 2,
-            "faults": unavailable.len(),
-            "overlaps": 0,
-            "unavail_ms": spread_ms(unavailable),
-            "key_figure": format!("unavailable at most {:.0} ms (ttl {} ms)", max.as_secs_f64() * 1e3, ttl.as_millis()),
-        }),
-    );
-    assert!(
-        max <= ttl + Duration::from_millis(250),
-        "lock unavailable for {max:?} after its holder died"
-    );
+    run_s1(&server.url(), &locks, "S1", "S1 holder crash (SIGKILL)").await;
 }
 
 /// S2 and its control: a holder that stops itself (SIGSTOP failpoint)

@@ -21,6 +21,7 @@ use serde_json::json;
 mod holders;
 mod kinds;
 mod links;
+mod mysql;
 mod replication;
 mod server_state;
 mod stalls;
@@ -76,4 +77,204 @@ pub(crate) fn controls(server: &RedisServer) -> serde_json::Value {
         out.push(json!({"control": broken, "caught": caught_in, "trials": trials}));
     }
     json!(out)
+}
+
+/// What distinguishes one S0-shaped run from another.
+pub(crate) struct Baseline {
+    pub(crate) id: &'static str,
+    pub(crate) scenario: &'static str,
+    /// Fewer bodies than this in a valid run means too little traffic to
+    /// mean anything.
+    pub(crate) min_entries: u64,
+    /// The controls' record, when they ran first (on this target).
+    pub(crate) controls: Option<serde_json::Value>,
+    pub(crate) started: Instant,
+}
+
+/// S0's shape on `target`: two processes of four tasks on three keys for
+/// 10 s; with the library's lock, no overlap, no lost update, no token
+/// going back. A run in which the assumption monitor saw a process starved
+/// beyond δ/2 is invalid and re-run (up to three runs).
+pub(crate) fn run_s0(target: &str, run: Baseline) {
+    let keys = ["s0:a", "s0:b", "s0:c"];
+    let bound = monitor::bound(T);
+    let mut invalid_runs = 0;
+    for attempt in 1..=3 {
+        let board = Board::new();
+        let controller = Monitor::start();
+        let workload = broken_or_library(target, &keys, "library", Duration::from_secs(10));
+        let tally = tokio::task::block_in_place(|| lab::run(&board, &workload, 2));
+        let worst_late = tally.worst_late.max(controller.worst());
+        let logged = analyze(board.path(), &keys).expect("analyze");
+        let seen: Vec<_> = keys.iter().map(|k| board.witness.seen(k)).collect();
+        let lost_updates: u64 = seen.iter().map(|s| s.entries - s.counter.min(s.entries)).sum();
+        let online_overlaps: u64 = seen.iter().map(|s| s.overlaps).sum();
+        let violations =
+            online_overlaps + logged.overlaps.len() as u64 + logged.token_regressions + lost_updates;
+        let valid = worst_late <= bound;
+        if !valid {
+            invalid_runs += 1;
+            eprintln!(
+                "{} run {attempt} INVALID: a process was {worst_late:?} late (bound {bound:?}); {violations} violations not counted",
+                run.id
+            );
+            if attempt < 3 {
+                continue;
+            }
+        } else {
+            assert_eq!(violations, 0, "{}: {logged:?} {seen:?}", run.id);
+            assert_eq!(tally.lost, 0, "leases lost on a healthy server");
+            assert_eq!(logged.unmatched, 0, "a body entered and never left: {logged:?}");
+            assert!(
+                logged.entries > run.min_entries,
+                "too little traffic to mean anything: {tally:?}"
+            );
+        }
+        let key_figure = match &run.controls {
+            Some(_) => format!("{} acquisitions, controls caught 15/15", logged.entries),
+            None => format!("{} acquisitions, 0 overlaps", logged.entries),
+        };
+        report::write(
+            run.id,
+            json!({
+                "scenario": run.scenario,
+                "verdict": if valid { "PASS" } else { "INVALID" },
+                "parameters": {"processes": 2, "tasks": 4, "keys": 3, "seconds": 10, "ttl_ms": T.as_millis(), "max_body_ms": 2},
+                "acquisitions": logged.entries,
+                "faults": 0,
+                "overlaps": online_overlaps.max(logged.overlaps.len() as u64),
+                "token_regressions": logged.token_regressions,
+                "lost_updates": lost_updates,
+                "lost": tally.lost,
+                "invalid_runs": invalid_runs,
+                "worst_lateness_ms": (worst_late.as_secs_f64() * 1e5).round() / 100.0,
+                "controls": run.controls,
+                "key_figure": key_figure,
+                "seconds": run.started.elapsed().as_secs_f64(),
+            }),
+        );
+        return;
+    }
+}
+
+/// S1's shape: a renewed holder SIGKILLed at varying points of its renewal
+/// cycle frees the lock within its ttl (plus a waiter's poll) of its death.
+pub(crate) async fn run_s1(url: &str, locks: &LockClient, id: &str, scenario: &str) {
+    let ttl = Duration::from_millis(600);
+    let mut unavailable = Vec::new();
+    for trial in 0..8 {
+        // Die at a varying point of the renewal cycle.
+        let after = ttl * (trial % 4 + 1) / 4;
+        unavailable
+            .push(lab::unavailable_after_holder_killed(url, locks, &format!("s1:{trial}"), ttl, after).await);
+    }
+    let max = *unavailable.iter().max().expect("trials");
+    report::write(
+        id,
+        json!({
+            "scenario": scenario,
+            "verdict": "PASS",
+            "parameters": {"trials": unavailable.len(), "ttl_ms": ttl.as_millis()},
+            "acquisitions": unavailable.len() * 2,
+            "faults": unavailable.len(),
+            "overlaps": 0,
+            "unavail_ms": spread_ms(unavailable),
+            "key_figure": format!("unavailable at most {:.0} ms (ttl {} ms)", max.as_secs_f64() * 1e3, ttl.as_millis()),
+        }),
+    );
+    assert!(
+        max <= ttl + Duration::from_millis(250),
+        "lock unavailable for {max:?} after its holder died"
+    );
+}
+
+/// S4's shape: the holder's link (through a proxy to the server on
+/// `port`, a client made by `through`) is blackholed while it works: it
+/// must stop before its validity deadline (it cannot know whether its
+/// renewals land), and `rival`, on a healthy link, may enter only after
+/// that.
+pub(crate) async fn run_s4(
+    port: u16,
+    rival: &LockClient,
+    through: impl AsyncFn(&Proxy) -> LockClient,
+    id: &str,
+    scenario: &str,
+) {
+    let board = Board::new();
+    let ttl = Duration::from_millis(600);
+    let trials = 5;
+    let mut gaps = Vec::new();
+    for trial in 0..trials {
+        let key = format!("s4:{trial}");
+        let proxy = Proxy::start(port).await;
+        let holder = through(&proxy).await;
+        let guard = holder
+            .lock(key.as_str())
+            .ttl(ttl)
+            .acquire()
+            .await
+            .expect("acquire");
+        board.witness.enter(&key, 1, 0);
+        tokio::time::sleep(ttl / 2).await;
+        board.witness.fault("proxy-blackhole");
+        proxy.blackhole();
+        let rival_run = {
+            let (witness, key, rival) = (board.witness.clone(), key.clone(), rival.clone());
+            tokio::spawn(async move {
+                rival
+                    .lock(key.as_str())
+                    .wait(Duration::from_secs(5))
+                    .run(async {
+                        witness.enter(&key, 2, 0);
+                        let entered = Instant::now();
+                        witness.exit(&key, 2, 0);
+                        entered
+                    })
+                    .await
+            })
+        };
+        // The holder works in 1 ms steps, checking its lease before each.
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while guard.is_held() {
+            assert!(
+                Instant::now() < give_up,
+                "the cut-off holder still believes it holds the lock after 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let stopped = Instant::now();
+        board.witness.lost(&key, 1, 0, guard.valid_until());
+        let entered = rival_run.await.expect("join").expect("the rival gets the lock");
+        gaps.push(entered.saturating_duration_since(stopped));
+        assert_eq!(board.witness.seen(&key).overlaps, 0, "trial {trial}");
+        proxy.pass();
+        board.witness.heal("proxy-blackhole");
+        drop(guard);
+    }
+    let logged = analyze(board.path(), &[]).expect("analyze");
+    let slack: Vec<Duration> = logged
+        .lost_slack_ns
+        .iter()
+        .map(|&ns| Duration::from_nanos(u64::try_from(ns).unwrap_or(0)))
+        .collect();
+    assert!(
+        logged.lost_slack_ns.iter().all(|&ns| ns >= 0),
+        "a holder stopped after its deadline: {:?}",
+        logged.lost_slack_ns
+    );
+    assert!(logged.overlaps.is_empty(), "{logged:?}");
+    report::write(
+        id,
+        json!({
+            "scenario": scenario,
+            "verdict": "PASS",
+            "parameters": {"trials": trials, "ttl_ms": ttl.as_millis(), "command_timeout_ms": 100},
+            "acquisitions": logged.entries,
+            "faults": trials,
+            "overlaps": 0,
+            "lost_slack_ms": spread_ms(slack),
+            "gap_rival_after_stop_ms": spread_ms(gaps),
+            "key_figure": format!("stopped before D in {trials}/{trials}"),
+        }),
+    );
 }
