@@ -22,12 +22,15 @@
 //!   comma-separated URLs, or `sentinel=<master name>@` followed by
 //!   comma-separated sentinel URLs. `lock` is `library` (the exclusive lock),
 //!   `library-rw` (one writer in four, the rest readers),
-//!   `library-permits-N`, or `library-transfer` (two keys at once with
-//!   `lock_all`); or a control that lies to the checker, which must catch
+//!   `library-permits-N`, `library-transfer` (two keys at once with
+//!   `lock_all`), or `library-run` / `library-run-fixed` (the exclusive
+//!   lock, renewed or fixed, with each body run by `run()`, which must drop
+//!   it when the lease is lost); or a control that lies to the checker, which must catch
 //!   it: `library-rw-writers-read` (writers take the read lock),
 //!   `library-permits-N-checked-M` (N permits where the checker allows M),
 //!   `library-transfer-first-only` (only the first of the two keys is
-//!   locked); or a deliberately broken lock the checker must catch: `del-release` (released by a plain DEL, no owner
+//!   locked), `library-run-detached` (a `run()` body whose work goes on in
+//!   a task the runner cannot stop); or a deliberately broken lock the checker must catch: `del-release` (released by a plain DEL, no owner
 //!   check), `no-deadline` (the body ignores its lease running out) or
 //!   `blind-renew` (renews with a plain SET, never noticing it lost the lock).
 //!   Prints one JSON line of counts, errors and the worst lateness of this
@@ -348,7 +351,10 @@ async fn witness(run: WitnessRun, witness_dir: &str, tasks: usize) -> Result<(),
             let (run, checker, locks, raw) = (run.clone(), checker.clone(), locks.clone(), raw.clone());
             tokio::spawn(async move {
                 match raw {
-                    None => library_task(task, run, checker, locks).await,
+                    None => match RunBody::parse(&run.lock) {
+                        Some(body) => run_body_task(task, run, checker, locks, body).await,
+                        None => library_task(task, run, checker, locks).await,
+                    },
                     Some(raw) => broken_task(task, run, checker, raw).await,
                 }
             })
@@ -484,6 +490,125 @@ async fn library_task(
         {
             tally.errors += 1;
             tally.first_error.get_or_insert_with(|| e.to_string());
+        }
+    }
+    Ok(tally)
+}
+
+/// The exclusive lock with its body run by `run()`, which must drop the
+/// body before the lease's deadline when the lease is lost.
+#[derive(Debug, Clone, Copy)]
+struct RunBody {
+    /// The lease is renewed (`library-run`) or fixed (`library-run-fixed`:
+    /// a body longer than the ttl loses it on the lease's own timer).
+    renewed: bool,
+    /// The control (`library-run-detached`, fixed lease): the body's work
+    /// runs in a task of its own, which the runner's drop does not stop,
+    /// as if the runner ignored the lost lease.
+    detached: bool,
+}
+
+impl RunBody {
+    fn parse(lock: &str) -> Option<RunBody> {
+        match lock {
+            "library-run" => Some(RunBody {
+                renewed: true,
+                detached: false,
+            }),
+            "library-run-fixed" => Some(RunBody {
+                renewed: false,
+                detached: false,
+            }),
+            "library-run-detached" => Some(RunBody {
+                renewed: false,
+                detached: true,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Tells the checker a body left `key`, however it ends: at its end, or
+/// dropped by the runner.
+struct ExitOnDrop {
+    checker: lock_tests::witness::Witness,
+    key: String,
+    holder: u64,
+    token: u64,
+}
+
+impl Drop for ExitOnDrop {
+    fn drop(&mut self) {
+        self.checker
+            .exit_shared(&self.key, self.holder, self.token, Share::EXCLUSIVE);
+    }
+}
+
+async fn run_body_task(
+    task: usize,
+    run: WitnessRun,
+    checker: lock_tests::witness::Witness,
+    locks: LockClient,
+    mode: RunBody,
+) -> Result<Tally, BoxError> {
+    let start = std::time::Instant::now();
+    let mut tally = Tally::default();
+    let fencing = !run.url.starts_with("redlock=");
+    let long_percent: u32 = std::env::var("LOCK_WORKER_LONG_BODY_PERCENT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    while start.elapsed() < run.duration {
+        let key = pick(&run.keys).to_owned();
+        let length = if rand::random_ratio(long_percent.min(100), 100) {
+            Duration::from_millis(500) + body_length(Duration::from_millis(2000))
+        } else {
+            body_length(run.max_body)
+        };
+        let holder = next_holder(task);
+        let body = {
+            let (checker, key) = (checker.clone(), key.clone());
+            async move {
+                let token = lock_runtime::fencing_token().unwrap_or(0);
+                checker.enter_shared(&key, holder, token, Share::EXCLUSIVE);
+                let exit = ExitOnDrop {
+                    checker: checker.clone(),
+                    key: key.clone(),
+                    holder,
+                    token,
+                };
+                let work = async move {
+                    if token != 0 {
+                        checker.write(&key, token, true);
+                    }
+                    checker.bump(&key).await;
+                    tokio::time::sleep(length).await;
+                    drop(exit);
+                };
+                if mode.detached {
+                    let _ = tokio::spawn(work).await;
+                } else {
+                    work.await;
+                }
+            }
+        };
+        let outcome = locks
+            .lock(key.as_str())
+            .ttl(run.ttl)
+            .renew(mode.renewed)
+            .fencing(fencing)
+            .wait(Duration::from_secs(3))
+            .run(body)
+            .await;
+        match outcome {
+            Ok(()) => tally.taken += 1,
+            Err(LockError::Lost { .. }) => tally.lost += 1,
+            Err(LockError::Timeout { .. }) => tally.timeouts += 1,
+            Err(e) => {
+                tally.errors += 1;
+                tally.first_error.get_or_insert_with(|| e.to_string());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     }
     Ok(tally)

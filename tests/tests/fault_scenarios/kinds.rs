@@ -18,18 +18,36 @@ struct KindScenario {
     name: &'static str,
     lock: &'static str,
     control: &'static str,
+    /// The control lies only when a lease runs out under a body: it runs
+    /// on fixed leases shorter than its bodies.
+    control_outlives_leases: bool,
+}
+
+/// On two keys, eight tasks with bodies up to twice a fixed 1 s lease, for
+/// 4 s: about half the bodies outlive their lease.
+fn outliving_workload(url: &str, keys: &[&str], lock: &str) -> Workload {
+    let mut workload = broken_or_library(url, keys, lock, Duration::from_secs(4));
+    workload.ttl = Duration::from_secs(1);
+    workload.max_body = Duration::from_secs(2);
+    workload
 }
 
 /// The control: on two keys, eight tasks with bodies of up to 20 ms, so
-/// that the lie shows within the run.
-fn control_is_caught(server: &RedisServer, control: &str) -> u32 {
+/// that the lie shows within the run (or bodies that outlive their leases,
+/// for a control that lies only then).
+fn control_is_caught(server: &RedisServer, control: &str, outlives_leases: bool) -> u32 {
     let trials = 3;
     let keys = ["control:a", "control:b"];
     let mut caught = 0;
     for _ in 0..trials {
         let board = Board::new();
-        let mut workload = broken_or_library(&server.url(), &keys, control, Duration::from_millis(1500));
-        workload.max_body = Duration::from_millis(20);
+        let workload = if outlives_leases {
+            outliving_workload(&server.url(), &keys, control)
+        } else {
+            let mut workload = broken_or_library(&server.url(), &keys, control, Duration::from_millis(1500));
+            workload.max_body = Duration::from_millis(20);
+            workload
+        };
         lab::run(&board, &workload, 2);
         if keys.iter().any(|k| board.witness.seen(k).overlaps > 0) {
             caught += 1;
@@ -42,7 +60,9 @@ fn control_is_caught(server: &RedisServer, control: &str) -> u32 {
 async fn run_kind_scenario(scenario: KindScenario) {
     let server = RedisServer::start();
     let started = Instant::now();
-    let caught = tokio::task::block_in_place(|| control_is_caught(&server, scenario.control));
+    let caught = tokio::task::block_in_place(|| {
+        control_is_caught(&server, scenario.control, scenario.control_outlives_leases)
+    });
     // Six keys, not S0's three: a long body stalls every task that picks
     // its key (a transfer holds two), and with three keys that was most of
     // them, so the traffic fell as low as 92 bodies in a run.
@@ -119,6 +139,7 @@ async fn s0rw_no_writer_beside_anyone_through_server_stops() {
         name: "S0 with read-write locks, server stopped past the leases",
         lock: "library-rw",
         control: "library-rw-writers-read",
+        control_outlives_leases: false,
     })
     .await;
 }
@@ -133,6 +154,7 @@ async fn s0t_transfers_hold_both_keys_through_server_stops() {
         name: "S0 with two-key transfers (lock_all), server stopped past the leases",
         lock: "library-transfer",
         control: "library-transfer-first-only",
+        control_outlives_leases: false,
     })
     .await;
 }
@@ -145,6 +167,55 @@ async fn s0p_never_more_than_n_permit_holders_through_server_stops() {
         name: "S0 with 2 permits per key, server stopped past the leases",
         lock: "library-permits-2",
         control: "library-permits-3-checked-2",
+        control_outlives_leases: false,
     })
     .await;
+}
+
+/// S0run: S0's shape with every body run by `run()` rather than watched
+/// through a guard: the long bodies lose their renewed leases in the server
+/// stops, and the runner alone must drop them before their deadlines. Its
+/// control runs each body's work in a task the runner cannot stop (as a
+/// runner that ignored the lost lease would) and must be caught.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0run_run_bodies_are_dropped_when_their_lease_is_lost() {
+    run_kind_scenario(KindScenario {
+        id: "S0run",
+        name: "S0 with run() bodies, server stopped past the leases",
+        lock: "library-run",
+        control: "library-run-detached",
+        control_outlives_leases: true,
+    })
+    .await;
+}
+
+/// S0run's control, honest: the same bodies outliving the same fixed
+/// leases, run by `run()`, are dropped before each deadline, so the
+/// checker sees no overlap; and some bodies did outlive their lease, or
+/// the run proved nothing. A run with a starved process is re-run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_bodies_that_outlive_a_fixed_lease_are_dropped_in_time() {
+    let server = RedisServer::start();
+    let keys = ["fixed:a", "fixed:b"];
+    let workload = outliving_workload(&server.url(), &keys, "library-run-fixed");
+    let bound = monitor::bound(workload.ttl);
+    for attempt in 1..=3 {
+        let board = Board::new();
+        let controller = Monitor::start();
+        let tally = tokio::task::block_in_place(|| lab::run(&board, &workload, 2));
+        let worst_late = tally.worst_late.max(controller.worst());
+        let overlaps: u64 = keys.iter().map(|k| board.witness.seen(k).overlaps).sum();
+        if worst_late > bound && attempt < 3 {
+            eprintln!("run {attempt} INVALID: a process was {worst_late:?} late (bound {bound:?})");
+            continue;
+        }
+        if worst_late <= bound {
+            assert_eq!(overlaps, 0, "a run() body went on past its lease: {tally:?}");
+        }
+        assert!(
+            tally.lost > 0,
+            "no body outlived its lease, so nothing was tested: {tally:?}"
+        );
+        return;
+    }
 }
