@@ -27,7 +27,7 @@ fn oversell(redis_url: Option<&str>, args: &[&str]) -> String {
     if let Some(url) = redis_url {
         command.env("REDIS_URL", url);
     }
-    let output = command.output().expect("run the oversell example");
+    let output = lock_tests::output_within_limit(&mut command, "the oversell example");
     let stdout = String::from_utf8(output.stdout).expect("utf-8");
     assert!(
         output.status.success(),
@@ -60,20 +60,18 @@ fn on_redis_in_one_process_and_in_three() {
 
 #[test]
 fn process_mode_without_redis_says_what_to_do() {
-    let output = Command::new(env!("CARGO_BIN_EXE_oversell"))
-        .arg("--processes")
-        .env_remove("REDIS_URL")
-        .output()
-        .expect("run");
+    let output = lock_tests::output_within_limit(
+        Command::new(env!("CARGO_BIN_EXE_oversell"))
+            .arg("--processes")
+            .env_remove("REDIS_URL"),
+        "oversell --processes",
+    );
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("set REDIS_URL"));
 }
 
 fn run_example(exe: &str) -> String {
-    let output = Command::new(exe)
-        .env_remove("REDIS_URL")
-        .output()
-        .expect("run example");
+    let output = lock_tests::output_within_limit(Command::new(exe).env_remove("REDIS_URL"), exe);
     assert!(
         output.status.success(),
         "{}",
@@ -115,7 +113,7 @@ fn segmented_never_oversells_at_any_segment_count() {
         if let Some(url) = &url {
             command.env("REDIS_URL", url);
         }
-        let output = command.output().expect("run the segmented example");
+        let output = lock_tests::output_within_limit(&mut command, "the segmented example");
         let stdout = String::from_utf8(output.stdout).expect("utf-8");
         assert!(output.status.success(), "segmented failed:\n{stdout}");
         for segments in ["1", "2", "5", "10"] {
@@ -165,6 +163,7 @@ fn the_metrics_service_exposes_counters_that_match_its_orders() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start the metrics example");
+    let _limit = lock_tests::kill_after_limit(child.id(), "the metrics example");
     let stdout = child.stdout.take().expect("piped");
     let mut orders = 0;
     let mut sold = 0;

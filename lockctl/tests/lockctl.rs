@@ -14,10 +14,10 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 const BOUND: Duration = Duration::from_secs(20);
 
 fn lockctl(args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
-        .args(args)
-        .output()
-        .expect("run lockctl")
+    lock_tests::output_within_limit(
+        std::process::Command::new(env!("CARGO_BIN_EXE_lockctl")).args(args),
+        &format!("lockctl {}", args.join(" ")),
+    )
 }
 
 fn stdout(output: &Output) -> String {
@@ -49,426 +49,476 @@ fn find<'a>(locks: &'a [Value], key: &str) -> &'a Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_shows_each_kind_with_its_holders_time_left_fence_and_waiters() {
-    let server = RedisServer::start();
-    let url = server.url();
-    let locks = LockClient::connect(&url).await.expect("connect");
-    let fenced = locks
-        .lock("stock:1")
-        .ttl(Duration::from_secs(30))
-        .fencing(true)
-        .acquire()
-        .await
-        .expect("free");
-    let token = fenced.fencing_token().expect("a token was asked for");
-    let reader_a = locks
-        .lock("catalog")
-        .mode(LockMode::Read)
-        .acquire()
-        .await
-        .expect("read");
-    let reader_b = locks
-        .lock("catalog")
-        .mode(LockMode::Read)
-        .acquire()
-        .await
-        .expect("read");
-    let permit = locks.lock("pool").permits(3).acquire().await.expect("permit");
-    let segment = locks
-        .lock("counter")
-        .segments(4)
-        .acquire()
-        .await
-        .expect("segment");
-    // A waiter marks the fenced lock.
-    let waiter = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            locks
+    lock_tests::bounded(
+        "list_shows_each_kind_with_its_holders_time_left_fence_and_waiters",
+        async move {
+            let server = RedisServer::start();
+            let url = server.url();
+            let locks = LockClient::connect(&url).await.expect("connect");
+            let fenced = locks
                 .lock("stock:1")
-                .wait(Duration::from_secs(30))
+                .ttl(Duration::from_secs(30))
+                .fencing(true)
                 .acquire()
                 .await
-        })
-    };
-    until_waiting(&server, "stock:1").await;
+                .expect("free");
+            let token = fenced.fencing_token().expect("a token was asked for");
+            let reader_a = locks
+                .lock("catalog")
+                .mode(LockMode::Read)
+                .acquire()
+                .await
+                .expect("read");
+            let reader_b = locks
+                .lock("catalog")
+                .mode(LockMode::Read)
+                .acquire()
+                .await
+                .expect("read");
+            let permit = locks.lock("pool").permits(3).acquire().await.expect("permit");
+            let segment = locks
+                .lock("counter")
+                .segments(4)
+                .acquire()
+                .await
+                .expect("segment");
+            // A waiter marks the fenced lock.
+            let waiter = {
+                let locks = locks.clone();
+                tokio::spawn(async move {
+                    locks
+                        .lock("stock:1")
+                        .wait(Duration::from_secs(30))
+                        .acquire()
+                        .await
+                })
+            };
+            until_waiting(&server, "stock:1").await;
 
-    let listed = json_lines(&lockctl(&["--url", &url, "--json", "list"]));
-    let stock = find(&listed, "stock:1");
-    assert_eq!(stock["kind"], "exclusive");
-    assert_eq!(stock["fence"], token);
-    assert_eq!(stock["waiters"], true);
-    assert_eq!(
-        stock["holders"][0]["id"].as_str().map(|id| format!("{id}+w")),
-        Some(holder_of(&server, "stock:1"))
-    );
-    let left = stock["holders"][0]["time_left_ms"].as_u64().expect("an expiry");
-    assert!(left > 0 && left <= 30_000, "time left {left} ms of a 30 s lease");
-    let catalog = find(&listed, "catalog");
-    assert_eq!(catalog["kind"], "read-write");
-    assert_eq!(catalog["holders"].as_array().map(Vec::len), Some(2));
-    assert!(
-        catalog["holders"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .all(|h| h["role"] == "reader")
-    );
-    assert_eq!(find(&listed, "pool")["kind"], "permits");
-    let seg = format!("counter#{}", segment.segment().expect("a segment"));
-    assert_eq!(find(&listed, &seg)["kind"], "segment");
-    assert_eq!(
-        listed.len(),
-        4,
-        "no fence counter or other key listed as a lock: {listed:?}"
-    );
+            let listed = json_lines(&lockctl(&["--url", &url, "--json", "list"]));
+            let stock = find(&listed, "stock:1");
+            assert_eq!(stock["kind"], "exclusive");
+            assert_eq!(stock["fence"], token);
+            assert_eq!(stock["waiters"], true);
+            assert_eq!(
+                stock["holders"][0]["id"].as_str().map(|id| format!("{id}+w")),
+                Some(holder_of(&server, "stock:1"))
+            );
+            let left = stock["holders"][0]["time_left_ms"].as_u64().expect("an expiry");
+            assert!(left > 0 && left <= 30_000, "time left {left} ms of a 30 s lease");
+            let catalog = find(&listed, "catalog");
+            assert_eq!(catalog["kind"], "read-write");
+            assert_eq!(catalog["holders"].as_array().map(Vec::len), Some(2));
+            assert!(
+                catalog["holders"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .all(|h| h["role"] == "reader")
+            );
+            assert_eq!(find(&listed, "pool")["kind"], "permits");
+            let seg = format!("counter#{}", segment.segment().expect("a segment"));
+            assert_eq!(find(&listed, &seg)["kind"], "segment");
+            assert_eq!(
+                listed.len(),
+                4,
+                "no fence counter or other key listed as a lock: {listed:?}"
+            );
 
-    // A pattern narrows the list; the text table names the same locks.
-    let narrowed = json_lines(&lockctl(&["--url", &url, "--json", "list", "stock:*"]));
-    assert_eq!(narrowed.len(), 1);
-    let table = stdout(&lockctl(&["--url", &url, "list"]));
-    for key in ["stock:1", "catalog", "pool", &seg] {
-        assert!(table.contains(key), "{key} missing from\n{table}");
-    }
-    assert!(
-        table.lines().next().is_some_and(|h| h.starts_with("KEY")),
-        "{table}"
-    );
+            // A pattern narrows the list; the text table names the same locks.
+            let narrowed = json_lines(&lockctl(&["--url", &url, "--json", "list", "stock:*"]));
+            assert_eq!(narrowed.len(), 1);
+            let table = stdout(&lockctl(&["--url", &url, "list"]));
+            for key in ["stock:1", "catalog", "pool", &seg] {
+                assert!(table.contains(key), "{key} missing from\n{table}");
+            }
+            assert!(
+                table.lines().next().is_some_and(|h| h.starts_with("KEY")),
+                "{table}"
+            );
 
-    // Inspect one lock, and one that is free.
-    let inspected = json_lines(&lockctl(&["--url", &url, "--json", "inspect", "catalog"]));
-    assert_eq!(inspected[0]["held"], true);
-    assert_eq!(
-        inspected[0]["locks"][0]["holders"].as_array().map(Vec::len),
-        Some(2)
-    );
-    let free = json_lines(&lockctl(&["--url", &url, "--json", "inspect", "nothing:here"]));
-    assert_eq!(free[0]["held"], false);
+            // Inspect one lock, and one that is free.
+            let inspected = json_lines(&lockctl(&["--url", &url, "--json", "inspect", "catalog"]));
+            assert_eq!(inspected[0]["held"], true);
+            assert_eq!(
+                inspected[0]["locks"][0]["holders"].as_array().map(Vec::len),
+                Some(2)
+            );
+            let free = json_lines(&lockctl(&["--url", &url, "--json", "inspect", "nothing:here"]));
+            assert_eq!(free[0]["held"], false);
 
-    for guard in [fenced, reader_a, reader_b, permit, segment] {
-        guard.release().await.expect("release");
-    }
-    let taken = tokio::time::timeout(BOUND, waiter)
-        .await
-        .expect("the waiter got the lock");
-    taken
-        .expect("join")
-        .expect("acquired")
-        .release()
-        .await
-        .expect("release");
+            for guard in [fenced, reader_a, reader_b, permit, segment] {
+                guard.release().await.expect("release");
+            }
+            let taken = tokio::time::timeout(BOUND, waiter)
+                .await
+                .expect("the waiter got the lock");
+            taken
+                .expect("join")
+                .expect("acquired")
+                .release()
+                .await
+                .expect("release");
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlock_force_is_seen_as_lost_by_the_running_holder_and_wakes_a_waiter() {
-    let server = RedisServer::start();
-    let url = server.url();
-    let holder = LockClient::connect(&url).await.expect("connect");
-    let waiter = LockClient::connect(&url).await.expect("connect");
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    // Renewed forever: only a forced unlock lets anyone else in.
-    let running = tokio::spawn(async move {
-        holder
-            .lock("stuck-job")
-            .ttl(Duration::from_millis(600))
-            .fencing(true)
-            .run(async move {
-                let _ = started_tx.send(lock_runtime::fencing_token());
-                std::future::pending::<()>().await;
-            })
-            .await
-    });
-    let stuck_token = tokio::time::timeout(BOUND, started_rx)
-        .await
-        .expect("the body started")
-        .expect("sender kept")
-        .expect("a token was asked for");
-    let waiting = tokio::spawn(async move {
-        let guard = waiter
-            .lock("stuck-job")
-            .fencing(true)
-            .wait(Duration::from_secs(60))
-            .acquire()
-            .await?;
-        let token = guard.fencing_token();
-        guard.release().await.map(|()| token)
-    });
-    until_waiting(&server, "stuck-job").await;
-    let mut announcements = server.sync_connection().expect("connect");
-    let mut announcements = announcements.as_pubsub();
-    announcements
-        .subscribe("lock:{stuck-job}:released")
-        .expect("subscribe");
-    announcements.set_read_timeout(Some(BOUND)).expect("read timeout");
+    lock_tests::bounded(
+        "unlock_force_is_seen_as_lost_by_the_running_holder_and_wakes_a_waiter",
+        async move {
+            let server = RedisServer::start();
+            let url = server.url();
+            let holder = LockClient::connect(&url).await.expect("connect");
+            let waiter = LockClient::connect(&url).await.expect("connect");
+            let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+            // Renewed forever: only a forced unlock lets anyone else in.
+            let running = tokio::spawn(async move {
+                holder
+                    .lock("stuck-job")
+                    .ttl(Duration::from_millis(600))
+                    .fencing(true)
+                    .run(async move {
+                        let _ = started_tx.send(lock_runtime::fencing_token());
+                        std::future::pending::<()>().await;
+                    })
+                    .await
+            });
+            let stuck_token = tokio::time::timeout(BOUND, started_rx)
+                .await
+                .expect("the body started")
+                .expect("sender kept")
+                .expect("a token was asked for");
+            let waiting = tokio::spawn(async move {
+                let guard = waiter
+                    .lock("stuck-job")
+                    .fencing(true)
+                    .wait(Duration::from_secs(60))
+                    .acquire()
+                    .await?;
+                let token = guard.fencing_token();
+                guard.release().await.map(|()| token)
+            });
+            until_waiting(&server, "stuck-job").await;
+            let mut announcements = server.sync_connection().expect("connect");
+            let mut announcements = announcements.as_pubsub();
+            announcements
+                .subscribe("lock:{stuck-job}:released")
+                .expect("subscribe");
+            announcements.set_read_timeout(Some(BOUND)).expect("read timeout");
 
-    // Without --force nothing happens.
-    let refused = lockctl(&["--url", &url, "unlock", "stuck-job"]);
-    assert_eq!(refused.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("--force"));
-    assert!(!holder_of(&server, "stuck-job").is_empty());
+            // Without --force nothing happens.
+            let refused = lockctl(&["--url", &url, "unlock", "stuck-job"]);
+            assert_eq!(refused.status.code(), Some(2));
+            assert!(String::from_utf8_lossy(&refused.stderr).contains("--force"));
+            assert!(!holder_of(&server, "stuck-job").is_empty());
 
-    let forced = json_lines(&lockctl(&[
-        "--url",
-        &url,
-        "--json",
-        "unlock",
-        "stuck-job",
-        "--force",
-    ]));
-    assert_eq!(forced[0]["freed"], true);
-    // Announced as a writer's release, which wakes every waiter of a
-    // process: none of them sleeps until its poll.
-    let announced: String = announcements
-        .get_message()
-        .expect("the forced unlock was announced")
-        .get_payload()
-        .expect("a text payload");
-    assert_eq!(announced, "w:forced");
-    drop(announcements);
-    let lost = tokio::time::timeout(BOUND, running)
-        .await
-        .expect("the holder's body was stopped")
-        .expect("join");
-    assert!(
-        matches!(
-            lost,
-            Err(LockError::Lost {
-                reason: LostReason::TakenOver,
-                ..
-            })
-        ),
-        "{lost:?}"
-    );
-    let next_token = tokio::time::timeout(BOUND, waiting)
-        .await
-        .expect("the waiter got the lock")
-        .expect("join")
-        .expect("acquired and released")
-        .expect("a token was asked for");
-    assert!(
-        next_token > stuck_token,
-        "the fence counter went back: {next_token} after {stuck_token}"
-    );
+            let forced = json_lines(&lockctl(&[
+                "--url",
+                &url,
+                "--json",
+                "unlock",
+                "stuck-job",
+                "--force",
+            ]));
+            assert_eq!(forced[0]["freed"], true);
+            // Announced as a writer's release, which wakes every waiter of a
+            // process: none of them sleeps until its poll.
+            let announced: String = announcements
+                .get_message()
+                .expect("the forced unlock was announced")
+                .get_payload()
+                .expect("a text payload");
+            assert_eq!(announced, "w:forced");
+            drop(announcements);
+            let lost = tokio::time::timeout(BOUND, running)
+                .await
+                .expect("the holder's body was stopped")
+                .expect("join");
+            assert!(
+                matches!(
+                    lost,
+                    Err(LockError::Lost {
+                        reason: LostReason::TakenOver,
+                        ..
+                    })
+                ),
+                "{lost:?}"
+            );
+            let next_token = tokio::time::timeout(BOUND, waiting)
+                .await
+                .expect("the waiter got the lock")
+                .expect("join")
+                .expect("acquired and released")
+                .expect("a token was asked for");
+            assert!(
+                next_token > stuck_token,
+                "the fence counter went back: {next_token} after {stuck_token}"
+            );
 
-    let again = json_lines(&lockctl(&[
-        "--url",
-        &url,
-        "--json",
-        "unlock",
-        "stuck-job",
-        "--force",
-    ]));
-    assert_eq!(again[0]["freed"], false, "nothing left to free");
+            let again = json_lines(&lockctl(&[
+                "--url",
+                &url,
+                "--json",
+                "unlock",
+                "stuck-job",
+                "--force",
+            ]));
+            assert_eq!(again[0]["freed"], false, "nothing left to free");
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_this_library_did_not_write_is_never_freed() {
-    let server = RedisServer::start();
-    server.query::<()>(redis::cmd("SET").arg("lock:{foreign}").arg("not a holder"));
-    let refused = lockctl(&["--url", &server.url(), "unlock", "foreign", "--force"]);
-    assert_eq!(refused.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("lock:{foreign}"));
-    assert_eq!(holder_of(&server, "foreign"), "not a holder");
-    // Bad input is a clear error, not a panic.
-    let braces = lockctl(&["--url", &server.url(), "inspect", "a{b}"]);
-    assert_eq!(braces.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&braces.stderr).contains("brace"));
+    lock_tests::bounded("a_key_this_library_did_not_write_is_never_freed", async move {
+        let server = RedisServer::start();
+        server.query::<()>(redis::cmd("SET").arg("lock:{foreign}").arg("not a holder"));
+        let refused = lockctl(&["--url", &server.url(), "unlock", "foreign", "--force"]);
+        assert_eq!(refused.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&refused.stderr).contains("lock:{foreign}"));
+        assert_eq!(holder_of(&server, "foreign"), "not a holder");
+        // Bad input is a clear error, not a panic.
+        let braces = lockctl(&["--url", &server.url(), "inspect", "a{b}"]);
+        assert_eq!(braces.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&braces.stderr).contains("brace"));
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_output_or_error_shows_a_password() {
-    let password = "s3cret-Pa55";
-    let server = RedisServer::start_with_password(password);
-    let url = server.url_with_password();
-    let locks = LockClient::connect(&url).await.expect("connect");
-    let guard = locks.lock("private").acquire().await.expect("free");
-    for args in [vec!["list"], vec!["--json", "list"], vec!["inspect", "private"]] {
-        let mut all = vec!["--url", url.as_str()];
-        all.extend(args);
-        let out = stdout(&lockctl(&all));
-        assert!(out.contains("private"), "{out}");
-        assert!(!out.contains(password), "password shown: {out}");
-    }
-    let wrong = format!("redis://:wrong-{password}@127.0.0.1:{}/", server.port());
-    let refused = lockctl(&["--url", &wrong, "list"]);
-    assert_eq!(refused.status.code(), Some(1));
-    let message = String::from_utf8_lossy(&refused.stderr);
-    assert!(!message.contains(password), "password shown: {message}");
-    guard.release().await.expect("release");
+    lock_tests::bounded("no_output_or_error_shows_a_password", async move {
+        let password = "s3cret-Pa55";
+        let server = RedisServer::start_with_password(password);
+        let url = server.url_with_password();
+        let locks = LockClient::connect(&url).await.expect("connect");
+        let guard = locks.lock("private").acquire().await.expect("free");
+        for args in [vec!["list"], vec!["--json", "list"], vec!["inspect", "private"]] {
+            let mut all = vec!["--url", url.as_str()];
+            all.extend(args);
+            let out = stdout(&lockctl(&all));
+            assert!(out.contains("private"), "{out}");
+            assert!(!out.contains(password), "password shown: {out}");
+        }
+        let wrong = format!("redis://:wrong-{password}@127.0.0.1:{}/", server.port());
+        let refused = lockctl(&["--url", &wrong, "list"]);
+        assert_eq!(refused.status.code(), Some(1));
+        let message = String::from_utf8_lossy(&refused.stderr);
+        assert!(!message.contains(password), "password shown: {message}");
+        guard.release().await.expect("release");
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_list_covers_every_master() {
-    let cluster = Cluster::start(3, 0);
-    let urls = cluster.urls();
-    let locks = LockClient::cluster(&urls).await.expect("connect");
-    // Keys until every master holds one.
-    let mut guards = Vec::new();
-    let mut masters = std::collections::BTreeSet::new();
-    for i in 0.. {
-        let key = format!("job:{i}");
-        if masters.insert(cluster.master_of(&format!("lock:{{{key}}}"))) {
-            guards.push((key.clone(), locks.lock(key).acquire().await.expect("free")));
+    lock_tests::bounded("on_a_cluster_list_covers_every_master", async move {
+        let cluster = Cluster::start(3, 0);
+        let urls = cluster.urls();
+        let locks = LockClient::cluster(&urls).await.expect("connect");
+        // Keys until every master holds one.
+        let mut guards = Vec::new();
+        let mut masters = std::collections::BTreeSet::new();
+        for i in 0.. {
+            let key = format!("job:{i}");
+            if masters.insert(cluster.master_of(&format!("lock:{{{key}}}"))) {
+                guards.push((key.clone(), locks.lock(key).acquire().await.expect("free")));
+            }
+            if masters.len() == 3 {
+                break;
+            }
         }
-        if masters.len() == 3 {
-            break;
-        }
-    }
-    let seeds = urls.join(",");
-    let listed = json_lines(&lockctl(&["--cluster", &seeds, "--json", "list"]));
-    assert_eq!(listed.len(), 3, "{listed:?}");
-    let nodes: std::collections::BTreeSet<&str> = listed.iter().filter_map(|l| l["node"].as_str()).collect();
-    assert_eq!(nodes.len(), 3, "one lock per master: {listed:?}");
-    let (key, _) = &guards[0];
-    let forced = json_lines(&lockctl(&[
-        "--cluster",
-        &seeds,
-        "--json",
-        "unlock",
-        key,
-        "--force",
-    ]));
-    assert_eq!(forced[0]["freed"], true);
-    assert_eq!(
-        json_lines(&lockctl(&["--cluster", &seeds, "--json", "list"])).len(),
-        2
-    );
+        let seeds = urls.join(",");
+        let listed = json_lines(&lockctl(&["--cluster", &seeds, "--json", "list"]));
+        assert_eq!(listed.len(), 3, "{listed:?}");
+        let nodes: std::collections::BTreeSet<&str> =
+            listed.iter().filter_map(|l| l["node"].as_str()).collect();
+        assert_eq!(nodes.len(), 3, "one lock per master: {listed:?}");
+        let (key, _) = &guards[0];
+        let forced = json_lines(&lockctl(&[
+            "--cluster",
+            &seeds,
+            "--json",
+            "unlock",
+            key,
+            "--force",
+        ]));
+        assert_eq!(forced[0]["freed"], true);
+        assert_eq!(
+            json_lines(&lockctl(&["--cluster", &seeds, "--json", "list"])).len(),
+            2
+        );
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_redlock_each_master_shows_its_copy_and_unlock_frees_them_all() {
-    let masters = start_masters(3);
-    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
-    let locks = LockClient::redlock(&urls).await.expect("connect");
-    let guard = locks.lock("report").acquire().await.expect("free");
-    // A Redlock acquisition returns once a majority granted it; the third
-    // master's grant may still be on its way.
-    let on_every_master = lock_tests::eventually(Duration::from_secs(5), || {
-        masters
-            .iter()
-            .all(|m| m.query::<i64>(redis::cmd("EXISTS").arg("lock:{report}")) == 1)
-    })
-    .await;
-    assert!(on_every_master.is_some(), "the lock never reached every master");
-    let joined = urls.join(",");
-    let listed = json_lines(&lockctl(&["--redlock", &joined, "--json", "list"]));
-    assert_eq!(listed.len(), 3, "one row per master: {listed:?}");
-    let forced = json_lines(&lockctl(&[
-        "--redlock",
-        &joined,
-        "--json",
-        "unlock",
-        "report",
-        "--force",
-    ]));
-    assert_eq!(forced[0]["nodes"], 3);
-    assert!(json_lines(&lockctl(&["--redlock", &joined, "--json", "list"])).is_empty());
-    assert!(matches!(guard.release().await, Err(LockError::NotHeld { .. })));
+    lock_tests::bounded(
+        "on_a_redlock_each_master_shows_its_copy_and_unlock_frees_them_all",
+        async move {
+            let masters = start_masters(3);
+            let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+            let locks = LockClient::redlock(&urls).await.expect("connect");
+            let guard = locks.lock("report").acquire().await.expect("free");
+            // A Redlock acquisition returns once a majority granted it; the third
+            // master's grant may still be on its way.
+            let on_every_master = lock_tests::eventually(Duration::from_secs(5), || {
+                masters
+                    .iter()
+                    .all(|m| m.query::<i64>(redis::cmd("EXISTS").arg("lock:{report}")) == 1)
+            })
+            .await;
+            assert!(
+                on_every_master.is_some(),
+                "the lock never reached every master: {:?}",
+                masters
+                    .iter()
+                    .map(|m| m.query::<Vec<String>>(redis::cmd("KEYS").arg("*")))
+                    .collect::<Vec<_>>()
+            );
+            let joined = urls.join(",");
+            let listed = json_lines(&lockctl(&["--redlock", &joined, "--json", "list"]));
+            assert_eq!(listed.len(), 3, "one row per master: {listed:?}");
+            let forced = json_lines(&lockctl(&[
+                "--redlock",
+                &joined,
+                "--json",
+                "unlock",
+                "report",
+                "--force",
+            ]));
+            assert_eq!(forced[0]["nodes"], 3);
+            assert!(json_lines(&lockctl(&["--redlock", &joined, "--json", "list"])).is_empty());
+            assert!(matches!(guard.release().await, Err(LockError::NotHeld { .. })));
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_prints_acquisitions_and_releases() {
-    let server = RedisServer::start();
-    let url = server.url();
-    let locks = LockClient::connect(&url).await.expect("connect");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
-        .args(["--url", &url, "--json", "watch", "--interval", "20ms"])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start lockctl watch");
-    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-    let mut next_event = async || -> Value {
-        let line = tokio::time::timeout(BOUND, lines.next_line())
-            .await
-            .expect("an event within the bound")
-            .expect("read")
-            .expect("watch still running");
-        serde_json::from_str(&line).expect("a JSON line")
-    };
+    lock_tests::bounded("watch_prints_acquisitions_and_releases", async move {
+        let server = RedisServer::start();
+        let url = server.url();
+        let locks = LockClient::connect(&url).await.expect("connect");
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(["--url", &url, "--json", "watch", "--interval", "20ms"])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start lockctl watch");
+        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let mut next_event = async || -> Value {
+            let line = tokio::time::timeout(BOUND, lines.next_line())
+                .await
+                .expect("an event within the bound")
+                .expect("read")
+                .expect("watch still running");
+            serde_json::from_str(&line).expect("a JSON line")
+        };
 
-    assert_eq!(next_event().await["event"], "started");
-    let guard = locks.lock("watched").acquire().await.expect("free");
-    let acquired = next_event().await;
-    assert_eq!(acquired["event"], "acquired");
-    assert_eq!(acquired["key"], "watched");
-    assert_eq!(
-        acquired["holder"].as_str(),
-        Some(holder_of(&server, "watched").as_str())
-    );
-    guard.release().await.expect("release");
-    let released = next_event().await;
-    assert_eq!(released["event"], "released");
-    assert_eq!(released["key"], "watched");
-    child.kill().await.expect("stop watch");
+        assert_eq!(next_event().await["event"], "started");
+        let guard = locks.lock("watched").acquire().await.expect("free");
+        let acquired = next_event().await;
+        assert_eq!(acquired["event"], "acquired");
+        assert_eq!(acquired["key"], "watched");
+        assert_eq!(
+            acquired["holder"].as_str(),
+            Some(holder_of(&server, "watched").as_str())
+        );
+        guard.release().await.expect("release");
+        let released = next_event().await;
+        assert_eq!(released["event"], "released");
+        assert_eq!(released["key"], "watched");
+        child.kill().await.expect("stop watch");
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_lock_shows_its_line_and_a_forced_unlock_hands_it_to_the_first_waiter() {
-    let server = RedisServer::start();
-    let url = server.url();
-    let locks = LockClient::connect(&url).await.expect("connect");
-    let held = locks.lock("queue").fair(true).acquire().await.expect("free");
-    let waiter = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            let guard = locks
-                .lock("queue")
-                .fair(true)
-                .wait(Duration::from_secs(60))
-                .acquire()
-                .await?;
-            guard.release().await
-        })
-    };
-    until_waiting(&server, "queue").await;
-    let listed = json_lines(&lockctl(&["--url", &url, "--json", "list"]));
-    let queue = find(&listed, "queue");
-    assert_eq!(queue["kind"], "fair");
-    assert_eq!(queue["in_line"], 1);
-    assert_eq!(queue["waiters"], true);
+    lock_tests::bounded(
+        "a_fair_lock_shows_its_line_and_a_forced_unlock_hands_it_to_the_first_waiter",
+        async move {
+            let server = RedisServer::start();
+            let url = server.url();
+            let locks = LockClient::connect(&url).await.expect("connect");
+            let held = locks.lock("queue").fair(true).acquire().await.expect("free");
+            let waiter = {
+                let locks = locks.clone();
+                tokio::spawn(async move {
+                    let guard = locks
+                        .lock("queue")
+                        .fair(true)
+                        .wait(Duration::from_secs(60))
+                        .acquire()
+                        .await?;
+                    guard.release().await
+                })
+            };
+            until_waiting(&server, "queue").await;
+            let listed = json_lines(&lockctl(&["--url", &url, "--json", "list"]));
+            let queue = find(&listed, "queue");
+            assert_eq!(queue["kind"], "fair");
+            assert_eq!(queue["in_line"], 1);
+            assert_eq!(queue["waiters"], true);
 
-    let first_in_line: Vec<String> =
-        server.query(redis::cmd("ZRANGE").arg("lock:{queue}:line").arg(0).arg(0));
-    let mut announcements = server.sync_connection().expect("connect");
-    let mut announcements = announcements.as_pubsub();
-    announcements
-        .subscribe("lock:{queue}:released")
-        .expect("subscribe");
-    announcements.set_read_timeout(Some(BOUND)).expect("read timeout");
+            let first_in_line: Vec<String> =
+                server.query(redis::cmd("ZRANGE").arg("lock:{queue}:line").arg(0).arg(0));
+            let mut announcements = server.sync_connection().expect("connect");
+            let mut announcements = announcements.as_pubsub();
+            announcements
+                .subscribe("lock:{queue}:released")
+                .expect("subscribe");
+            announcements.set_read_timeout(Some(BOUND)).expect("read timeout");
 
-    let forced = json_lines(&lockctl(&["--url", &url, "--json", "unlock", "queue", "--force"]));
-    assert_eq!(forced[0]["freed"], true);
-    // The forced release names the first in line, as a release does: that
-    // waiter alone is woken.
-    let announced: String = announcements
-        .get_message()
-        .expect("the forced unlock was announced")
-        .get_payload()
-        .expect("a text payload");
-    assert_eq!(Some(&announced), first_in_line.first());
-    drop(announcements);
-    tokio::time::timeout(BOUND, waiter)
-        .await
-        .expect("the first in line got the lock")
-        .expect("join")
-        .expect("acquired and released");
-    assert!(matches!(held.release().await, Err(LockError::NotHeld { .. })));
+            let forced = json_lines(&lockctl(&["--url", &url, "--json", "unlock", "queue", "--force"]));
+            assert_eq!(forced[0]["freed"], true);
+            // The forced release names the first in line, as a release does: that
+            // waiter alone is woken.
+            let announced: String = announcements
+                .get_message()
+                .expect("the forced unlock was announced")
+                .get_payload()
+                .expect("a text payload");
+            assert_eq!(Some(&announced), first_in_line.first());
+            drop(announcements);
+            tokio::time::timeout(BOUND, waiter)
+                .await
+                .expect("the first in line got the lock")
+                .expect("join")
+                .expect("acquired and released");
+            assert!(matches!(held.release().await, Err(LockError::NotHeld { .. })));
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_sentinel_it_reads_the_master_the_sentinels_name() {
-    let replicated = Replicated::start(1);
-    let urls = replicated.sentinel_urls();
-    let locks = LockClient::sentinel(lock_tests::sentinel::MASTER_NAME, &urls)
-        .await
-        .expect("connect");
-    let guard = locks.lock("failover-safe").acquire().await.expect("free");
-    let target = format!("{}@{}", lock_tests::sentinel::MASTER_NAME, urls.join(","));
-    let listed = json_lines(&lockctl(&["--sentinel", &target, "--json", "list"]));
-    assert_eq!(listed.len(), 1, "{listed:?}");
-    assert_eq!(listed[0]["key"], "failover-safe");
-    let bad = lockctl(&["--sentinel", "no-at-sign", "list"]);
-    assert_eq!(bad.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("NAME@URL"));
-    guard.release().await.expect("release");
+    lock_tests::bounded(
+        "through_sentinel_it_reads_the_master_the_sentinels_name",
+        async move {
+            let replicated = Replicated::start(1);
+            let urls = replicated.sentinel_urls();
+            let locks = LockClient::sentinel(lock_tests::sentinel::MASTER_NAME, &urls)
+                .await
+                .expect("connect");
+            let guard = locks.lock("failover-safe").acquire().await.expect("free");
+            let target = format!("{}@{}", lock_tests::sentinel::MASTER_NAME, urls.join(","));
+            let listed = json_lines(&lockctl(&["--sentinel", &target, "--json", "list"]));
+            assert_eq!(listed.len(), 1, "{listed:?}");
+            assert_eq!(listed[0]["key"], "failover-safe");
+            let bad = lockctl(&["--sentinel", "no-at-sign", "list"]);
+            assert_eq!(bad.status.code(), Some(1));
+            assert!(String::from_utf8_lossy(&bad.stderr).contains("NAME@URL"));
+            guard.release().await.expect("release");
+        },
+    )
+    .await
 }

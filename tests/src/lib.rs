@@ -54,6 +54,79 @@ pub fn install_global_client() -> &'static RedisServer {
     })
 }
 
+/// The longest any test of the suite may run: the longest tier-1 fault
+/// scenario takes about 100 s on this machine.
+pub const TEST_LIMIT: Duration = Duration::from_secs(300);
+
+/// Runs a test's body under a time limit of its own ([`TEST_LIMIT`]), so
+/// that a test waiting on something that never happens fails with its name
+/// instead of hanging the suite (a stuck CI job names nothing).
+pub async fn bounded<F: std::future::Future>(test: &str, body: F) -> F::Output {
+    match tokio::time::timeout(TEST_LIMIT, body).await {
+        Ok(output) => output,
+        Err(_) => panic!(
+            "test `{test}` was still waiting after {TEST_LIMIT:?}: something it waits for (a grant, a release, a lost lease, a server's answer) never happened"
+        ),
+    }
+}
+
+/// Kills process `pid` if it is still running after [`TEST_LIMIT`], so a
+/// test that reads a child's output (an example, a worker) cannot hang on a
+/// child that waits forever; dropping the returned value calls it off.
+#[must_use = "dropping the limit calls it off at once"]
+pub fn kill_after_limit(pid: u32, what: &str) -> ChildLimit {
+    kill_after(pid, what, TEST_LIMIT)
+}
+
+fn kill_after(pid: u32, what: &str, limit: Duration) -> ChildLimit {
+    let (cancel, cancelled) = std::sync::mpsc::channel::<()>();
+    let what = what.to_owned();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = cancelled.recv_timeout(limit) {
+            eprintln!("`{what}` was still running after {limit:?}: killed it");
+            if let Ok(pid) = i32::try_from(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    });
+    ChildLimit { _cancel: cancel }
+}
+
+/// A running [`kill_after_limit`]; dropping it calls the limit off.
+#[derive(Debug)]
+pub struct ChildLimit {
+    _cancel: std::sync::mpsc::Sender<()>,
+}
+
+/// Runs `command` to its end, as [`std::process::Command::output`] does,
+/// but kills it after [`TEST_LIMIT`] and fails naming `what`.
+pub fn output_within_limit(command: &mut std::process::Command, what: &str) -> std::process::Output {
+    output_within(command, what, TEST_LIMIT)
+}
+
+fn output_within(command: &mut std::process::Command, what: &str, limit: Duration) -> std::process::Output {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {what}: {e}"));
+    let started = Instant::now();
+    let kill = kill_after(child.id(), what, limit);
+    let output = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("wait for {what}: {e}"));
+    drop(kill);
+    assert!(
+        started.elapsed() < limit,
+        "`{what}` did not finish within {limit:?} (killed); stderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
 /// Until a waiter on lock `key` (default prefix) has subscribed to its
 /// release channel on `server`: from then on it is waiting, and a release
 /// reaches it.
@@ -195,4 +268,40 @@ pub fn spawn_waiter(locks: &lock_runtime::LockClient, key: &str) -> tokio::task:
         guard.release().await.expect("release");
         acquired
     })
+}
+
+#[cfg(test)]
+mod limits {
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "test `never_finishes` was still waiting after")]
+    async fn a_body_that_never_finishes_fails_naming_its_test() {
+        super::bounded("never_finishes", std::future::pending::<()>()).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_finishes_gives_its_output() {
+        assert_eq!(super::bounded("finishes", async { 7 }).await, 7);
+    }
+
+    #[test]
+    #[should_panic(expected = "`a child that never exits` did not finish within")]
+    fn a_child_that_never_exits_is_killed_and_named() {
+        let mut command = std::process::Command::new("sleep");
+        command.arg("600");
+        super::output_within(
+            &mut command,
+            "a child that never exits",
+            Duration::from_millis(200),
+        );
+    }
+
+    #[test]
+    fn a_child_that_exits_gives_its_output() {
+        let mut command = std::process::Command::new("echo");
+        command.arg("done");
+        let output = super::output_within(&mut command, "echo", Duration::from_secs(60));
+        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "done");
+    }
 }

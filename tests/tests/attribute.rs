@@ -54,12 +54,18 @@ async fn check_stock(id: u64) -> Result<u32, ShopError> {
 
 #[tokio::test]
 async fn nested_functions_on_one_key_reenter_and_errors_flow_through_question_mark() {
-    assert_eq!(deduct_stock(7, 3).await.expect("in stock"), 4);
-    assert!(!held("stock:7"));
-    // `?` on the inner call's error, and the function's own error, both
-    // leave the lock released.
-    assert!(matches!(deduct_stock(3, 5).await, Err(ShopError::OutOfStock)));
-    assert!(!held("stock:3"));
+    lock_tests::bounded(
+        "nested_functions_on_one_key_reenter_and_errors_flow_through_question_mark",
+        async move {
+            assert_eq!(deduct_stock(7, 3).await.expect("in stock"), 4);
+            assert!(!held("stock:7"));
+            // `?` on the inner call's error, and the function's own error, both
+            // leave the lock released.
+            assert!(matches!(deduct_stock(3, 5).await, Err(ShopError::OutOfStock)));
+            assert!(!held("stock:3"));
+        },
+    )
+    .await
 }
 
 #[distributed_lock(key = "cart:<user>")]
@@ -72,8 +78,11 @@ async fn checkout(user: String, product_id: u64) -> Result<u32, ShopError> {
 
 #[tokio::test]
 async fn different_keys_nest() {
-    assert_eq!(checkout("ann".into(), 9).await.expect("nested"), 8);
-    assert!(!held("cart:ann") && !held("stock:9"));
+    lock_tests::bounded("different_keys_nest", async move {
+        assert_eq!(checkout("ann".into(), 9).await.expect("nested"), 8);
+        assert!(!held("cart:ann") && !held("stock:9"));
+    })
+    .await
 }
 
 #[distributed_lock(key = "report:<day>", wait = "50ms")]
@@ -83,19 +92,22 @@ async fn daily_report(day: u32) -> Result<u32, ShopError> {
 
 #[tokio::test]
 async fn a_held_lock_times_out_into_the_users_error_type() {
-    let guard = lock_runtime::LockClient::connect(&redis().url())
-        .await
-        .expect("second client")
-        .lock("report:1")
-        .acquire()
-        .await
-        .expect("held by another client");
-    match daily_report(1).await {
-        Err(ShopError::Lock(LockError::Timeout { key, .. })) => assert_eq!(key, "report:1"),
-        other => panic!("expected a timeout, got {other:?}"),
-    }
-    guard.release().await.expect("release");
-    assert_eq!(daily_report(1).await.expect("free again"), 1);
+    lock_tests::bounded("a_held_lock_times_out_into_the_users_error_type", async move {
+        let guard = lock_runtime::LockClient::connect(&redis().url())
+            .await
+            .expect("second client")
+            .lock("report:1")
+            .acquire()
+            .await
+            .expect("held by another client");
+        match daily_report(1).await {
+            Err(ShopError::Lock(LockError::Timeout { key, .. })) => assert_eq!(key, "report:1"),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        guard.release().await.expect("release");
+        assert_eq!(daily_report(1).await.expect("free again"), 1);
+    })
+    .await
 }
 
 #[distributed_lock(key = "panicky:<n>")]
@@ -108,12 +120,18 @@ async fn panicky(n: u32) -> Result<u32, ShopError> {
 
 #[tokio::test]
 async fn a_panic_inside_an_annotated_fn_releases_and_keeps_its_payload() {
-    let err = tokio::spawn(panicky(3)).await.expect_err("panics");
-    assert_eq!(
-        err.into_panic().downcast_ref::<String>().map(String::as_str),
-        Some("refund failed for 3")
-    );
-    assert!(!held("panicky:3"));
+    lock_tests::bounded(
+        "a_panic_inside_an_annotated_fn_releases_and_keeps_its_payload",
+        async move {
+            let err = tokio::spawn(panicky(3)).await.expect_err("panics");
+            assert_eq!(
+                err.into_panic().downcast_ref::<String>().map(String::as_str),
+                Some("refund failed for 3")
+            );
+            assert!(!held("panicky:3"));
+        },
+    )
+    .await
 }
 
 struct Shop {
@@ -146,21 +164,24 @@ impl Shop {
 
 #[tokio::test]
 async fn methods_lock_on_their_fields() {
-    let mut shop = Shop {
-        id: 5,
-        sold: AtomicUsize::new(0),
-        last: 0,
-    };
-    assert_eq!(shop.sell(2).await.expect("sell"), 2);
-    assert_eq!(shop.record(4).await.expect("record"), 4);
-    let shop = Arc::new(shop);
-    let first = Arc::clone(&shop).fenced().await.expect("fenced");
-    let second = shop.fenced().await.expect("fenced");
-    assert!(
-        second > first,
-        "fencing tokens must increase: {first} then {second}"
-    );
-    assert!(!held("shop:5"));
+    lock_tests::bounded("methods_lock_on_their_fields", async move {
+        let mut shop = Shop {
+            id: 5,
+            sold: AtomicUsize::new(0),
+            last: 0,
+        };
+        assert_eq!(shop.sell(2).await.expect("sell"), 2);
+        assert_eq!(shop.record(4).await.expect("record"), 4);
+        let shop = Arc::new(shop);
+        let first = Arc::clone(&shop).fenced().await.expect("fenced");
+        let second = shop.fenced().await.expect("fenced");
+        assert!(
+            second > first,
+            "fencing tokens must increase: {first} then {second}"
+        );
+        assert!(!held("shop:5"));
+    })
+    .await
 }
 
 #[distributed_lock(key = "generic:<id>")]
@@ -199,17 +220,20 @@ impl Inventory for Warehouse {
 
 #[tokio::test]
 async fn generic_destructured_and_trait_impl_shapes_lock() {
-    assert_eq!(generic(11_u8, "x").await.expect("generic"), "x");
-    assert_eq!(
-        pay(Order {
-            shop: "s".into(),
-            id: 2
-        })
-        .await
-        .expect("pay"),
-        2
-    );
-    assert_eq!(Warehouse.restock(4).await.expect("restock"), 4);
+    lock_tests::bounded("generic_destructured_and_trait_impl_shapes_lock", async move {
+        assert_eq!(generic(11_u8, "x").await.expect("generic"), "x");
+        assert_eq!(
+            pay(Order {
+                shop: "s".into(),
+                id: 2
+            })
+            .await
+            .expect("pay"),
+            2
+        );
+        assert_eq!(Warehouse.restock(4).await.expect("restock"), 4);
+    })
+    .await
 }
 
 #[tracing::instrument]
@@ -228,8 +252,11 @@ async fn traced_inside(n: u32) -> Result<u32, ShopError> {
 
 #[tokio::test]
 async fn stacks_with_tracing_instrument_in_either_order() {
-    assert_eq!(traced_outside(1).await.expect("outside"), 1);
-    assert_eq!(traced_inside(2).await.expect("inside"), 2);
+    lock_tests::bounded("stacks_with_tracing_instrument_in_either_order", async move {
+        assert_eq!(traced_outside(1).await.expect("outside"), 1);
+        assert_eq!(traced_inside(2).await.expect("inside"), 2);
+    })
+    .await
 }
 
 #[distributed_lock(key = "suite:stacked")]

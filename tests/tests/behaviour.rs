@@ -44,7 +44,10 @@ macro_rules! on_every_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
-                    super::$behaviour(super::in_memory().await).await;
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::in_memory().await).await;
+                    })
+                    .await
                 }
             )*
         }
@@ -52,7 +55,10 @@ macro_rules! on_every_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
-                    super::$behaviour(super::redis().await).await;
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::redis().await).await;
+                    })
+                    .await
                 }
             )*
         }
@@ -60,7 +66,10 @@ macro_rules! on_every_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
-                    super::$behaviour(super::mysql().await).await;
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::mysql().await).await;
+                    })
+                    .await
                 }
             )*
         }

@@ -72,7 +72,10 @@ macro_rules! on_redis_and_cluster {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
-                    super::$behaviour(super::redis().await).await;
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::redis().await).await;
+                    })
+                    .await
                 }
             )+
         }
@@ -80,7 +83,10 @@ macro_rules! on_redis_and_cluster {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
-                    super::$behaviour(super::cluster().await).await;
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::cluster().await).await;
+                    })
+                    .await
                 }
             )+
         }
@@ -155,59 +161,62 @@ async fn a_waiter_whose_wait_runs_out_leaves_the_line(f: Fixture) {
 /// process was starved longer than the poll proves nothing and runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_waiter_is_skipped_within_the_bound() {
-    const BOUND: Duration = Duration::from_millis(500);
-    let f = redis_with(LockClient::builder().fair_waiter_timeout(BOUND)).await;
-    for trial in 1..=3 {
-        let monitor = Monitor::start();
-        let key = format!("dead{trial}");
-        let holder = lock_tests::guard_with(&f.locks, &key, |l| l.fair(true)).await;
-        {
-            let mut conn = (f.server_of)(&key);
-            let (secs, micros): (u64, u64) = ::redis::cmd("TIME").query(&mut conn).expect("TIME");
-            let now_ms = secs * 1000 + micros / 1000;
-            let corpse = format!("f:{}:1", "d".repeat(32));
-            let _: () = ::redis::pipe()
-                .cmd("ZADD")
-                .arg(format!("lock:{{{key}}}:line"))
-                .arg(1)
-                .arg(&corpse)
-                .cmd("ZADD")
-                .arg(format!("lock:{{{key}}}:alive"))
-                .arg(now_ms + u64::try_from(BOUND.as_millis()).expect("small"))
-                .arg(&corpse)
-                .query(&mut conn)
-                .expect("a dead waiter's place");
+    lock_tests::bounded("a_dead_waiter_is_skipped_within_the_bound", async move {
+        const BOUND: Duration = Duration::from_millis(500);
+        let f = redis_with(LockClient::builder().fair_waiter_timeout(BOUND)).await;
+        for trial in 1..=3 {
+            let monitor = Monitor::start();
+            let key = format!("dead{trial}");
+            let holder = lock_tests::guard_with(&f.locks, &key, |l| l.fair(true)).await;
+            {
+                let mut conn = (f.server_of)(&key);
+                let (secs, micros): (u64, u64) = ::redis::cmd("TIME").query(&mut conn).expect("TIME");
+                let now_ms = secs * 1000 + micros / 1000;
+                let corpse = format!("f:{}:1", "d".repeat(32));
+                let _: () = ::redis::pipe()
+                    .cmd("ZADD")
+                    .arg(format!("lock:{{{key}}}:line"))
+                    .arg(1)
+                    .arg(&corpse)
+                    .cmd("ZADD")
+                    .arg(format!("lock:{{{key}}}:alive"))
+                    .arg(now_ms + u64::try_from(BOUND.as_millis()).expect("small"))
+                    .arg(&corpse)
+                    .query(&mut conn)
+                    .expect("a dead waiter's place");
+            }
+            let next = {
+                let (locks, key) = (f.locks.clone(), key.clone());
+                tokio::spawn(async move {
+                    locks
+                        .lock(key)
+                        .fair(true)
+                        .wait(Duration::from_secs(10))
+                        .run(async { Instant::now() })
+                        .await
+                })
+            };
+            let queued = eventually(Duration::from_secs(10), || line_length(&f, &key) == 2).await;
+            assert!(queued.is_some(), "the next waiter never stood in line");
+            let released = Instant::now();
+            holder.release().await.expect("release");
+            let got = next
+                .await
+                .expect("waiter task")
+                .expect("the next waiter gets the lock");
+            let delay = got.saturating_duration_since(released);
+            if delay <= BOUND + Duration::from_millis(300) {
+                return;
+            }
+            assert!(
+                monitor.worst() > Duration::from_millis(100),
+                "trial {trial}: the next waiter came {delay:?} after the release (bound {BOUND:?})"
+            );
+            eprintln!("trial {trial} INVALID: starved {:?}", monitor.worst());
         }
-        let next = {
-            let (locks, key) = (f.locks.clone(), key.clone());
-            tokio::spawn(async move {
-                locks
-                    .lock(key)
-                    .fair(true)
-                    .wait(Duration::from_secs(10))
-                    .run(async { Instant::now() })
-                    .await
-            })
-        };
-        let queued = eventually(Duration::from_secs(10), || line_length(&f, &key) == 2).await;
-        assert!(queued.is_some(), "the next waiter never stood in line");
-        let released = Instant::now();
-        holder.release().await.expect("release");
-        let got = next
-            .await
-            .expect("waiter task")
-            .expect("the next waiter gets the lock");
-        let delay = got.saturating_duration_since(released);
-        if delay <= BOUND + Duration::from_millis(300) {
-            return;
-        }
-        assert!(
-            monitor.worst() > Duration::from_millis(100),
-            "trial {trial}: the next waiter came {delay:?} after the release (bound {BOUND:?})"
-        );
-        eprintln!("trial {trial} INVALID: starved {:?}", monitor.worst());
-    }
-    panic!("every trial was starved");
+        panic!("every trial was starved");
+    })
+    .await
 }
 
 /// In-process, the line is kept in memory: on a one-thread runtime, a
@@ -216,86 +225,98 @@ async fn a_dead_waiter_is_skipped_within_the_bound() {
 /// starts; released, the lock passes down the line in that order.
 #[tokio::test(flavor = "current_thread")]
 async fn in_process_waiters_get_the_lock_in_arrival_order() {
-    let locks = LockClient::in_memory();
-    for trial in 0..20 {
-        let holder = locks.lock("q").fair(true).acquire().await.expect("holder");
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let mut waiters = Vec::new();
-        for i in 0..10 {
-            let (locks, order) = (locks.clone(), Arc::clone(&order));
-            waiters.push(tokio::spawn(async move {
-                locks
-                    .lock("q")
-                    .fair(true)
-                    .wait(Duration::from_secs(30))
-                    .run(async { order.lock().expect("order").push(i) })
-                    .await
-            }));
-            // The spawned waiter runs until it waits: it is in line.
-            tokio::task::yield_now().await;
+    lock_tests::bounded("in_process_waiters_get_the_lock_in_arrival_order", async move {
+        let locks = LockClient::in_memory();
+        for trial in 0..20 {
+            let holder = locks.lock("q").fair(true).acquire().await.expect("holder");
+            let order = Arc::new(Mutex::new(Vec::new()));
+            let mut waiters = Vec::new();
+            for i in 0..10 {
+                let (locks, order) = (locks.clone(), Arc::clone(&order));
+                waiters.push(tokio::spawn(async move {
+                    locks
+                        .lock("q")
+                        .fair(true)
+                        .wait(Duration::from_secs(30))
+                        .run(async { order.lock().expect("order").push(i) })
+                        .await
+                }));
+                // The spawned waiter runs until it waits: it is in line.
+                tokio::task::yield_now().await;
+            }
+            holder.release().await.expect("release");
+            for waiter in waiters {
+                waiter.await.expect("waiter task").expect("waiter");
+            }
+            let order = order.lock().expect("order").clone();
+            assert_eq!(order, (0..10).collect::<Vec<_>>(), "trial {trial}");
         }
-        holder.release().await.expect("release");
-        for waiter in waiters {
-            waiter.await.expect("waiter task").expect("waiter");
-        }
-        let order = order.lock().expect("order").clone();
-        assert_eq!(order, (0..10).collect::<Vec<_>>(), "trial {trial}");
-    }
+    })
+    .await
 }
 
 /// In-process, waiters that start while the lock is held get it one at a
 /// time, each exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_waiters_are_served_one_by_one() {
-    let locks = LockClient::in_memory();
-    let holder = lock_tests::guard_with(&locks, "q", |l| l.fair(true)).await;
-    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let waiters: Vec<_> = (0..8)
-        .map(|_| {
-            let (locks, inside) = (locks.clone(), Arc::clone(&inside));
-            tokio::spawn(async move {
-                locks
-                    .lock("q")
-                    .fair(true)
-                    .wait(Duration::from_secs(30))
-                    .run(async move {
-                        assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
-                        tokio::task::yield_now().await;
-                        inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                    })
-                    .await
+    lock_tests::bounded("in_process_waiters_are_served_one_by_one", async move {
+        let locks = LockClient::in_memory();
+        let holder = lock_tests::guard_with(&locks, "q", |l| l.fair(true)).await;
+        let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let waiters: Vec<_> = (0..8)
+            .map(|_| {
+                let (locks, inside) = (locks.clone(), Arc::clone(&inside));
+                tokio::spawn(async move {
+                    locks
+                        .lock("q")
+                        .fair(true)
+                        .wait(Duration::from_secs(30))
+                        .run(async move {
+                            assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
+                            tokio::task::yield_now().await;
+                            inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        })
+                        .await
+                })
             })
-        })
-        .collect();
-    holder.release().await.expect("release");
-    for waiter in waiters {
-        waiter.await.expect("waiter task").expect("waiter");
-    }
+            .collect();
+        holder.release().await.expect("release");
+        for waiter in waiters {
+            waiter.await.expect("waiter task").expect("waiter");
+        }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_refuses_fair_locks_and_bad_combinations_are_refused() {
-    let masters = start_masters(3);
-    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
-    let redlock = LockClient::redlock(&urls).await.expect("redlock");
-    let refused = redlock.lock("q").fair(true).acquire().await;
-    assert!(
-        matches!(refused, Err(LockError::Unsupported { .. })),
-        "{refused:?}"
-    );
-    let locks = LockClient::in_memory();
-    for attempt in [
-        locks.lock("q").fair(true).permits(2).acquire().await,
-        locks.lock("q").fair(true).segments(2).acquire().await,
-        locks.lock_all(["a", "b"]).fair(true).acquire().await,
-    ] {
-        assert!(
-            matches!(attempt, Err(LockError::InvalidRequest { .. })),
-            "{attempt:?}"
-        );
-    }
-    let too_short = LockClient::builder()
-        .fair_waiter_timeout(Duration::from_millis(100))
-        .in_memory();
-    assert!(matches!(too_short, Err(LockError::InvalidConfig { .. })));
+    lock_tests::bounded(
+        "redlock_refuses_fair_locks_and_bad_combinations_are_refused",
+        async move {
+            let masters = start_masters(3);
+            let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+            let redlock = LockClient::redlock(&urls).await.expect("redlock");
+            let refused = redlock.lock("q").fair(true).acquire().await;
+            assert!(
+                matches!(refused, Err(LockError::Unsupported { .. })),
+                "{refused:?}"
+            );
+            let locks = LockClient::in_memory();
+            for attempt in [
+                locks.lock("q").fair(true).permits(2).acquire().await,
+                locks.lock("q").fair(true).segments(2).acquire().await,
+                locks.lock_all(["a", "b"]).fair(true).acquire().await,
+            ] {
+                assert!(
+                    matches!(attempt, Err(LockError::InvalidRequest { .. })),
+                    "{attempt:?}"
+                );
+            }
+            let too_short = LockClient::builder()
+                .fair_waiter_timeout(Duration::from_millis(100))
+                .in_memory();
+            assert!(matches!(too_short, Err(LockError::InvalidConfig { .. })));
+        },
+    )
+    .await
 }

@@ -71,78 +71,87 @@ impl PyLock {
 /// within one re-poll of redis-py's release, long before the lease ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_library_waits_for_a_redis_py_lock() {
-    let server = RedisServer::start();
-    let locks = LockClient::connect(&server.url()).await.expect("connect");
-    let mut py = PyLock::start(&server, "lock:{stock:42}", Duration::from_secs(10));
-    assert_eq!(py.ask("try").await, "got");
-    let py_value: String = server.query(redis::cmd("GET").arg("lock:{stock:42}"));
+    lock_tests::bounded("the_library_waits_for_a_redis_py_lock", async move {
+        let server = RedisServer::start();
+        let locks = LockClient::connect(&server.url()).await.expect("connect");
+        let mut py = PyLock::start(&server, "lock:{stock:42}", Duration::from_secs(10));
+        assert_eq!(py.ask("try").await, "got");
+        let py_value: String = server.query(redis::cmd("GET").arg("lock:{stock:42}"));
 
-    let waiter = locks.clone();
-    let waiting = tokio::spawn(async move {
-        waiter
-            .lock("stock:42")
-            .wait(Duration::from_secs(8))
-            .run(async { Instant::now() })
+        let waiter = locks.clone();
+        let waiting = tokio::spawn(async move {
+            waiter
+                .lock("stock:42")
+                .wait(Duration::from_secs(8))
+                .run(async { Instant::now() })
+                .await
+        });
+        // Long enough for several attempts and the subscription: a `KeyConflict`
+        // would have ended the call by now.
+        let waited_for = lock_tests::eventually(Duration::from_millis(600), || waiting.is_finished()).await;
+        assert!(
+            waited_for.is_none(),
+            "the call ended while redis-py held the key: {:?}",
+            waiting.await
+        );
+        let value_now: String = server.query(redis::cmd("GET").arg("lock:{stock:42}"));
+        assert_eq!(value_now, py_value, "the waiter wrote to redis-py's lock");
+
+        assert_eq!(py.ask("release").await, "released");
+        let released_at = Instant::now();
+        let entered_at = tokio::time::timeout(Duration::from_secs(10), waiting)
             .await
-    });
-    // Long enough for several attempts and the subscription: a `KeyConflict`
-    // would have ended the call by now.
-    let waited_for = lock_tests::eventually(Duration::from_millis(600), || waiting.is_finished()).await;
-    assert!(
-        waited_for.is_none(),
-        "the call ended while redis-py held the key: {:?}",
-        waiting.await
-    );
-    let value_now: String = server.query(redis::cmd("GET").arg("lock:{stock:42}"));
-    assert_eq!(value_now, py_value, "the waiter wrote to redis-py's lock");
-
-    assert_eq!(py.ask("release").await, "released");
-    let released_at = Instant::now();
-    let entered_at = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the library got in after redis-py's release")
-        .expect("join")
-        .expect("waited, then got the lock");
-    let after = entered_at.saturating_duration_since(released_at);
-    // The waiter re-polls at least every 200 ms (no notification comes from
-    // redis-py); far below the 10 s lease the waiter would otherwise sit out.
-    assert!(
-        after < Duration::from_secs(2),
-        "got in {after:?} after the release"
-    );
+            .expect("the library got in after redis-py's release")
+            .expect("join")
+            .expect("waited, then got the lock");
+        let after = entered_at.saturating_duration_since(released_at);
+        // The waiter re-polls at least every 200 ms (no notification comes from
+        // redis-py); far below the 10 s lease the waiter would otherwise sit out.
+        assert!(
+            after < Duration::from_secs(2),
+            "got in {after:?} after the release"
+        );
+    })
+    .await
 }
 
 /// A call that cannot wait (the default `wait = 0`) reports the key held:
 /// a timeout, not a conflict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_py_lock_is_held_not_a_conflict() {
-    let server = RedisServer::start();
-    let locks = LockClient::connect(&server.url()).await.expect("connect");
-    let mut py = PyLock::start(&server, "lock:{report}", Duration::from_secs(10));
-    assert_eq!(py.ask("try").await, "got");
-    let err = locks
-        .lock("report")
-        .run(async {})
-        .await
-        .expect_err("held by redis-py");
-    assert!(
-        matches!(&err, LockError::Timeout { no_expiry: false, .. }),
-        "{err}"
-    );
-    assert_eq!(py.ask("release").await, "released");
-    locks.lock("report").run(async {}).await.expect("free");
+    lock_tests::bounded("a_redis_py_lock_is_held_not_a_conflict", async move {
+        let server = RedisServer::start();
+        let locks = LockClient::connect(&server.url()).await.expect("connect");
+        let mut py = PyLock::start(&server, "lock:{report}", Duration::from_secs(10));
+        assert_eq!(py.ask("try").await, "got");
+        let err = locks
+            .lock("report")
+            .run(async {})
+            .await
+            .expect_err("held by redis-py");
+        assert!(
+            matches!(&err, LockError::Timeout { no_expiry: false, .. }),
+            "{err}"
+        );
+        assert_eq!(py.ask("release").await, "released");
+        locks.lock("report").run(async {}).await.expect("free");
+    })
+    .await
 }
 
 /// The reverse: while the library holds the key, redis-py cannot take it;
 /// after the release it can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_py_cannot_take_a_key_the_library_holds() {
-    let server = RedisServer::start();
-    let locks = LockClient::connect(&server.url()).await.expect("connect");
-    let mut py = PyLock::start(&server, "lock:{stock:7}", Duration::from_secs(10));
-    let guard = locks.lock("stock:7").acquire().await.expect("library holds");
-    assert_eq!(py.ask("try").await, "refused");
-    guard.release().await.expect("release");
-    assert_eq!(py.ask("try").await, "got");
-    assert_eq!(py.ask("release").await, "released");
+    lock_tests::bounded("redis_py_cannot_take_a_key_the_library_holds", async move {
+        let server = RedisServer::start();
+        let locks = LockClient::connect(&server.url()).await.expect("connect");
+        let mut py = PyLock::start(&server, "lock:{stock:7}", Duration::from_secs(10));
+        let guard = locks.lock("stock:7").acquire().await.expect("library holds");
+        assert_eq!(py.ask("try").await, "refused");
+        guard.release().await.expect("release");
+        assert_eq!(py.ask("try").await, "got");
+        assert_eq!(py.ask("release").await, "released");
+    })
+    .await
 }

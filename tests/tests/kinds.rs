@@ -72,7 +72,10 @@ macro_rules! on_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
-                    super::$behaviour(super::$backend().await).await;
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::$backend().await).await;
+                    })
+                    .await
                 }
             )+
         }
@@ -635,46 +638,52 @@ mod redis_only {
     /// body is cancelled, the other's runs on.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_readers_loss_cancels_only_that_reader() {
-        let server = RedisServer::start();
-        let locks = LockClient::connect(&server.url()).await.expect("connect");
-        let ttl = Duration::from_millis(400);
-        let first = lock_tests::guard_with(&locks, "k", move |l| l.mode(LockMode::Read).ttl(ttl)).await;
-        let members: Vec<String> = server.query(redis::cmd("ZRANGE").arg("lock:{k}").arg(0).arg(-1));
-        assert_eq!(members.len(), 1, "{members:?}");
-        let second = lock_tests::guard_with(&locks, "k", move |l| l.mode(LockMode::Read).ttl(ttl)).await;
-        let _: i64 = server.query(redis::cmd("ZREM").arg("lock:{k}").arg(&members[0]));
-        let reason = tokio::time::timeout(Duration::from_secs(10), first.lost())
-            .await
-            .expect("the first reader learns of its loss");
-        assert_eq!(reason, LostReason::TakenOver);
-        // Several renewals later, the second still holds.
-        let later = Instant::now() + ttl * 3;
-        tokio::select! {
-            reason = second.lost() => panic!("the second reader was lost too: {reason}"),
-            () = tokio::time::sleep_until(later.into()) => {}
-        }
-        assert!(second.is_held());
-        second.release().await.expect("release the second reader");
-        assert!(matches!(first.release().await, Err(LockError::NotHeld { .. })));
+        lock_tests::bounded("a_readers_loss_cancels_only_that_reader", async move {
+            let server = RedisServer::start();
+            let locks = LockClient::connect(&server.url()).await.expect("connect");
+            let ttl = Duration::from_millis(400);
+            let first = lock_tests::guard_with(&locks, "k", move |l| l.mode(LockMode::Read).ttl(ttl)).await;
+            let members: Vec<String> = server.query(redis::cmd("ZRANGE").arg("lock:{k}").arg(0).arg(-1));
+            assert_eq!(members.len(), 1, "{members:?}");
+            let second = lock_tests::guard_with(&locks, "k", move |l| l.mode(LockMode::Read).ttl(ttl)).await;
+            let _: i64 = server.query(redis::cmd("ZREM").arg("lock:{k}").arg(&members[0]));
+            let reason = tokio::time::timeout(Duration::from_secs(10), first.lost())
+                .await
+                .expect("the first reader learns of its loss");
+            assert_eq!(reason, LostReason::TakenOver);
+            // Several renewals later, the second still holds.
+            let later = Instant::now() + ttl * 3;
+            tokio::select! {
+                reason = second.lost() => panic!("the second reader was lost too: {reason}"),
+                () = tokio::time::sleep_until(later.into()) => {}
+            }
+            assert!(second.is_held());
+            second.release().await.expect("release the second reader");
+            assert!(matches!(first.release().await, Err(LockError::NotHeld { .. })));
+        })
+        .await
     }
 
     /// Redlock refuses what it cannot do soundly, naming it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redlock_refuses_permits_and_segments() {
-        let f = redlock().await;
-        for attempt in [
-            f.locks.lock("k").permits(2).acquire().await,
-            f.locks.lock("k").segments(2).acquire().await,
-        ] {
-            match attempt {
-                Err(LockError::Unsupported { feature, .. }) => {
-                    assert!(
-                        feature.contains("permits") || feature.contains("segments"),
-                        "{feature}"
-                    );
+        lock_tests::bounded("redlock_refuses_permits_and_segments", async move {
+            let f = redlock().await;
+            for attempt in [
+                f.locks.lock("k").permits(2).acquire().await,
+                f.locks.lock("k").segments(2).acquire().await,
+            ] {
+                match attempt {
+                    Err(LockError::Unsupported { feature, .. }) => {
+                        assert!(
+                            feature.contains("permits") || feature.contains("segments"),
+                            "{feature}"
+                        );
+                    }
+                    other => panic!("expected Unsupported, got {other:?}"),
                 }
-                other => panic!("expected Unsupported, got {other:?}"),
             }
-        }
+        })
+        .await
     }
 }

@@ -135,155 +135,173 @@ async fn metered(id: u64, nested: bool) -> Result<u64, LockError> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_attribute_counts_under_its_key_template_not_the_rendered_key() {
-    let _turn = TURN.lock().await;
-    let template = "metered:<id>";
-    let before = (
-        acquires(template, "acquired"),
-        acquires(template, "reentered"),
-        acquires(template, "timeout"),
-        samples("distributed_lock_wait_seconds", template).len(),
-        samples("distributed_lock_hold_seconds", template).len(),
-    );
+    lock_tests::bounded(
+        "the_attribute_counts_under_its_key_template_not_the_rendered_key",
+        async move {
+            let _turn = TURN.lock().await;
+            let template = "metered:<id>";
+            let before = (
+                acquires(template, "acquired"),
+                acquires(template, "reentered"),
+                acquires(template, "timeout"),
+                samples("distributed_lock_wait_seconds", template).len(),
+                samples("distributed_lock_hold_seconds", template).len(),
+            );
 
-    for id in 1..=3 {
-        metered(id, id == 3).await.expect("free");
-    }
-    // Held elsewhere: `wait = "0s"` gives up at once.
-    let rival = client().await;
-    let guard = rival.lock("metered:9").acquire().await.expect("rival");
-    assert!(matches!(metered(9, false).await, Err(LockError::Timeout { .. })));
-    guard.release().await.expect("release");
+            for id in 1..=3 {
+                metered(id, id == 3).await.expect("free");
+            }
+            // Held elsewhere: `wait = "0s"` gives up at once.
+            let rival = client().await;
+            let guard = rival.lock("metered:9").acquire().await.expect("rival");
+            assert!(matches!(metered(9, false).await, Err(LockError::Timeout { .. })));
+            guard.release().await.expect("release");
 
-    assert_eq!(acquires(template, "acquired") - before.0, 3);
-    assert_eq!(acquires(template, "reentered") - before.1, 1);
-    assert_eq!(acquires(template, "timeout") - before.2, 1);
-    let waits = samples("distributed_lock_wait_seconds", template);
-    assert_eq!(waits.len() - before.3, 3, "one wait per acquisition");
-    let holds = samples("distributed_lock_hold_seconds", template);
-    assert_eq!(holds.len() - before.4, 3, "one hold per acquisition");
-    assert!(
-        holds[before.4..].iter().all(|&s| s >= 0.020),
-        "each body slept 20 ms inside the lock (the nested one twice): {holds:?}"
-    );
-    // No series was made for a rendered key.
-    assert_eq!(acquires("metered:1", "acquired"), 0);
+            assert_eq!(acquires(template, "acquired") - before.0, 3);
+            assert_eq!(acquires(template, "reentered") - before.1, 1);
+            assert_eq!(acquires(template, "timeout") - before.2, 1);
+            let waits = samples("distributed_lock_wait_seconds", template);
+            assert_eq!(waits.len() - before.3, 3, "one wait per acquisition");
+            let holds = samples("distributed_lock_hold_seconds", template);
+            assert_eq!(holds.len() - before.4, 3, "one hold per acquisition");
+            assert!(
+                holds[before.4..].iter().all(|&s| s >= 0.020),
+                "each body slept 20 ms inside the lock (the nested one twice): {holds:?}"
+            );
+            // No series was made for a rendered key.
+            assert_eq!(acquires("metered:1", "acquired"), 0);
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn programmatic_calls_count_under_their_name_or_programmatic() {
-    let _turn = TURN.lock().await;
-    let locks = client().await;
-    let (named, unnamed) = (
-        acquires("orders", "acquired"),
-        acquires("programmatic", "acquired"),
-    );
-    locks
-        .lock("orders:1")
-        .name("orders")
-        .run(async {})
-        .await
-        .expect("free");
-    locks.lock("orders:2").run(async {}).await.expect("free");
-    let set = locks
-        .lock_all(["orders:3", "orders:4"])
-        .name("orders")
-        .acquire()
-        .await
-        .expect("free");
-    set.release().await.expect("release");
-    assert_eq!(
-        acquires("orders", "acquired") - named,
-        2,
-        "one per call, not per key"
-    );
-    assert_eq!(acquires("programmatic", "acquired") - unnamed, 1);
+    lock_tests::bounded(
+        "programmatic_calls_count_under_their_name_or_programmatic",
+        async move {
+            let _turn = TURN.lock().await;
+            let locks = client().await;
+            let (named, unnamed) = (
+                acquires("orders", "acquired"),
+                acquires("programmatic", "acquired"),
+            );
+            locks
+                .lock("orders:1")
+                .name("orders")
+                .run(async {})
+                .await
+                .expect("free");
+            locks.lock("orders:2").run(async {}).await.expect("free");
+            let set = locks
+                .lock_all(["orders:3", "orders:4"])
+                .name("orders")
+                .acquire()
+                .await
+                .expect("free");
+            set.release().await.expect("release");
+            assert_eq!(
+                acquires("orders", "acquired") - named,
+                2,
+                "one per call, not per key"
+            );
+            assert_eq!(acquires("programmatic", "acquired") - unnamed, 1);
 
-    // An error before any I/O is an error, not a timeout.
-    let errors = acquires("orders", "error");
-    let bad = locks.lock("bad{key}").name("orders").acquire().await;
-    assert!(matches!(bad, Err(LockError::InvalidKey { .. })));
-    assert_eq!(acquires("orders", "error") - errors, 1);
+            // An error before any I/O is an error, not a timeout.
+            let errors = acquires("orders", "error");
+            let bad = locks.lock("bad{key}").name("orders").acquire().await;
+            assert!(matches!(bad, Err(LockError::InvalidKey { .. })));
+            assert_eq!(acquires("orders", "error") - errors, 1);
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_held_gauge_follows_acquisitions_and_releases() {
-    let _turn = TURN.lock().await;
-    let locks = client().await;
-    let base = held();
-    let mut guards = Vec::new();
-    for i in 0..3 {
-        guards.push(locks.lock(format!("gauge:{i}")).acquire().await.expect("free"));
-    }
-    assert_eq!(held() - base, 3.0);
-    // Nested inside a held lock, a call re-enters: no new lock is held.
-    let nested = locks
-        .lock("gauge:nested")
-        .run(async { locks.lock("gauge:nested").run(async { held() }).await })
-        .await
-        .expect("free")
-        .expect("re-entered");
-    assert_eq!(nested - base, 4.0);
-    let last = guards.pop().expect("three guards");
-    last.release().await.expect("release");
-    assert_eq!(held() - base, 2.0);
-    // Dropped without a release: the drop guard releases it.
-    drop(guards.pop());
-    let settled = eventually(Duration::from_secs(2), || held() - base == 1.0).await;
-    assert!(settled.is_some(), "a dropped guard still counts as held");
-    for guard in guards {
-        guard.release().await.expect("release");
-    }
-    assert_eq!(held() - base, 0.0);
+    lock_tests::bounded("the_held_gauge_follows_acquisitions_and_releases", async move {
+        let _turn = TURN.lock().await;
+        let locks = client().await;
+        let base = held();
+        let mut guards = Vec::new();
+        for i in 0..3 {
+            guards.push(locks.lock(format!("gauge:{i}")).acquire().await.expect("free"));
+        }
+        assert_eq!(held() - base, 3.0);
+        // Nested inside a held lock, a call re-enters: no new lock is held.
+        let nested = locks
+            .lock("gauge:nested")
+            .run(async { locks.lock("gauge:nested").run(async { held() }).await })
+            .await
+            .expect("free")
+            .expect("re-entered");
+        assert_eq!(nested - base, 4.0);
+        let last = guards.pop().expect("three guards");
+        last.release().await.expect("release");
+        assert_eq!(held() - base, 2.0);
+        // Dropped without a release: the drop guard releases it.
+        drop(guards.pop());
+        let settled = eventually(Duration::from_secs(2), || held() - base == 1.0).await;
+        assert!(settled.is_some(), "a dropped guard still counts as held");
+        for guard in guards {
+            guard.release().await.expect("release");
+        }
+        assert_eq!(held() - base, 0.0);
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_and_losses_are_counted_with_their_reason() {
-    let _turn = TURN.lock().await;
-    let locks = client().await;
-    let renewed = renewals("renewed");
+    lock_tests::bounded("renewals_and_losses_are_counted_with_their_reason", async move {
+        let _turn = TURN.lock().await;
+        let locks = client().await;
+        let renewed = renewals("renewed");
 
-    // Renewed a few times while the body runs (every ttl/3). A second of
-    // lease leaves a starved test process ample time to renew.
-    let ttl = Duration::from_secs(1);
-    locks
-        .lock("renewed")
-        .name("renewed")
-        .ttl(ttl)
-        .run(tokio::time::sleep(ttl + ttl / 2))
-        .await
-        .expect("kept by renewal");
-    assert!(renewals("renewed") > renewed, "no renewal counted");
+        // Renewed a few times while the body runs (every ttl/3). A second of
+        // lease leaves a starved test process ample time to renew.
+        let ttl = Duration::from_secs(1);
+        locks
+            .lock("renewed")
+            .name("renewed")
+            .ttl(ttl)
+            .run(tokio::time::sleep(ttl + ttl / 2))
+            .await
+            .expect("kept by renewal");
+        assert!(renewals("renewed") > renewed, "no renewal counted");
 
-    // Deleted behind the holder's back: the next renewal finds it gone.
-    let (gone, taken) = (renewals("lost"), lost("deleted", "taken_over"));
-    let body = async {
-        redis().query::<i64>(redis::cmd("DEL").arg("lock:{deleted}"));
-        std::future::pending::<()>().await;
-    };
-    let run = locks.lock("deleted").name("deleted").ttl(ttl).run(body).await;
-    assert!(matches!(
-        run,
-        Err(LockError::Lost {
-            reason: LostReason::TakenOver,
-            ..
-        })
-    ));
-    assert_eq!(renewals("lost") - gone, 1);
-    assert_eq!(lost("deleted", "taken_over") - taken, 1);
+        // Deleted behind the holder's back: the next renewal finds it gone.
+        let (gone, taken) = (renewals("lost"), lost("deleted", "taken_over"));
+        let body = async {
+            redis().query::<i64>(redis::cmd("DEL").arg("lock:{deleted}"));
+            std::future::pending::<()>().await;
+        };
+        let run = locks.lock("deleted").name("deleted").ttl(ttl).run(body).await;
+        assert!(matches!(
+            run,
+            Err(LockError::Lost {
+                reason: LostReason::TakenOver,
+                ..
+            })
+        ));
+        assert_eq!(renewals("lost") - gone, 1);
+        assert_eq!(lost("deleted", "taken_over") - taken, 1);
 
-    // A fixed lease that runs out while its body runs.
-    let ended = lost("fixed", "lease_ended");
-    let run = locks
-        .lock("fixed")
-        .name("fixed")
-        .ttl(Duration::from_millis(100))
-        .renew(false)
-        .run(std::future::pending::<()>())
-        .await;
-    assert!(matches!(run, Err(LockError::Lost { .. })));
-    assert_eq!(lost("fixed", "lease_ended") - ended, 1);
+        // A fixed lease that runs out while its body runs.
+        let ended = lost("fixed", "lease_ended");
+        let run = locks
+            .lock("fixed")
+            .name("fixed")
+            .ttl(Duration::from_millis(100))
+            .renew(false)
+            .run(std::future::pending::<()>())
+            .await;
+        assert!(matches!(run, Err(LockError::Lost { .. })));
+        assert_eq!(lost("fixed", "lease_ended") - ended, 1);
 
-    // Every lease above ended: none is still counted as held.
-    let settled = eventually(Duration::from_secs(2), || held() == 0.0).await;
-    assert!(settled.is_some(), "held gauge stuck at {}", held());
+        // Every lease above ended: none is still counted as held.
+        let settled = eventually(Duration::from_secs(2), || held() == 0.0).await;
+        assert!(settled.is_some(), "held gauge stuck at {}", held());
+    })
+    .await
 }

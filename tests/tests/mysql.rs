@@ -38,6 +38,7 @@ async fn micros_between(server: &MariaDb, earlier: &str, later: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_table_holds_a_row_per_held_lock_and_a_fence_per_fenced_key() {
+    lock_tests::bounded("the_table_holds_a_row_per_held_lock_and_a_fence_per_fenced_key", async move {
     let server = MariaDb::start();
     let locks = LockClient::mysql(&server.url()).await.expect("connect");
     let columns = server
@@ -82,6 +83,8 @@ async fn the_table_holds_a_row_per_held_lock_and_a_fence_per_fenced_key() {
         .await
         .expect("lock");
     assert_eq!(token, Some(4));
+    })
+    .await
 }
 
 /// Expiry is judged by the database's clock: a row whose `expires_at` the
@@ -89,75 +92,87 @@ async fn the_table_holds_a_row_per_held_lock_and_a_fence_per_fenced_key() {
 /// old holder is told it no longer holds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_row_is_taken_over_and_its_old_holder_is_told() {
-    let server = MariaDb::start();
-    let locks = LockClient::mysql(&server.url()).await.expect("connect");
-    let old = locks
-        .lock("job")
-        .fencing(true)
-        .renew(false)
-        .ttl(Duration::from_secs(60))
-        .acquire()
-        .await
-        .expect("acquire");
-    assert_eq!(old.fencing_token(), Some(1));
-    assert!(
-        lock_tests::refused_elsewhere(&locks, "job", |r| r).await,
-        "held for a minute"
-    );
-    // The database's clock moves past the lease (the client's has not).
-    server
-        .sql("UPDATE distributed_locks SET expires_at = NOW(6) - INTERVAL 1 SECOND")
-        .await;
-    let new = locks
-        .lock("job")
-        .fencing(true)
-        .acquire()
-        .await
-        .expect("the expired row is free");
-    assert_eq!(new.fencing_token(), Some(2), "a takeover moves the counter on");
-    assert!(matches!(old.release().await, Err(LockError::NotHeld { .. })));
-    let (holder, _, _) = row(&server, "job").await.expect("row");
-    assert!(
-        !holder.is_empty(),
-        "the old holder's release left the new holder's row"
-    );
-    new.release().await.expect("release");
+    lock_tests::bounded(
+        "an_expired_row_is_taken_over_and_its_old_holder_is_told",
+        async move {
+            let server = MariaDb::start();
+            let locks = LockClient::mysql(&server.url()).await.expect("connect");
+            let old = locks
+                .lock("job")
+                .fencing(true)
+                .renew(false)
+                .ttl(Duration::from_secs(60))
+                .acquire()
+                .await
+                .expect("acquire");
+            assert_eq!(old.fencing_token(), Some(1));
+            assert!(
+                lock_tests::refused_elsewhere(&locks, "job", |r| r).await,
+                "held for a minute"
+            );
+            // The database's clock moves past the lease (the client's has not).
+            server
+                .sql("UPDATE distributed_locks SET expires_at = NOW(6) - INTERVAL 1 SECOND")
+                .await;
+            let new = locks
+                .lock("job")
+                .fencing(true)
+                .acquire()
+                .await
+                .expect("the expired row is free");
+            assert_eq!(new.fencing_token(), Some(2), "a takeover moves the counter on");
+            assert!(matches!(old.release().await, Err(LockError::NotHeld { .. })));
+            let (holder, _, _) = row(&server, "job").await.expect("row");
+            assert!(
+                !holder.is_empty(),
+                "the old holder's release left the new holder's row"
+            );
+            new.release().await.expect("release");
+        },
+    )
+    .await
 }
 
 /// A holder process SIGKILLed: another process gets the lock after the
 /// dead holder's last expiry, by the database's clock, and not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holders_lock_is_taken_after_its_expiry_and_not_before() {
-    let server = MariaDb::start();
-    let locks = LockClient::mysql(&server.url()).await.expect("connect");
-    let ttl = Duration::from_millis(1500);
-    let holder = Holder::spawn(&server.url(), "job", ttl, true);
-    holder.kill();
-    let (dead, dead_expiry, _) = row(&server, "job").await.expect("the dead holder's row");
-    assert!(
-        lock_tests::refused_elsewhere(&locks, "job", |r| r).await,
-        "taken before the dead holder's lease ran out"
-    );
-    let new_ttl = Duration::from_secs(10);
-    let guard = locks
-        .lock("job")
-        .ttl(new_ttl)
-        .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("free after its expiry");
-    let (holder_now, new_expiry, _) = row(&server, "job").await.expect("row");
-    assert_ne!(holder_now, dead);
-    // The takeover's statement ran at `new expiry - new ttl`, by the
-    // database's clock.
-    let taken_at_after_expiry = micros_between(&server, &dead_expiry, &new_expiry).await
-        - i64::try_from(new_ttl.as_micros()).expect("fits");
-    assert!(
-        taken_at_after_expiry >= 0,
-        "taken {}µs before the dead holder's expiry",
-        -taken_at_after_expiry
-    );
-    guard.release().await.expect("release");
+    lock_tests::bounded(
+        "a_killed_holders_lock_is_taken_after_its_expiry_and_not_before",
+        async move {
+            let server = MariaDb::start();
+            let locks = LockClient::mysql(&server.url()).await.expect("connect");
+            let ttl = Duration::from_millis(1500);
+            let holder = Holder::spawn(&server.url(), "job", ttl, true);
+            holder.kill();
+            let (dead, dead_expiry, _) = row(&server, "job").await.expect("the dead holder's row");
+            assert!(
+                lock_tests::refused_elsewhere(&locks, "job", |r| r).await,
+                "taken before the dead holder's lease ran out"
+            );
+            let new_ttl = Duration::from_secs(10);
+            let guard = locks
+                .lock("job")
+                .ttl(new_ttl)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+                .expect("free after its expiry");
+            let (holder_now, new_expiry, _) = row(&server, "job").await.expect("row");
+            assert_ne!(holder_now, dead);
+            // The takeover's statement ran at `new expiry - new ttl`, by the
+            // database's clock.
+            let taken_at_after_expiry = micros_between(&server, &dead_expiry, &new_expiry).await
+                - i64::try_from(new_ttl.as_micros()).expect("fits");
+            assert!(
+                taken_at_after_expiry >= 0,
+                "taken {}µs before the dead holder's expiry",
+                -taken_at_after_expiry
+            );
+            guard.release().await.expect("release");
+        },
+    )
+    .await
 }
 
 /// The database restarts while a lock is held: InnoDB brings the row back,
@@ -165,43 +180,50 @@ async fn a_killed_holders_lock_is_taken_after_its_expiry_and_not_before() {
 /// never silently left believing in a lock the database lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_restart_mid_hold_keeps_the_lock_or_says_so() {
-    let mut server = MariaDb::start();
-    let locks = LockClient::mysql(&server.url()).await.expect("connect");
-    let guard = locks
-        .lock("job")
-        .ttl(Duration::from_secs(3))
-        .acquire()
-        .await
-        .expect("acquire");
-    let (holder, _, _) = row(&server, "job").await.expect("row");
-    tokio::task::block_in_place(|| {
-        server.kill();
-        server.revive();
-    });
-    let (after_restart, expiry_at_restart, _) = row(&server, "job").await.expect("InnoDB kept the row");
-    assert_eq!(after_restart, holder);
-    // A renewal lands on the restarted server (reconnecting on its own).
-    let mut renewed = false;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline && guard.is_held() {
-        let (_, expiry, _) = row(&server, "job").await.expect("row");
-        if micros_between(&server, &expiry_at_restart, &expiry).await > 0 {
-            renewed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        renewed == guard.is_held(),
-        "held {} but renewed after the restart {renewed}",
-        guard.is_held()
-    );
-    assert!(
-        renewed,
-        "the restarted database has the row, so the lease is renewed"
-    );
-    guard.release().await.expect("release");
-    assert_eq!(row(&server, "job").await, None);
+    lock_tests::bounded(
+        "a_database_restart_mid_hold_keeps_the_lock_or_says_so",
+        async move {
+            let mut server = MariaDb::start();
+            let locks = LockClient::mysql(&server.url()).await.expect("connect");
+            let guard = locks
+                .lock("job")
+                .ttl(Duration::from_secs(3))
+                .acquire()
+                .await
+                .expect("acquire");
+            let (holder, _, _) = row(&server, "job").await.expect("row");
+            tokio::task::block_in_place(|| {
+                server.kill();
+                server.revive();
+            });
+            let (after_restart, expiry_at_restart, _) =
+                row(&server, "job").await.expect("InnoDB kept the row");
+            assert_eq!(after_restart, holder);
+            // A renewal lands on the restarted server (reconnecting on its own).
+            let mut renewed = false;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && guard.is_held() {
+                let (_, expiry, _) = row(&server, "job").await.expect("row");
+                if micros_between(&server, &expiry_at_restart, &expiry).await > 0 {
+                    renewed = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert!(
+                renewed == guard.is_held(),
+                "held {} but renewed after the restart {renewed}",
+                guard.is_held()
+            );
+            assert!(
+                renewed,
+                "the restarted database has the row, so the lease is renewed"
+            );
+            guard.release().await.expect("release");
+            assert_eq!(row(&server, "job").await, None);
+        },
+    )
+    .await
 }
 
 /// The holder's connection is cut (blackholed through the test proxy): the
@@ -209,259 +231,279 @@ async fn a_database_restart_mid_hold_keeps_the_lock_or_says_so() {
 /// rival on a healthy connection gets the lock only after that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_connection_loses_the_lock_before_its_deadline() {
-    let server = MariaDb::start();
-    let proxy = Proxy::start(server.port()).await;
-    let cut_url = format!(
-        "mysql://root@127.0.0.1:{}/{}",
-        proxy.port(),
-        lock_tests::mariadb::DATABASE
-    );
-    let ttl = Duration::from_millis(1000);
-    let holder = LockClient::builder()
-        .command_timeout(Duration::from_millis(200))
-        .mysql(&cut_url)
-        .await
-        .expect("connect through the proxy");
-    let rival = LockClient::mysql(&server.url()).await.expect("connect");
-    let monitor = Monitor::start();
-    let guard = holder.lock("job").ttl(ttl).acquire().await.expect("acquire");
-    proxy.blackhole();
-    let valid_until = guard.valid_until();
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while guard.is_held() {
-        assert!(
-            Instant::now() < give_up,
-            "the cut-off holder still believes it holds the lock after 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let stopped = Instant::now();
-    let rival_guard = rival
-        .lock("job")
-        .wait(Duration::from_secs(5))
-        .acquire()
-        .await
-        .expect("the rival gets the lock");
-    let entered = Instant::now();
-    if monitor.worst() > monitor::bound(ttl) {
-        eprintln!("starved ({:?} late): the deadline is not judged", monitor.worst());
-    } else {
-        assert!(
-            stopped <= valid_until,
-            "the holder stopped {:?} after its deadline",
-            stopped - valid_until
-        );
-    }
-    assert!(entered >= stopped, "the rival entered before the holder stopped");
-    assert!(matches!(
-        guard.release().await,
-        Err(LockError::NotHeld { .. } | LockError::Lost { .. } | LockError::Backend { .. })
-    ));
-    rival_guard.release().await.expect("release");
-    proxy.pass();
-
-    // And through `run`: the body is dropped, the call says `Lost`.
-    let proxy = Proxy::start(server.port()).await;
-    let cut_url = format!(
-        "mysql://root@127.0.0.1:{}/{}",
-        proxy.port(),
-        lock_tests::mariadb::DATABASE
-    );
-    let holder = LockClient::builder()
-        .command_timeout(Duration::from_millis(200))
-        .mysql(&cut_url)
-        .await
-        .expect("connect through the proxy");
-    let outcome = holder
-        .lock("body")
-        .ttl(ttl)
-        .run(async {
+    lock_tests::bounded(
+        "a_cut_connection_loses_the_lock_before_its_deadline",
+        async move {
+            let server = MariaDb::start();
+            let proxy = Proxy::start(server.port()).await;
+            let cut_url = format!(
+                "mysql://root@127.0.0.1:{}/{}",
+                proxy.port(),
+                lock_tests::mariadb::DATABASE
+            );
+            let ttl = Duration::from_millis(1000);
+            let holder = LockClient::builder()
+                .command_timeout(Duration::from_millis(200))
+                .mysql(&cut_url)
+                .await
+                .expect("connect through the proxy");
+            let rival = LockClient::mysql(&server.url()).await.expect("connect");
+            let monitor = Monitor::start();
+            let guard = holder.lock("job").ttl(ttl).acquire().await.expect("acquire");
             proxy.blackhole();
-            std::future::pending::<()>().await
-        })
-        .await;
-    assert!(
-        matches!(
-            outcome,
-            Err(LockError::Lost {
-                reason: LostReason::Expired,
-                ..
-            })
-        ),
-        "{outcome:?}"
-    );
+            let valid_until = guard.valid_until();
+            let give_up = Instant::now() + Duration::from_secs(10);
+            while guard.is_held() {
+                assert!(
+                    Instant::now() < give_up,
+                    "the cut-off holder still believes it holds the lock after 10 s"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let stopped = Instant::now();
+            let rival_guard = rival
+                .lock("job")
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await
+                .expect("the rival gets the lock");
+            let entered = Instant::now();
+            if monitor.worst() > monitor::bound(ttl) {
+                eprintln!("starved ({:?} late): the deadline is not judged", monitor.worst());
+            } else {
+                assert!(
+                    stopped <= valid_until,
+                    "the holder stopped {:?} after its deadline",
+                    stopped - valid_until
+                );
+            }
+            assert!(entered >= stopped, "the rival entered before the holder stopped");
+            assert!(matches!(
+                guard.release().await,
+                Err(LockError::NotHeld { .. } | LockError::Lost { .. } | LockError::Backend { .. })
+            ));
+            rival_guard.release().await.expect("release");
+            proxy.pass();
+
+            // And through `run`: the body is dropped, the call says `Lost`.
+            let proxy = Proxy::start(server.port()).await;
+            let cut_url = format!(
+                "mysql://root@127.0.0.1:{}/{}",
+                proxy.port(),
+                lock_tests::mariadb::DATABASE
+            );
+            let holder = LockClient::builder()
+                .command_timeout(Duration::from_millis(200))
+                .mysql(&cut_url)
+                .await
+                .expect("connect through the proxy");
+            let outcome = holder
+                .lock("body")
+                .ttl(ttl)
+                .run(async {
+                    proxy.blackhole();
+                    std::future::pending::<()>().await
+                })
+                .await;
+            assert!(
+                matches!(
+                    outcome,
+                    Err(LockError::Lost {
+                        reason: LostReason::Expired,
+                        ..
+                    })
+                ),
+                "{outcome:?}"
+            );
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_strictly_increase_across_three_processes() {
-    let server = MariaDb::start();
-    server
+    lock_tests::bounded(
+        "fencing_tokens_strictly_increase_across_three_processes",
+        async move {
+            let server = MariaDb::start();
+            server
         .sql("CREATE TABLE fence_log (id BIGINT AUTO_INCREMENT PRIMARY KEY, token BIGINT UNSIGNED NOT NULL)")
         .await;
-    tokio::task::block_in_place(|| lock_tests::lab::fence_from_three_processes(&server.url(), "ledger"));
-    let log: Vec<u64> = server
-        .sql("SELECT token FROM fence_log ORDER BY id")
-        .await
-        .into_iter()
-        .map(|r| r[0].as_deref().expect("token").parse().expect("number"))
-        .collect();
-    lock_tests::lab::assert_strictly_increasing(&log);
+            tokio::task::block_in_place(|| {
+                lock_tests::lab::fence_from_three_processes(&server.url(), "ledger")
+            });
+            let log: Vec<u64> = server
+                .sql("SELECT token FROM fence_log ORDER BY id")
+                .await
+                .into_iter()
+                .map(|r| r[0].as_deref().expect("token").parse().expect("number"))
+                .collect();
+            lock_tests::lab::assert_strictly_increasing(&log);
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_keys_and_segments_on_the_table() {
-    let server = MariaDb::start();
-    let locks = LockClient::mysql(&server.url()).await.expect("connect");
-    // All or nothing: with `b` held elsewhere, `a` is not left taken.
-    let b = lock_tests::guard_from_another_task(&locks, "b").await;
-    let err = locks
-        .lock_all(["a", "b", "c"])
-        .wait(Duration::from_millis(100))
-        .acquire()
-        .await
-        .expect_err("b is held");
-    assert!(
-        matches!(err, LockError::Timeout { ref key, .. } if key == "b"),
-        "{err}"
-    );
-    assert_eq!(row(&server, "a").await, None, "a was rolled back");
-    b.release().await.expect("release");
-    let all = locks
-        .lock_all(["c", "a", "b"])
-        .acquire()
-        .await
-        .expect("all three");
-    for key in ["a", "b", "c"] {
-        assert!(row(&server, key).await.is_some(), "{key} held");
-    }
-    all.release().await.expect("release all");
-    for key in ["a", "b", "c"] {
-        assert_eq!(row(&server, key).await, None, "{key} released");
-    }
-
-    // Segments: three holders get three different segments; a fourth waits.
-    let mut guards = Vec::new();
-    let mut segments = Vec::new();
-    for _ in 0..3 {
-        let locks = locks.clone();
-        let guard = tokio::spawn(async move { locks.lock("pool").segments(3).acquire().await })
+    lock_tests::bounded("several_keys_and_segments_on_the_table", async move {
+        let server = MariaDb::start();
+        let locks = LockClient::mysql(&server.url()).await.expect("connect");
+        // All or nothing: with `b` held elsewhere, `a` is not left taken.
+        let b = lock_tests::guard_from_another_task(&locks, "b").await;
+        let err = locks
+            .lock_all(["a", "b", "c"])
+            .wait(Duration::from_millis(100))
+            .acquire()
             .await
-            .expect("join")
-            .expect("a free segment");
-        segments.push(guard.segment().expect("a segment"));
-        guards.push(guard);
-    }
-    segments.sort_unstable();
-    assert_eq!(segments, [0, 1, 2]);
-    let full = locks
-        .lock("pool")
-        .segments(3)
-        .wait(Duration::from_millis(100))
-        .acquire()
-        .await;
-    assert!(matches!(full, Err(LockError::Timeout { .. })), "{full:?}");
-    for g in guards {
-        g.release().await.expect("release");
-    }
+            .expect_err("b is held");
+        assert!(
+            matches!(err, LockError::Timeout { ref key, .. } if key == "b"),
+            "{err}"
+        );
+        assert_eq!(row(&server, "a").await, None, "a was rolled back");
+        b.release().await.expect("release");
+        let all = locks
+            .lock_all(["c", "a", "b"])
+            .acquire()
+            .await
+            .expect("all three");
+        for key in ["a", "b", "c"] {
+            assert!(row(&server, key).await.is_some(), "{key} held");
+        }
+        all.release().await.expect("release all");
+        for key in ["a", "b", "c"] {
+            assert_eq!(row(&server, key).await, None, "{key} released");
+        }
+
+        // Segments: three holders get three different segments; a fourth waits.
+        let mut guards = Vec::new();
+        let mut segments = Vec::new();
+        for _ in 0..3 {
+            let locks = locks.clone();
+            let guard = tokio::spawn(async move { locks.lock("pool").segments(3).acquire().await })
+                .await
+                .expect("join")
+                .expect("a free segment");
+            segments.push(guard.segment().expect("a segment"));
+            guards.push(guard);
+        }
+        segments.sort_unstable();
+        assert_eq!(segments, [0, 1, 2]);
+        let full = locks
+            .lock("pool")
+            .segments(3)
+            .wait(Duration::from_millis(100))
+            .acquire()
+            .await;
+        assert!(matches!(full, Err(LockError::Timeout { .. })), "{full:?}");
+        for g in guards {
+            g.release().await.expect("release");
+        }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_clear_errors_and_no_password_shows() {
-    let server = MariaDb::start();
-    server
-        .sql("CREATE USER 'app'@'%' IDENTIFIED BY 's3cr3t-Pa55'")
-        .await;
-    server
-        .sql("GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON locks.* TO 'app'@'%'")
-        .await;
+    lock_tests::bounded("bad_input_gets_clear_errors_and_no_password_shows", async move {
+        let server = MariaDb::start();
+        server
+            .sql("CREATE USER 'app'@'%' IDENTIFIED BY 's3cr3t-Pa55'")
+            .await;
+        server
+            .sql("GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON locks.* TO 'app'@'%'")
+            .await;
 
-    // A wrong password: refused at start-up, the password nowhere.
-    let wrong = server.url_as("app", "hunter2-wrong");
-    let err = LockClient::mysql(&wrong).await.expect_err("wrong password");
-    let shown = format!("{err} {err:?}");
-    assert!(matches!(err, LockError::InvalidConfig { .. }), "{shown}");
-    assert!(!shown.contains("hunter2-wrong"), "{shown}");
+        // A wrong password: refused at start-up, the password nowhere.
+        let wrong = server.url_as("app", "hunter2-wrong");
+        let err = LockClient::mysql(&wrong).await.expect_err("wrong password");
+        let shown = format!("{err} {err:?}");
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{shown}");
+        assert!(!shown.contains("hunter2-wrong"), "{shown}");
 
-    // The right one works, and the client's Debug does not show it.
-    let locks = LockClient::mysql(&server.url_as("app", "s3cr3t-Pa55"))
-        .await
-        .expect("connect as app");
-    let guard = locks.lock("k").acquire().await.expect("acquire as app");
-    let shown = format!("{locks:?} {guard:?}");
-    assert!(!shown.contains("s3cr3t-Pa55"), "{shown}");
-    guard.release().await.expect("release");
+        // The right one works, and the client's Debug does not show it.
+        let locks = LockClient::mysql(&server.url_as("app", "s3cr3t-Pa55"))
+            .await
+            .expect("connect as app");
+        let guard = locks.lock("k").acquire().await.expect("acquire as app");
+        let shown = format!("{locks:?} {guard:?}");
+        assert!(!shown.contains("s3cr3t-Pa55"), "{shown}");
+        guard.release().await.expect("release");
 
-    // A user without the grants the table needs: told which.
-    server
-        .sql("CREATE USER 'reader'@'%' IDENTIFIED BY 'r-Pa55'")
-        .await;
-    server.sql("GRANT SELECT ON locks.* TO 'reader'@'%'").await;
-    let err = LockClient::builder()
-        .mysql_table("other_locks")
-        .mysql(&server.url_as("reader", "r-Pa55"))
-        .await
-        .expect_err("no CREATE grant");
-    assert!(
-        err.to_string().contains("SELECT, INSERT, UPDATE and DELETE"),
-        "{err}"
-    );
-    assert!(!format!("{err} {err:?}").contains("r-Pa55"));
+        // A user without the grants the table needs: told which.
+        server
+            .sql("CREATE USER 'reader'@'%' IDENTIFIED BY 'r-Pa55'")
+            .await;
+        server.sql("GRANT SELECT ON locks.* TO 'reader'@'%'").await;
+        let err = LockClient::builder()
+            .mysql_table("other_locks")
+            .mysql(&server.url_as("reader", "r-Pa55"))
+            .await
+            .expect_err("no CREATE grant");
+        assert!(
+            err.to_string().contains("SELECT, INSERT, UPDATE and DELETE"),
+            "{err}"
+        );
+        assert!(!format!("{err} {err:?}").contains("r-Pa55"));
 
-    // No database in the URL, a bad table name, a bad URL.
-    let no_db = format!("mysql://root@127.0.0.1:{}/", server.port());
-    let err = LockClient::mysql(&no_db).await.expect_err("no database");
-    assert!(err.to_string().contains("names no database"), "{err}");
-    let err = LockClient::builder()
-        .mysql_table("locks; DROP TABLE x")
-        .mysql(&server.url())
-        .await
-        .expect_err("bad table name");
-    assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
-    let err = LockClient::mysql("mysql://app:pw-in-url@[::1/x")
-        .await
-        .expect_err("bad url");
-    assert!(!format!("{err} {err:?}").contains("pw-in-url"), "{err}");
+        // No database in the URL, a bad table name, a bad URL.
+        let no_db = format!("mysql://root@127.0.0.1:{}/", server.port());
+        let err = LockClient::mysql(&no_db).await.expect_err("no database");
+        assert!(err.to_string().contains("names no database"), "{err}");
+        let err = LockClient::builder()
+            .mysql_table("locks; DROP TABLE x")
+            .mysql(&server.url())
+            .await
+            .expect_err("bad table name");
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
+        let err = LockClient::mysql("mysql://app:pw-in-url@[::1/x")
+            .await
+            .expect_err("bad url");
+        assert!(!format!("{err} {err:?}").contains("pw-in-url"), "{err}");
 
-    // A name longer than the table's column: refused before any statement.
-    let locks = LockClient::builder()
-        .key_prefix("p".repeat(1024))
-        .mysql(&server.url())
-        .await
-        .expect("connect");
-    let err = locks
-        .lock("k".repeat(1024))
-        .acquire()
-        .await
-        .expect_err("too long");
-    assert!(
-        matches!(err, LockError::InvalidKey { ref reason, .. } if reason.contains("column holds 2048")),
-        "{err}"
-    );
-    // Keys that are not text a name can be: refused like on every backend.
-    let locks = LockClient::mysql(&server.url()).await.expect("connect");
-    for bad in ["nul\0byte", "line\nbreak", ""] {
-        let err = locks.lock(bad).acquire().await.expect_err("bad key");
-        assert!(matches!(err, LockError::InvalidKey { .. }), "{bad:?}: {err}");
-    }
-    // Quotes and backslashes are data, not SQL.
-    let odd = "it's \\ a `name`; DROP TABLE distributed_locks; --";
-    let guard = locks
-        .lock(odd)
-        .fencing(true)
-        .acquire()
-        .await
-        .expect("any text is a name");
-    assert_eq!(guard.fencing_token(), Some(1));
-    guard.release().await.expect("release");
-    // Kinds the table does not do: refused by name.
-    for (what, request) in [
-        ("read", locks.lock("rw").mode(LockMode::Read)),
-        ("permits", locks.lock("sem").permits(2)),
-        ("fair", locks.lock("line").fair(true)),
-    ] {
-        let err = request.acquire().await.expect_err(what);
-        assert!(matches!(err, LockError::Unsupported { .. }), "{what}: {err}");
-    }
+        // A name longer than the table's column: refused before any statement.
+        let locks = LockClient::builder()
+            .key_prefix("p".repeat(1024))
+            .mysql(&server.url())
+            .await
+            .expect("connect");
+        let err = locks
+            .lock("k".repeat(1024))
+            .acquire()
+            .await
+            .expect_err("too long");
+        assert!(
+            matches!(err, LockError::InvalidKey { ref reason, .. } if reason.contains("column holds 2048")),
+            "{err}"
+        );
+        // Keys that are not text a name can be: refused like on every backend.
+        let locks = LockClient::mysql(&server.url()).await.expect("connect");
+        for bad in ["nul\0byte", "line\nbreak", ""] {
+            let err = locks.lock(bad).acquire().await.expect_err("bad key");
+            assert!(matches!(err, LockError::InvalidKey { .. }), "{bad:?}: {err}");
+        }
+        // Quotes and backslashes are data, not SQL.
+        let odd = "it's \\ a `name`; DROP TABLE distributed_locks; --";
+        let guard = locks
+            .lock(odd)
+            .fencing(true)
+            .acquire()
+            .await
+            .expect("any text is a name");
+        assert_eq!(guard.fencing_token(), Some(1));
+        guard.release().await.expect("release");
+        // Kinds the table does not do: refused by name.
+        for (what, request) in [
+            ("read", locks.lock("rw").mode(LockMode::Read)),
+            ("permits", locks.lock("sem").permits(2)),
+            ("fair", locks.lock("line").fair(true)),
+        ] {
+            let err = request.acquire().await.expect_err(what);
+            assert!(matches!(err, LockError::Unsupported { .. }), "{what}: {err}");
+        }
+    })
+    .await
 }
 
 /// A waiter sleeps until the lease in its way ends, as the database
@@ -470,41 +512,44 @@ async fn bad_input_gets_clear_errors_and_no_password_shows() {
 /// soon after the lease ends, in a handful of statements.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_sleeps_until_the_lease_in_its_way_ends() {
-    let server = MariaDb::start();
-    let holder = LockClient::mysql(&server.url()).await.expect("connect");
-    let waiter = LockClient::builder()
-        .poll_interval(Duration::from_secs(10))
-        .mysql(&server.url())
-        .await
-        .expect("connect");
-    let questions = async || -> u64 {
-        let n = server.sql("SHOW GLOBAL STATUS LIKE 'Questions'").await;
-        n[0][1].as_deref().expect("a count").parse().expect("a number")
-    };
-    let _abandoned = holder
-        .lock("job")
-        .ttl(Duration::from_millis(300))
-        .renew(false)
-        .acquire()
-        .await
-        .expect("acquire");
-    let before = questions().await;
-    let started = Instant::now();
-    let guard = waiter
-        .lock("job")
-        .wait(Duration::from_secs(5))
-        .acquire()
-        .await
-        .expect("the lease ends");
-    let waited = started.elapsed();
-    // The count includes the SHOW that reads it, and a new connection's
-    // set-up statements (3 each); polling every millisecond would be
-    // hundreds.
-    let statements = questions().await - before - 1;
-    assert!(
-        waited < Duration::from_secs(3),
-        "waited {waited:?}: the poll, not the lease, decided"
-    );
-    assert!(statements <= 20, "{statements} statements to wait out one lease");
-    guard.release().await.expect("release");
+    lock_tests::bounded("a_waiter_sleeps_until_the_lease_in_its_way_ends", async move {
+        let server = MariaDb::start();
+        let holder = LockClient::mysql(&server.url()).await.expect("connect");
+        let waiter = LockClient::builder()
+            .poll_interval(Duration::from_secs(10))
+            .mysql(&server.url())
+            .await
+            .expect("connect");
+        let questions = async || -> u64 {
+            let n = server.sql("SHOW GLOBAL STATUS LIKE 'Questions'").await;
+            n[0][1].as_deref().expect("a count").parse().expect("a number")
+        };
+        let _abandoned = holder
+            .lock("job")
+            .ttl(Duration::from_millis(300))
+            .renew(false)
+            .acquire()
+            .await
+            .expect("acquire");
+        let before = questions().await;
+        let started = Instant::now();
+        let guard = waiter
+            .lock("job")
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .expect("the lease ends");
+        let waited = started.elapsed();
+        // The count includes the SHOW that reads it, and a new connection's
+        // set-up statements (3 each); polling every millisecond would be
+        // hundreds.
+        let statements = questions().await - before - 1;
+        assert!(
+            waited < Duration::from_secs(3),
+            "waited {waited:?}: the poll, not the lease, decided"
+        );
+        assert!(statements <= 20, "{statements} statements to wait out one lease");
+        guard.release().await.expect("release");
+    })
+    .await
 }

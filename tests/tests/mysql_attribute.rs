@@ -64,43 +64,46 @@ fn the_attribute_locks_through_the_table() {
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(async {
-        let client = LockClient::mysql(&server.url()).await.expect("connect");
-        lock_runtime::init(client).expect("installed once");
-        let shop = Arc::new(Shop {
-            stock: AtomicU32::new(100),
-            inside: AtomicUsize::new(0),
-        });
-        let calls: Vec<_> = (0..8)
-            .map(|_| {
-                let shop = Arc::clone(&shop);
-                tokio::spawn(async move {
-                    let mut sold = 0;
-                    for _ in 0..15 {
-                        match deduct_stock(&shop, 7, 1).await {
-                            Ok(_) => sold += 1,
-                            Err(ShopError::OutOfStock) => {}
-                            Err(ShopError::Lock(e)) => panic!("lock failed: {e}"),
+    runtime.block_on(lock_tests::bounded(
+        "the_attribute_locks_through_the_table",
+        async {
+            let client = LockClient::mysql(&server.url()).await.expect("connect");
+            lock_runtime::init(client).expect("installed once");
+            let shop = Arc::new(Shop {
+                stock: AtomicU32::new(100),
+                inside: AtomicUsize::new(0),
+            });
+            let calls: Vec<_> = (0..8)
+                .map(|_| {
+                    let shop = Arc::clone(&shop);
+                    tokio::spawn(async move {
+                        let mut sold = 0;
+                        for _ in 0..15 {
+                            match deduct_stock(&shop, 7, 1).await {
+                                Ok(_) => sold += 1,
+                                Err(ShopError::OutOfStock) => {}
+                                Err(ShopError::Lock(e)) => panic!("lock failed: {e}"),
+                            }
                         }
-                    }
-                    sold
+                        sold
+                    })
                 })
-            })
-            .collect();
-        let mut sold = 0;
-        for call in calls {
-            sold += call.await.expect("task");
-        }
-        assert_eq!(sold, 100, "120 orders for 100 items: exactly 100 sold");
-        assert_eq!(shop.stock.load(Ordering::SeqCst), 0);
-        // Released on every path: nothing is left in the table.
-        let left = server.value("SELECT COUNT(*) FROM distributed_locks").await;
-        assert_eq!(left.as_deref(), Some("0"), "no row left behind");
-        // Outside any lock, the fenced function takes its own lock.
-        let token = tokio::time::timeout(Duration::from_secs(10), audit(8))
-            .await
-            .expect("in time")
-            .expect("lock");
-        assert_eq!(token, Some(1));
-    });
+                .collect();
+            let mut sold = 0;
+            for call in calls {
+                sold += call.await.expect("task");
+            }
+            assert_eq!(sold, 100, "120 orders for 100 items: exactly 100 sold");
+            assert_eq!(shop.stock.load(Ordering::SeqCst), 0);
+            // Released on every path: nothing is left in the table.
+            let left = server.value("SELECT COUNT(*) FROM distributed_locks").await;
+            assert_eq!(left.as_deref(), Some("0"), "no row left behind");
+            // Outside any lock, the fenced function takes its own lock.
+            let token = tokio::time::timeout(Duration::from_secs(10), audit(8))
+                .await
+                .expect("in time")
+                .expect("lock");
+            assert_eq!(token, Some(1));
+        },
+    ));
 }

@@ -30,60 +30,77 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_in_another_process_is_woken_by_the_release() {
-    let server = RedisServer::start();
-    let locks = client(&server).await;
-    let mut latencies_ms = Vec::new();
-    for trial in 0..15 {
-        let key = format!("handoff:{trial}");
-        let guard = locks.lock(key.as_str()).acquire().await.expect("acquire");
-        let mut waiter = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
-            .args(["wait", &server.url(), &key])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn waiter");
-        until_subscribed(&server, &key).await;
-        let released = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
-        guard.release().await.expect("release");
-        let mut line = String::new();
-        BufReader::new(waiter.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("waiter output");
-        assert!(waiter.wait().expect("waiter exit").success());
-        let acquired = Duration::from_nanos(line.trim().parse().expect("acquisition time"));
-        latencies_ms.push(acquired.saturating_sub(released).as_secs_f64() * 1e3);
-    }
-    latencies_ms.sort_by(f64::total_cmp);
-    let (p50, p99) = (percentile(&latencies_ms, 0.5), percentile(&latencies_ms, 0.99));
-    println!("{{\"handoff\":\"cross-process\",\"trials\":15,\"p50_ms\":{p50:.2},\"p99_ms\":{p99:.2}}}");
-    // Far below the 200ms poll: the notification, not the poll, woke it.
-    assert!(p50 < 50.0, "cross-process handoff p50 {p50:.1}ms");
+    lock_tests::bounded(
+        "a_waiter_in_another_process_is_woken_by_the_release",
+        async move {
+            let server = RedisServer::start();
+            let locks = client(&server).await;
+            let mut latencies_ms = Vec::new();
+            for trial in 0..15 {
+                let key = format!("handoff:{trial}");
+                let guard = locks.lock(key.as_str()).acquire().await.expect("acquire");
+                let mut waiter = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
+                    .args(["wait", &server.url(), &key])
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("spawn waiter");
+                until_subscribed(&server, &key).await;
+                let released = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock");
+                guard.release().await.expect("release");
+                let mut line = String::new();
+                BufReader::new(waiter.stdout.take().expect("stdout"))
+                    .read_line(&mut line)
+                    .expect("waiter output");
+                assert!(waiter.wait().expect("waiter exit").success());
+                let acquired = Duration::from_nanos(line.trim().parse().expect("acquisition time"));
+                latencies_ms.push(acquired.saturating_sub(released).as_secs_f64() * 1e3);
+            }
+            latencies_ms.sort_by(f64::total_cmp);
+            let (p50, p99) = (percentile(&latencies_ms, 0.5), percentile(&latencies_ms, 0.99));
+            println!(
+                "{{\"handoff\":\"cross-process\",\"trials\":15,\"p50_ms\":{p50:.2},\"p99_ms\":{p99:.2}}}"
+            );
+            // Far below the 200ms poll: the notification, not the poll, woke it.
+            assert!(p50 < 50.0, "cross-process handoff p50 {p50:.1}ms");
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_in_this_process_is_woken_without_a_round_trip() {
-    let server = RedisServer::start();
-    let locks = client(&server).await;
-    let mut latencies_us = Vec::new();
-    for trial in 0..50 {
-        let key = format!("local:{trial}");
-        let guard = locks.lock(key.as_str()).acquire().await.expect("acquire");
-        let waiter = spawn_waiter(&locks, &key);
-        until_subscribed(&server, &key).await;
-        let released = Instant::now();
-        guard.release().await.expect("release");
-        let acquired = waiter.await.expect("join");
-        latencies_us.push(acquired.duration_since(released).as_secs_f64() * 1e6);
-    }
-    latencies_us.sort_by(f64::total_cmp);
-    let (p50, p99) = (percentile(&latencies_us, 0.5), percentile(&latencies_us, 0.99));
-    println!("{{\"handoff\":\"same-process\",\"trials\":50,\"p50_us\":{p50:.0},\"p99_us\":{p99:.0}}}");
-    assert!(p50 < 50_000.0, "same-process handoff p50 {p50:.0}µs");
+    lock_tests::bounded(
+        "a_waiter_in_this_process_is_woken_without_a_round_trip",
+        async move {
+            let server = RedisServer::start();
+            let locks = client(&server).await;
+            let mut latencies_us = Vec::new();
+            for trial in 0..50 {
+                let key = format!("local:{trial}");
+                let guard = locks.lock(key.as_str()).acquire().await.expect("acquire");
+                let waiter = spawn_waiter(&locks, &key);
+                until_subscribed(&server, &key).await;
+                let released = Instant::now();
+                guard.release().await.expect("release");
+                let acquired = waiter.await.expect("join");
+                latencies_us.push(acquired.duration_since(released).as_secs_f64() * 1e6);
+            }
+            latencies_us.sort_by(f64::total_cmp);
+            let (p50, p99) = (percentile(&latencies_us, 0.5), percentile(&latencies_us, 0.99));
+            println!(
+                "{{\"handoff\":\"same-process\",\"trials\":50,\"p50_us\":{p50:.0},\"p99_us\":{p99:.0}}}"
+            );
+            assert!(p50 < 50_000.0, "same-process handoff p50 {p50:.0}µs");
+        },
+    )
+    .await
 }
 
 /// Pub/sub is at most once: with the subscription killed and unable to come
 /// back, the waiter must still get the lock through its poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_subscription_costs_at_most_the_poll() {
+    lock_tests::bounded("a_killed_subscription_costs_at_most_the_poll", async move {
     let server = RedisServer::start();
     let mut admin = server.sync_connection().expect("admin connection");
     let holder = client(&server).await;
@@ -137,71 +154,88 @@ async fn a_killed_subscription_costs_at_most_the_poll() {
         }),
     );
     assert!(took < Duration::from_millis(250), "took {took:?}");
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_that_give_up_leave_no_subscription_behind() {
-    let server = RedisServer::start();
-    let holder = client(&server).await;
-    let waiters = client(&server).await;
-    let guard = holder.lock("abandoned").acquire().await.expect("acquire");
-    let attempts = (0..4).map(|_| {
-        waiters
-            .lock("abandoned")
-            .wait(Duration::from_millis(300))
-            .acquire()
-    });
-    for outcome in futures_util::future::join_all(attempts).await {
-        assert!(outcome.is_err(), "the lock stayed held");
-    }
-    let dropped = tokio::time::timeout(
-        Duration::from_millis(100),
-        waiters.lock("abandoned").wait(Duration::from_secs(5)).acquire(),
-    )
-    .await;
-    assert!(dropped.is_err(), "cancelled while waiting");
-    let unsubscribed = eventually(Duration::from_secs(2), || subscribers(&server, "abandoned") == 0).await;
-    assert!(unsubscribed.is_some(), "a subscription was left behind");
-    guard.release().await.expect("release");
+    lock_tests::bounded("waiters_that_give_up_leave_no_subscription_behind", async move {
+        let server = RedisServer::start();
+        let holder = client(&server).await;
+        let waiters = client(&server).await;
+        let guard = holder.lock("abandoned").acquire().await.expect("acquire");
+        let attempts = (0..4).map(|_| {
+            waiters
+                .lock("abandoned")
+                .wait(Duration::from_millis(300))
+                .acquire()
+        });
+        for outcome in futures_util::future::join_all(attempts).await {
+            assert!(outcome.is_err(), "the lock stayed held");
+        }
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(100),
+            waiters.lock("abandoned").wait(Duration::from_secs(5)).acquire(),
+        )
+        .await;
+        assert!(dropped.is_err(), "cancelled while waiting");
+        let unsubscribed =
+            eventually(Duration::from_secs(2), || subscribers(&server, "abandoned") == 0).await;
+        assert!(unsubscribed.is_some(), "a subscription was left behind");
+        guard.release().await.expect("release");
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_strictly_increase_across_three_processes() {
-    let server = RedisServer::start();
-    tokio::task::block_in_place(|| lock_tests::lab::fence_from_three_processes(&server.url(), "ledger"));
-    let log: Vec<u64> = server.query(redis::cmd("LRANGE").arg("fence-log").arg(0).arg(-1));
-    lock_tests::lab::assert_strictly_increasing(&log);
+    lock_tests::bounded(
+        "fencing_tokens_strictly_increase_across_three_processes",
+        async move {
+            let server = RedisServer::start();
+            tokio::task::block_in_place(|| {
+                lock_tests::lab::fence_from_three_processes(&server.url(), "ledger")
+            });
+            let log: Vec<u64> = server.query(redis::cmd("LRANGE").arg("fence-log").arg(0).arg(-1));
+            lock_tests::lab::assert_strictly_increasing(&log);
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_are_announced_only_when_someone_waits() {
-    let server = RedisServer::start();
-    let locks = client(&server).await;
-    let publishes = || server.command_calls().get("publish").copied().unwrap_or(0);
-    for _ in 0..20 {
-        locks
-            .lock("quiet")
-            .acquire()
-            .await
-            .expect("acquire")
-            .release()
-            .await
-            .expect("release");
-    }
-    assert_eq!(publishes(), 0, "nobody waited, nothing to announce");
+    lock_tests::bounded("releases_are_announced_only_when_someone_waits", async move {
+        let server = RedisServer::start();
+        let locks = client(&server).await;
+        let publishes = || server.command_calls().get("publish").copied().unwrap_or(0);
+        for _ in 0..20 {
+            locks
+                .lock("quiet")
+                .acquire()
+                .await
+                .expect("acquire")
+                .release()
+                .await
+                .expect("release");
+        }
+        assert_eq!(publishes(), 0, "nobody waited, nothing to announce");
 
-    let guard = locks.lock("busy").acquire().await.expect("acquire");
-    let waiter_client = client(&server).await;
-    let waiter = spawn_waiter(&waiter_client, "busy");
-    until_subscribed(&server, "busy").await;
-    let value: String = server.query(redis::cmd("GET").arg("lock:{busy}"));
-    assert!(
-        value.ends_with("+w"),
-        "the waiter marked the holder's lock: {value}"
-    );
-    guard.release().await.expect("release");
-    waiter.await.expect("the waiter got the lock");
-    assert_eq!(publishes(), 1, "the marked release was announced once");
+        let guard = locks.lock("busy").acquire().await.expect("acquire");
+        let waiter_client = client(&server).await;
+        let waiter = spawn_waiter(&waiter_client, "busy");
+        until_subscribed(&server, "busy").await;
+        let value: String = server.query(redis::cmd("GET").arg("lock:{busy}"));
+        assert!(
+            value.ends_with("+w"),
+            "the waiter marked the holder's lock: {value}"
+        );
+        guard.release().await.expect("release");
+        waiter.await.expect("the waiter got the lock");
+        assert_eq!(publishes(), 1, "the marked release was announced once");
+    })
+    .await
 }
 
 /// A release in this process wakes this process's waiters directly, not
@@ -211,6 +245,7 @@ async fn releases_are_announced_only_when_someone_waits() {
 /// process was starved (the assumption monitor saw a stall) do not count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_a_waiter_of_the_same_process_without_the_server() {
+    lock_tests::bounded("a_release_wakes_a_waiter_of_the_same_process_without_the_server", async move {
     let server = RedisServer::start();
     let locks = client(&server).await;
     let mut admin = server.sync_connection().expect("admin connection");
@@ -264,4 +299,6 @@ async fn a_release_wakes_a_waiter_of_the_same_process_without_the_server() {
             );
         }
     }
+    })
+    .await
 }

@@ -35,103 +35,121 @@ fn take_over(server: &RedisServer, key: &str, lease_ms: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watchdog_never_renews_a_rivals_lock_and_reports_the_loss() {
-    let server = RedisServer::start();
-    let locks = LockClient::connect(&server.url()).await.expect("connect");
-    let body = async {
-        take_over(&server, "taken", 20_000);
-        std::future::pending::<()>().await;
-    };
-    // The next renewal is due within 500 ms (ttl/3); the lease itself
-    // would only expire (`Expired`, not `TakenOver`) after 1.5 s.
-    let run = locks.lock("taken").ttl(Duration::from_millis(1500)).run(body);
-    let outcome = tokio::time::timeout(BOUND, run)
-        .await
-        .expect("the body was not cancelled: the renewal did not see the rival");
-    assert!(
-        matches!(
-            outcome,
-            Err(LockError::Lost {
-                reason: LostReason::TakenOver,
-                ..
-            })
-        ),
-        "{outcome:?}"
-    );
-    assert_eq!(value(&server, "taken").as_deref(), Some(RIVAL));
-    let left = pttl(&server, "taken");
-    assert!(
-        left > 10_000,
-        "the rival's 20 s lease was cut to {left} ms: the old holder's renewal touched it"
-    );
+    lock_tests::bounded(
+        "the_watchdog_never_renews_a_rivals_lock_and_reports_the_loss",
+        async move {
+            let server = RedisServer::start();
+            let locks = LockClient::connect(&server.url()).await.expect("connect");
+            let body = async {
+                take_over(&server, "taken", 20_000);
+                std::future::pending::<()>().await;
+            };
+            // The next renewal is due within 500 ms (ttl/3); the lease itself
+            // would only expire (`Expired`, not `TakenOver`) after 1.5 s.
+            let run = locks.lock("taken").ttl(Duration::from_millis(1500)).run(body);
+            let outcome = tokio::time::timeout(BOUND, run)
+                .await
+                .expect("the body was not cancelled: the renewal did not see the rival");
+            assert!(
+                matches!(
+                    outcome,
+                    Err(LockError::Lost {
+                        reason: LostReason::TakenOver,
+                        ..
+                    })
+                ),
+                "{outcome:?}"
+            );
+            assert_eq!(value(&server, "taken").as_deref(), Some(RIVAL));
+            let left = pttl(&server, "taken");
+            assert!(
+                left > 10_000,
+                "the rival's 20 s lease was cut to {left} ms: the old holder's renewal touched it"
+            );
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nested_call_asking_for_a_longer_lease_never_extends_a_rivals_lock() {
-    let server = RedisServer::start();
-    let locks = LockClient::connect(&server.url()).await.expect("connect");
-    // No watchdog: only the nested call's extension talks to the server.
-    let outer = locks
-        .lock("nested-takeover")
-        .ttl(Duration::from_secs(5))
-        .renew(false)
-        .run(async {
-            take_over(&server, "nested-takeover", 2_000);
-            locks
+    lock_tests::bounded(
+        "a_nested_call_asking_for_a_longer_lease_never_extends_a_rivals_lock",
+        async move {
+            let server = RedisServer::start();
+            let locks = LockClient::connect(&server.url()).await.expect("connect");
+            // No watchdog: only the nested call's extension talks to the server.
+            let outer = locks
                 .lock("nested-takeover")
-                .ttl(Duration::from_secs(30))
-                .run(async { "the nested body ran on a lock the rival holds" })
+                .ttl(Duration::from_secs(5))
+                .renew(false)
+                .run(async {
+                    take_over(&server, "nested-takeover", 2_000);
+                    locks
+                        .lock("nested-takeover")
+                        .ttl(Duration::from_secs(30))
+                        .run(async { "the nested body ran on a lock the rival holds" })
+                        .await
+                });
+            let nested = tokio::time::timeout(BOUND, outer)
                 .await
-        });
-    let nested = tokio::time::timeout(BOUND, outer)
-        .await
-        .expect("bounded")
-        .expect("the outer lease is still trusted");
-    assert!(
-        matches!(
-            nested,
-            Err(LockError::Lost {
-                reason: LostReason::TakenOver,
-                ..
-            })
-        ),
-        "{nested:?}"
-    );
-    assert_eq!(value(&server, "nested-takeover").as_deref(), Some(RIVAL));
-    let left = pttl(&server, "nested-takeover");
-    assert!(
-        left <= 2_000,
-        "the rival's 2 s lease was extended to {left} ms by the old holder"
-    );
+                .expect("bounded")
+                .expect("the outer lease is still trusted");
+            assert!(
+                matches!(
+                    nested,
+                    Err(LockError::Lost {
+                        reason: LostReason::TakenOver,
+                        ..
+                    })
+                ),
+                "{nested:?}"
+            );
+            assert_eq!(value(&server, "nested-takeover").as_deref(), Some(RIVAL));
+            let left = pttl(&server, "nested-takeover");
+            assert!(
+                left <= 2_000,
+                "the rival's 2 s lease was extended to {left} ms by the old holder"
+            );
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_on_another_client_inside_a_body_is_a_new_acquisition_not_a_reentry() {
-    let server = RedisServer::start();
-    let other_server = RedisServer::start();
-    let first = LockClient::connect(&server.url()).await.expect("connect");
-    let second_same = LockClient::connect(&server.url()).await.expect("connect");
-    let second_elsewhere = LockClient::connect(&other_server.url()).await.expect("connect");
-    let body = async {
-        // The same key on the same Redis through another client: held by
-        // the first client, so a try-once call times out.
-        let same = second_same.lock("shared-name").run(async {}).await;
-        // The same key on another Redis: a lock of its own, really taken.
-        let elsewhere = second_elsewhere
-            .lock("shared-name")
-            .run(async { value(&other_server, "shared-name") })
-            .await;
-        (same, elsewhere)
-    };
-    let (same, elsewhere) = tokio::time::timeout(BOUND, first.lock("shared-name").run(body))
-        .await
-        .expect("bounded")
-        .expect("the first client holds its lock");
-    assert!(
-        matches!(same, Err(LockError::Timeout { .. })),
-        "another client on the same server re-entered the first client's lock: {same:?}"
-    );
-    assert!(
-        elsewhere.expect("free on the other server").is_some(),
-        "the call on the other server held no lock there"
-    );
+    lock_tests::bounded(
+        "a_call_on_another_client_inside_a_body_is_a_new_acquisition_not_a_reentry",
+        async move {
+            let server = RedisServer::start();
+            let other_server = RedisServer::start();
+            let first = LockClient::connect(&server.url()).await.expect("connect");
+            let second_same = LockClient::connect(&server.url()).await.expect("connect");
+            let second_elsewhere = LockClient::connect(&other_server.url()).await.expect("connect");
+            let body = async {
+                // The same key on the same Redis through another client: held by
+                // the first client, so a try-once call times out.
+                let same = second_same.lock("shared-name").run(async {}).await;
+                // The same key on another Redis: a lock of its own, really taken.
+                let elsewhere = second_elsewhere
+                    .lock("shared-name")
+                    .run(async { value(&other_server, "shared-name") })
+                    .await;
+                (same, elsewhere)
+            };
+            let (same, elsewhere) = tokio::time::timeout(BOUND, first.lock("shared-name").run(body))
+                .await
+                .expect("bounded")
+                .expect("the first client holds its lock");
+            assert!(
+                matches!(same, Err(LockError::Timeout { .. })),
+                "another client on the same server re-entered the first client's lock: {same:?}"
+            );
+            assert!(
+                elsewhere.expect("free on the other server").is_some(),
+                "the call on the other server held no lock there"
+            );
+        },
+    )
+    .await
 }

@@ -17,6 +17,7 @@ fn exists(server: &RedisServer, key: &str) -> bool {
 /// lost before its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_acks_on_a_master_with_a_replica() {
+    lock_tests::bounded("replica_acks_on_a_master_with_a_replica", async move {
     let group = Replicated::start_without_sentinels(1);
     let locks = LockClient::builder()
         .replica_acks(1)
@@ -58,6 +59,8 @@ async fn replica_acks_on_a_master_with_a_replica() {
         matches!(&err, LockError::InvalidConfig { reason, .. } if reason.contains("shorter than the command timeout")),
         "{err}"
     );
+    })
+    .await
 }
 
 /// Sentinel clients, one with `replica_acks(1)`, over a master with two
@@ -68,107 +71,116 @@ async fn replica_acks_on_a_master_with_a_replica() {
 /// waiter is let in when the holder releases after the switch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_follows_a_failover_and_acknowledged_locks_survive_it() {
-    let mut group = Replicated::start(2);
-    let sentinel = |acks: u32| {
-        LockClient::builder()
-            .replica_acks(acks)
-            .command_timeout(Duration::from_millis(500))
-            .sentinel(MASTER_NAME, group.sentinel_urls())
-    };
-    let locks = sentinel(1).await.expect("sentinel client");
-    let plain = sentinel(0).await.expect("sentinel client without acks");
-    let held = locks
-        .lock("held")
-        .ttl(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("lock before the failover");
-    assert!(exists(&group.master, "lock:{held}"));
+    lock_tests::bounded(
+        "sentinel_follows_a_failover_and_acknowledged_locks_survive_it",
+        async move {
+            let mut group = Replicated::start(2);
+            let sentinel = |acks: u32| {
+                LockClient::builder()
+                    .replica_acks(acks)
+                    .command_timeout(Duration::from_millis(500))
+                    .sentinel(MASTER_NAME, group.sentinel_urls())
+            };
+            let locks = sentinel(1).await.expect("sentinel client");
+            let plain = sentinel(0).await.expect("sentinel client without acks");
+            let held = locks
+                .lock("held")
+                .ttl(Duration::from_secs(10))
+                .acquire()
+                .await
+                .expect("lock before the failover");
+            assert!(exists(&group.master, "lock:{held}"));
 
-    let old_port = group.master.port();
-    group.master.kill();
-    let killed = Instant::now();
-    let new_port = group.wait_for_failover(old_port, Duration::from_secs(30));
-    let promoted = killed.elapsed();
+            let old_port = group.master.port();
+            group.master.kill();
+            let killed = Instant::now();
+            let new_port = group.wait_for_failover(old_port, Duration::from_secs(30));
+            let promoted = killed.elapsed();
 
-    // New locks go to the new master, within the failover time and a second.
-    let first_lock = plain
-        .lock("after")
-        .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("a lock on the new master");
-    let first_acquire = killed.elapsed();
-    let new_master = group.node(new_port).expect("the promoted replica");
-    assert!(exists(new_master, "lock:{after}"), "not on the new master");
-    assert!(
-        first_acquire < promoted + Duration::from_secs(1) + Duration::from_secs(1),
-        "first lock {first_acquire:?} after the kill; promoted after {promoted:?}"
-    );
-    first_lock.release().await.expect("release on the new master");
-    // With acknowledgement, once the other replica follows the new master.
-    locks
-        .lock("acked-after")
-        .wait(Duration::from_secs(20))
-        .run(async {})
-        .await
-        .expect("an acknowledged lock on the new master");
+            // New locks go to the new master, within the failover time and a second.
+            let first_lock = plain
+                .lock("after")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+                .expect("a lock on the new master");
+            let first_acquire = killed.elapsed();
+            let new_master = group.node(new_port).expect("the promoted replica");
+            assert!(exists(new_master, "lock:{after}"), "not on the new master");
+            assert!(
+                first_acquire < promoted + Duration::from_secs(1) + Duration::from_secs(1),
+                "first lock {first_acquire:?} after the kill; promoted after {promoted:?}"
+            );
+            first_lock.release().await.expect("release on the new master");
+            // With acknowledgement, once the other replica follows the new master.
+            locks
+                .lock("acked-after")
+                .wait(Duration::from_secs(20))
+                .run(async {})
+                .await
+                .expect("an acknowledged lock on the new master");
 
-    // The held lock survived on the promoted replica and is renewed there.
-    assert!(
-        exists(new_master, "lock:{held}"),
-        "the acknowledged lock was lost"
-    );
-    tokio::time::timeout(Duration::from_secs(5), held.lost())
-        .await
-        .expect_err("renewals keep the lock on the new master");
-    assert!(held.is_held());
+            // The held lock survived on the promoted replica and is renewed there.
+            assert!(
+                exists(new_master, "lock:{held}"),
+                "the acknowledged lock was lost"
+            );
+            tokio::time::timeout(Duration::from_secs(5), held.lost())
+                .await
+                .expect_err("renewals keep the lock on the new master");
+            assert!(held.is_held());
 
-    // A waiter on the held key gets in after the release.
-    let waiter = locks.clone();
-    let waiting = tokio::spawn(async move {
-        waiter
-            .lock("held")
-            .wait(Duration::from_secs(10))
-            .run(async {})
-            .await
-    });
-    lock_tests::until_waiting(new_master, "held").await;
-    held.release().await.expect("release after the failover");
-    tokio::time::timeout(Duration::from_secs(15), waiting)
-        .await
-        .expect("the waiter got in")
-        .expect("join")
-        .expect("lock after the release");
-    println!(
-        "{{\"sentinel_failover\":{{\"promoted_ms\":{},\"first_acquire_after_kill_ms\":{}}}}}",
-        promoted.as_millis(),
-        first_acquire.as_millis()
-    );
+            // A waiter on the held key gets in after the release.
+            let waiter = locks.clone();
+            let waiting = tokio::spawn(async move {
+                waiter
+                    .lock("held")
+                    .wait(Duration::from_secs(10))
+                    .run(async {})
+                    .await
+            });
+            lock_tests::until_waiting(new_master, "held").await;
+            held.release().await.expect("release after the failover");
+            tokio::time::timeout(Duration::from_secs(15), waiting)
+                .await
+                .expect("the waiter got in")
+                .expect("join")
+                .expect("lock after the release");
+            println!(
+                "{{\"sentinel_failover\":{{\"promoted_ms\":{},\"first_acquire_after_kill_ms\":{}}}}}",
+                promoted.as_millis(),
+                first_acquire.as_millis()
+            );
+        },
+    )
+    .await
 }
 
 /// A Sentinel client that cannot reach any sentinel fails at construction
 /// with an error naming them; `lazy()` defers it to the first call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_construction_errors() {
-    let nowhere = format!("redis://127.0.0.1:{}/", lock_tests::free_port());
-    let err = LockClient::builder()
-        .command_timeout(Duration::from_millis(300))
-        .sentinel(MASTER_NAME, [nowhere.as_str()])
-        .await
-        .expect_err("no sentinel answers");
-    assert!(matches!(err, LockError::Backend { .. }), "{err}");
-    let empty: [&str; 0] = [];
-    let err = LockClient::sentinel(MASTER_NAME, empty)
-        .await
-        .expect_err("no URL");
-    assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
-    let lazy = LockClient::builder()
-        .lazy()
-        .command_timeout(Duration::from_millis(300))
-        .sentinel(MASTER_NAME, [nowhere.as_str()])
-        .await
-        .expect("lazy: nothing sent");
-    let err = lazy.lock("k").run(async {}).await.expect_err("still no sentinel");
-    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    lock_tests::bounded("sentinel_construction_errors", async move {
+        let nowhere = format!("redis://127.0.0.1:{}/", lock_tests::free_port());
+        let err = LockClient::builder()
+            .command_timeout(Duration::from_millis(300))
+            .sentinel(MASTER_NAME, [nowhere.as_str()])
+            .await
+            .expect_err("no sentinel answers");
+        assert!(matches!(err, LockError::Backend { .. }), "{err}");
+        let empty: [&str; 0] = [];
+        let err = LockClient::sentinel(MASTER_NAME, empty)
+            .await
+            .expect_err("no URL");
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
+        let lazy = LockClient::builder()
+            .lazy()
+            .command_timeout(Duration::from_millis(300))
+            .sentinel(MASTER_NAME, [nowhere.as_str()])
+            .await
+            .expect("lazy: nothing sent");
+        let err = lazy.lock("k").run(async {}).await.expect_err("still no sentinel");
+        assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    })
+    .await
 }

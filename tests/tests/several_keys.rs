@@ -77,7 +77,10 @@ macro_rules! on_every_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
                     super::$behaviour(super::in_memory().await).await;
+                    })
+                    .await
                 }
             )+
         }
@@ -85,7 +88,10 @@ macro_rules! on_every_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
                     super::$behaviour(super::redis().await).await;
+                    })
+                    .await
                 }
             )+
         }
@@ -93,7 +99,10 @@ macro_rules! on_every_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
                     super::$behaviour(super::cluster().await).await;
+                    })
+                    .await
                 }
             )+
         }
@@ -101,7 +110,10 @@ macro_rules! on_every_backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
                     super::$behaviour(super::redlock().await).await;
+                    })
+                    .await
                 }
             )+
         }
@@ -264,30 +276,34 @@ async fn duplicates_merge_and_one_key_is_a_plain_lock(f: Fixture) {
 /// started with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfers_from_two_processes_keep_the_sum() {
-    let server = RedisServer::start();
-    for i in 0..ACCOUNTS {
-        let _: () = server.query(::redis::cmd("SET").arg(format!("balance:{i}")).arg(OPENING));
-    }
-    let processes: Vec<_> = (0..2)
-        .map(|_| {
-            let mut command = std::process::Command::new(lock_tests::lab::worker_binary());
-            command
-                .args(["transfers", &server.url(), &ACCOUNTS.to_string(), "4", "125"])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped());
-            lock_tests::server::spawn_owned(command).expect("spawn a transfer process")
-        })
-        .collect();
-    for process in processes {
-        let output = tokio::task::block_in_place(|| process.wait_with_output()).expect("transfer process");
-        assert!(
-            output.status.success(),
-            "a transfer process failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let total: i64 = (0..ACCOUNTS)
-        .map(|i| server.query::<i64>(::redis::cmd("GET").arg(format!("balance:{i}"))))
-        .sum();
-    assert_eq!(total, OPENING * ACCOUNTS as i64, "money was made or lost");
+    lock_tests::bounded("transfers_from_two_processes_keep_the_sum", async move {
+        let server = RedisServer::start();
+        for i in 0..ACCOUNTS {
+            let _: () = server.query(::redis::cmd("SET").arg(format!("balance:{i}")).arg(OPENING));
+        }
+        let processes: Vec<_> = (0..2)
+            .map(|_| {
+                let mut command = std::process::Command::new(lock_tests::lab::worker_binary());
+                command
+                    .args(["transfers", &server.url(), &ACCOUNTS.to_string(), "4", "125"])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
+                lock_tests::server::spawn_owned(command).expect("spawn a transfer process")
+            })
+            .collect();
+        for process in processes {
+            let output =
+                tokio::task::block_in_place(|| process.wait_with_output()).expect("transfer process");
+            assert!(
+                output.status.success(),
+                "a transfer process failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let total: i64 = (0..ACCOUNTS)
+            .map(|i| server.query::<i64>(::redis::cmd("GET").arg(format!("balance:{i}"))))
+            .sum();
+        assert_eq!(total, OPENING * ACCOUNTS as i64, "money was made or lost");
+    })
+    .await
 }

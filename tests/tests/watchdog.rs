@@ -18,95 +18,107 @@ fn exists(server: &RedisServer, key: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_keeps_a_lock_for_three_times_its_ttl() {
-    let server = RedisServer::start();
-    let holder = client(&server).await;
-    let rival = client(&server).await;
-    let ttl = Duration::from_millis(300);
-    let holding = Arc::new(AtomicBool::new(false));
+    lock_tests::bounded("renewal_keeps_a_lock_for_three_times_its_ttl", async move {
+        let server = RedisServer::start();
+        let holder = client(&server).await;
+        let rival = client(&server).await;
+        let ttl = Duration::from_millis(300);
+        let holding = Arc::new(AtomicBool::new(false));
 
-    let body = {
-        let holding = Arc::clone(&holding);
-        async move {
-            holding.store(true, Ordering::SeqCst);
-            tokio::time::sleep(ttl * 3).await;
-            holding.store(false, Ordering::SeqCst);
-        }
-    };
-    let run = holder.lock("long-job").ttl(ttl).run(body);
-    let contender = async {
-        // Let the holder in first.
-        eventually(Duration::from_secs(1), || holding.load(Ordering::SeqCst)).await;
-        let guard = rival
-            .lock("long-job")
-            .wait(Duration::from_secs(3))
-            .acquire()
-            .await
-            .expect("the rival gets it after the release");
-        assert!(
-            !holding.load(Ordering::SeqCst),
-            "the rival got in while the body ran"
-        );
-        guard.release().await.expect("release");
-    };
-    let (ran, ()) = tokio::join!(run, contender);
-    ran.expect("the renewed lock was never lost");
+        let body = {
+            let holding = Arc::clone(&holding);
+            async move {
+                holding.store(true, Ordering::SeqCst);
+                tokio::time::sleep(ttl * 3).await;
+                holding.store(false, Ordering::SeqCst);
+            }
+        };
+        let run = holder.lock("long-job").ttl(ttl).run(body);
+        let contender = async {
+            // Let the holder in first.
+            eventually(Duration::from_secs(1), || holding.load(Ordering::SeqCst)).await;
+            let guard = rival
+                .lock("long-job")
+                .wait(Duration::from_secs(3))
+                .acquire()
+                .await
+                .expect("the rival gets it after the release");
+            assert!(
+                !holding.load(Ordering::SeqCst),
+                "the rival got in while the body ran"
+            );
+            guard.release().await.expect("release");
+        };
+        let (ran, ()) = tokio::join!(run, contender);
+        ran.expect("the renewed lock was never lost");
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_lease_expires_at_its_ttl() {
-    let server = RedisServer::start();
-    let locks = client(&server).await;
-    let guard = locks
-        .lock("fixed")
-        .ttl(Duration::from_millis(400))
-        .renew(false)
-        .acquire()
-        .await
-        .expect("acquire");
-    let start = Instant::now();
-    let gone = eventually(Duration::from_secs(2), || !exists(&server, "lock:{fixed}"))
-        .await
-        .expect("the key expires");
-    assert!(
-        start.elapsed() >= Duration::from_millis(300),
-        "expired early: {gone:?}"
-    );
-    assert!(!guard.is_held());
-    assert!(matches!(guard.release().await, Err(LockError::NotHeld { .. })));
+    lock_tests::bounded("a_fixed_lease_expires_at_its_ttl", async move {
+        let server = RedisServer::start();
+        let locks = client(&server).await;
+        let guard = locks
+            .lock("fixed")
+            .ttl(Duration::from_millis(400))
+            .renew(false)
+            .acquire()
+            .await
+            .expect("acquire");
+        let start = Instant::now();
+        let gone = eventually(Duration::from_secs(2), || !exists(&server, "lock:{fixed}"))
+            .await
+            .expect("the key expires");
+        assert!(
+            start.elapsed() >= Duration::from_millis(300),
+            "expired early: {gone:?}"
+        );
+        assert!(!guard.is_held());
+        assert!(matches!(guard.release().await, Err(LockError::NotHeld { .. })));
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_lock_cancels_the_body_within_a_renewal_interval() {
-    let server = RedisServer::start();
-    let locks = client(&server).await;
-    let ttl = Duration::from_millis(600);
-    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
-    let run = tokio::spawn({
-        let locks = locks.clone();
+    lock_tests::bounded(
+        "a_deleted_lock_cancels_the_body_within_a_renewal_interval",
         async move {
-            locks
-                .lock("stolen")
-                .ttl(ttl)
-                .run(async {
-                    let _ = entered_tx.send(());
-                    std::future::pending::<()>().await
-                })
-                .await
-        }
-    });
-    entered_rx.await.expect("body entered");
-    server.query::<i64>(redis::cmd("DEL").arg("lock:{stolen}"));
-    let deleted = Instant::now();
-    let err = run.await.expect("join").expect_err("lost");
-    let took = deleted.elapsed();
-    assert!(
-        matches!(err, LockError::Lost { ref key, reason: LostReason::TakenOver } if key == "stolen"),
-        "{err}"
-    );
-    assert!(
-        took < ttl / 3 + Duration::from_millis(100),
-        "lost signalled after {took:?}"
-    );
+            let server = RedisServer::start();
+            let locks = client(&server).await;
+            let ttl = Duration::from_millis(600);
+            let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+            let run = tokio::spawn({
+                let locks = locks.clone();
+                async move {
+                    locks
+                        .lock("stolen")
+                        .ttl(ttl)
+                        .run(async {
+                            let _ = entered_tx.send(());
+                            std::future::pending::<()>().await
+                        })
+                        .await
+                }
+            });
+            entered_rx.await.expect("body entered");
+            server.query::<i64>(redis::cmd("DEL").arg("lock:{stolen}"));
+            let deleted = Instant::now();
+            let err = run.await.expect("join").expect_err("lost");
+            let took = deleted.elapsed();
+            assert!(
+                matches!(err, LockError::Lost { ref key, reason: LostReason::TakenOver } if key == "stolen"),
+                "{err}"
+            );
+            assert!(
+                took < ttl / 3 + Duration::from_millis(100),
+                "lost signalled after {took:?}"
+            );
+        },
+    )
+    .await
 }
 
 /// SIGSTOP of the server while a lock is held: renewals go unanswered, so the
@@ -119,6 +131,7 @@ async fn a_deleted_lock_cancels_the_body_within_a_renewal_interval() {
 /// as a failure. A late signal in a trial without starvation fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_server_stops_the_holder_before_its_deadline() {
+    lock_tests::bounded("a_frozen_server_stops_the_holder_before_its_deadline", async move {
     const VALID_TRIALS: usize = 5;
     const MAX_TRIALS: usize = 20;
     let server = RedisServer::start();
@@ -191,40 +204,45 @@ async fn a_frozen_server_stops_the_holder_before_its_deadline() {
         slacks_ms.len(),
         invalid.len()
     );
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_leases_renew_in_one_round_trip_per_tick() {
-    let server = RedisServer::start();
-    let locks = client(&server).await;
-    let ttl = Duration::from_millis(1500);
-    let acquires = (0..1000).map(|i| locks.lock(format!("many:{i}")).ttl(ttl).acquire());
-    let guards = futures_util::future::join_all(acquires).await;
-    let guards: Vec<_> = guards.into_iter().map(|g| g.expect("acquire")).collect();
+    lock_tests::bounded("a_thousand_leases_renew_in_one_round_trip_per_tick", async move {
+        let server = RedisServer::start();
+        let locks = client(&server).await;
+        let ttl = Duration::from_millis(1500);
+        let acquires = (0..1000).map(|i| locks.lock(format!("many:{i}")).ttl(ttl).acquire());
+        let guards = futures_util::future::join_all(acquires).await;
+        let guards: Vec<_> = guards.into_iter().map(|g| g.expect("acquire")).collect();
 
-    let before = server.command_calls();
-    let hold = Duration::from_millis(2000);
-    tokio::time::sleep(hold).await;
-    let sent = commands_between(&before, &server.command_calls());
-    let renewals = sent.get("evalsha").copied().unwrap_or(0);
-    // One tick per renewal interval (ttl/3 = 500ms), plus one for the
-    // acquisitions' spread across two batches.
-    let ticks = (hold.as_millis() / (ttl / 3).as_millis()) as u64 + 1;
-    println!(
-        "{{\"held_locks\":1000,\"hold_ms\":{},\"renewal_commands\":{renewals}}}",
-        hold.as_millis()
-    );
-    assert!(renewals >= 2, "leases were not renewed: {sent:?}");
-    assert!(
-        renewals <= ticks,
-        "{renewals} renewal round trips for {ticks} ticks: {sent:?}"
-    );
-    for guard in &guards {
-        assert!(guard.is_held());
-    }
-    let live: i64 = server.query(&mut redis::cmd("DBSIZE"));
-    assert_eq!(live, 1000, "every lease survived 2s on a 1.5s ttl");
-    for guard in guards {
-        guard.release().await.expect("release");
-    }
+        let before = server.command_calls();
+        let hold = Duration::from_millis(2000);
+        tokio::time::sleep(hold).await;
+        let sent = commands_between(&before, &server.command_calls());
+        let renewals = sent.get("evalsha").copied().unwrap_or(0);
+        // One tick per renewal interval (ttl/3 = 500ms), plus one for the
+        // acquisitions' spread across two batches.
+        let ticks = (hold.as_millis() / (ttl / 3).as_millis()) as u64 + 1;
+        println!(
+            "{{\"held_locks\":1000,\"hold_ms\":{},\"renewal_commands\":{renewals}}}",
+            hold.as_millis()
+        );
+        assert!(renewals >= 2, "leases were not renewed: {sent:?}");
+        assert!(
+            renewals <= ticks,
+            "{renewals} renewal round trips for {ticks} ticks: {sent:?}"
+        );
+        for guard in &guards {
+            assert!(guard.is_held());
+        }
+        let live: i64 = server.query(&mut redis::cmd("DBSIZE"));
+        assert_eq!(live, 1000, "every lease survived 2s on a 1.5s ttl");
+        for guard in guards {
+            guard.release().await.expect("release");
+        }
+    })
+    .await
 }

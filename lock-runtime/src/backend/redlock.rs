@@ -7,6 +7,7 @@
 //! is measured by the caller from *before* the first request, so the time
 //! spent collecting a majority is already taken out of the lease.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -43,8 +44,55 @@ pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
 
 #[derive(Debug)]
 pub(crate) struct RedlockBackend {
-    nodes: Vec<RedisBackend>,
+    /// Shared with the requests an acquisition leaves running once a
+    /// majority has answered.
+    nodes: Arc<[RedisBackend]>,
     node_timeout: Duration,
+}
+
+/// An acquisition's request, owned, so that the requests to masters that
+/// had not answered when a majority had can run on to their end after the
+/// caller has its answer.
+struct OwnedRequest {
+    key: LockKey,
+    holder: String,
+    kind: Kind,
+    also: Vec<LockKey>,
+    ttl: Duration,
+    waiter_timeout: Duration,
+    fencing: bool,
+    first: bool,
+    waiting: bool,
+}
+
+impl OwnedRequest {
+    fn new(req: &AcquireRequest<'_>) -> Self {
+        OwnedRequest {
+            key: req.key.clone(),
+            holder: req.holder.to_owned(),
+            kind: req.kind,
+            also: req.also.to_vec(),
+            ttl: req.ttl,
+            waiter_timeout: req.waiter_timeout,
+            fencing: req.fencing,
+            first: req.first,
+            waiting: req.waiting,
+        }
+    }
+
+    fn borrowed(&self) -> AcquireRequest<'_> {
+        AcquireRequest {
+            key: &self.key,
+            holder: &self.holder,
+            kind: self.kind,
+            also: &self.also,
+            ttl: self.ttl,
+            waiter_timeout: self.waiter_timeout,
+            fencing: self.fencing,
+            first: self.first,
+            waiting: self.waiting,
+        }
+    }
 }
 
 /// One master's answer, or why there is none.
@@ -55,7 +103,10 @@ enum Answer<T> {
 
 impl RedlockBackend {
     pub(crate) fn new(nodes: Vec<RedisBackend>, node_timeout: Duration) -> Self {
-        RedlockBackend { nodes, node_timeout }
+        RedlockBackend {
+            nodes: nodes.into(),
+            node_timeout,
+        }
     }
 
     pub(crate) fn quorum(&self) -> usize {
@@ -104,10 +155,15 @@ impl RedlockBackend {
 impl Backend for RedlockBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let timeout = self.node_timeout;
-        let mut pending: FuturesUnordered<_> = self
-            .nodes
-            .iter()
-            .map(|node| async move { (node, tokio::time::timeout(timeout, node.acquire(req)).await) })
+        let owned = Arc::new(OwnedRequest::new(req));
+        let mut pending: FuturesUnordered<_> = (0..self.nodes.len())
+            .map(|index| {
+                let (nodes, owned) = (Arc::clone(&self.nodes), Arc::clone(&owned));
+                async move {
+                    let answer = tokio::time::timeout(timeout, nodes[index].acquire(&owned.borrowed())).await;
+                    (index, answer)
+                }
+            })
             .collect();
         let (mut granted, mut held, mut shortest, mut blocker) = (0, 0, None::<Duration>, 0);
         // Masters that answered "held" granted nothing, but may keep a
@@ -118,7 +174,8 @@ impl Backend for RedlockBackend {
         // Decided as soon as a majority granted (stragglers cannot change
         // that: a late grant is ours and goes with the release), or as soon
         // as a majority has become impossible.
-        while let Some((node, answer)) = pending.next().await {
+        while let Some((index, answer)) = pending.next().await {
+            let node = &self.nodes[index];
             match answer {
                 Ok(Ok(AcquireReply::Acquired { .. })) => granted += 1,
                 Ok(Ok(AcquireReply::Held {
@@ -139,6 +196,14 @@ impl Backend for RedlockBackend {
                 Err(_) => causes.push(format!("{}: no reply within {timeout:?}", node.node())),
             }
             if granted >= self.quorum() {
+                // The masters that have not answered still get their
+                // request (each bounded by the node timeout): dropped here,
+                // a request not yet written would never be sent, leaving
+                // the lock on a bare majority. A grant that lands after the
+                // release is this holder's and expires with its lease.
+                if !pending.is_empty() {
+                    tokio::spawn(async move { while pending.next().await.is_some() {} });
+                }
                 return Ok(AcquireReply::acquired(None));
             }
             if causes.len() > self.nodes.len() - self.quorum() {

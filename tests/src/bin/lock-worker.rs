@@ -57,6 +57,7 @@ use redis::AsyncCommands;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
+    exit_after_limit(&args);
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         [_, "count", url, key, counter, n] => count(url, key, counter, n.parse()?).await,
         [_, "transfers", url, accounts, tasks, n] => {
@@ -91,6 +92,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => Err("usage: lock-worker count|hold|wait|fence URL KEY ...".into()),
     }
+}
+
+/// A worker never outlives its test: a test blocked reading its output or
+/// waiting for its exit (a lock never granted, a release never seen) fails
+/// by name once the worker gives up, instead of hanging the suite. The
+/// limit is the suite's [`lock_tests::TEST_LIMIT`] plus a witness run's own
+/// length.
+fn exit_after_limit(args: &[String]) {
+    let run = match args {
+        [_, verb, _, _, _, _, ms, ..] if verb == "witness" => {
+            ms.parse().map_or(Duration::ZERO, Duration::from_millis)
+        }
+        _ => Duration::ZERO,
+    };
+    let limit = lock_tests::TEST_LIMIT + run;
+    let what = args[1..].join(" ");
+    std::thread::spawn(move || {
+        // A deadline, not a synchronisation: nothing waits for this sleep.
+        std::thread::sleep(limit);
+        eprintln!("lock-worker {what}: still running after {limit:?}; giving up");
+        std::process::exit(70);
+    });
 }
 
 async fn count(url: &str, key: &str, counter: &str, n: u32) -> Result<(), Box<dyn std::error::Error>> {

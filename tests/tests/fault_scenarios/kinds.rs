@@ -134,14 +134,17 @@ async fn run_kind_scenario(scenario: KindScenario) {
 /// S0rw: one writer in four, the rest readers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0rw_no_writer_beside_anyone_through_server_stops() {
-    run_kind_scenario(KindScenario {
-        id: "S0rw",
-        name: "S0 with read-write locks, server stopped past the leases",
-        lock: "library-rw",
-        control: "library-rw-writers-read",
-        control_outlives_leases: false,
+    lock_tests::bounded("s0rw_no_writer_beside_anyone_through_server_stops", async move {
+        run_kind_scenario(KindScenario {
+            id: "S0rw",
+            name: "S0 with read-write locks, server stopped past the leases",
+            lock: "library-rw",
+            control: "library-rw-writers-read",
+            control_outlives_leases: false,
+        })
+        .await;
     })
-    .await;
+    .await
 }
 
 /// S0t: transfers, two of the three keys at once with `lock_all`; the
@@ -149,27 +152,36 @@ async fn s0rw_no_writer_beside_anyone_through_server_stops() {
 /// keys shows as an overlap on the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0t_transfers_hold_both_keys_through_server_stops() {
-    run_kind_scenario(KindScenario {
-        id: "S0t",
-        name: "S0 with two-key transfers (lock_all), server stopped past the leases",
-        lock: "library-transfer",
-        control: "library-transfer-first-only",
-        control_outlives_leases: false,
+    lock_tests::bounded("s0t_transfers_hold_both_keys_through_server_stops", async move {
+        run_kind_scenario(KindScenario {
+            id: "S0t",
+            name: "S0 with two-key transfers (lock_all), server stopped past the leases",
+            lock: "library-transfer",
+            control: "library-transfer-first-only",
+            control_outlives_leases: false,
+        })
+        .await;
     })
-    .await;
+    .await
 }
 
 /// S0p: two permits per key, for eight tasks over three keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0p_never_more_than_n_permit_holders_through_server_stops() {
-    run_kind_scenario(KindScenario {
-        id: "S0p",
-        name: "S0 with 2 permits per key, server stopped past the leases",
-        lock: "library-permits-2",
-        control: "library-permits-3-checked-2",
-        control_outlives_leases: false,
-    })
-    .await;
+    lock_tests::bounded(
+        "s0p_never_more_than_n_permit_holders_through_server_stops",
+        async move {
+            run_kind_scenario(KindScenario {
+                id: "S0p",
+                name: "S0 with 2 permits per key, server stopped past the leases",
+                lock: "library-permits-2",
+                control: "library-permits-3-checked-2",
+                control_outlives_leases: false,
+            })
+            .await;
+        },
+    )
+    .await
 }
 
 /// S0run: S0's shape with every body run by `run()` rather than watched
@@ -179,14 +191,20 @@ async fn s0p_never_more_than_n_permit_holders_through_server_stops() {
 /// runner that ignored the lost lease would) and must be caught.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0run_run_bodies_are_dropped_when_their_lease_is_lost() {
-    run_kind_scenario(KindScenario {
-        id: "S0run",
-        name: "S0 with run() bodies, server stopped past the leases",
-        lock: "library-run",
-        control: "library-run-detached",
-        control_outlives_leases: true,
-    })
-    .await;
+    lock_tests::bounded(
+        "s0run_run_bodies_are_dropped_when_their_lease_is_lost",
+        async move {
+            run_kind_scenario(KindScenario {
+                id: "S0run",
+                name: "S0 with run() bodies, server stopped past the leases",
+                lock: "library-run",
+                control: "library-run-detached",
+                control_outlives_leases: true,
+            })
+            .await;
+        },
+    )
+    .await
 }
 
 /// S0run's control, honest: the same bodies outliving the same fixed
@@ -195,27 +213,33 @@ async fn s0run_run_bodies_are_dropped_when_their_lease_is_lost() {
 /// the run proved nothing. A run with a starved process is re-run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_bodies_that_outlive_a_fixed_lease_are_dropped_in_time() {
-    let server = RedisServer::start();
-    let keys = ["fixed:a", "fixed:b"];
-    let workload = outliving_workload(&server.url(), &keys, "library-run-fixed");
-    let bound = monitor::bound(workload.ttl);
-    for attempt in 1..=3 {
-        let board = Board::new();
-        let controller = Monitor::start();
-        let tally = tokio::task::block_in_place(|| lab::run(&board, &workload, 2));
-        let worst_late = tally.worst_late.max(controller.worst());
-        let overlaps: u64 = keys.iter().map(|k| board.witness.seen(k).overlaps).sum();
-        if worst_late > bound && attempt < 3 {
-            eprintln!("run {attempt} INVALID: a process was {worst_late:?} late (bound {bound:?})");
-            continue;
-        }
-        if worst_late <= bound {
-            assert_eq!(overlaps, 0, "a run() body went on past its lease: {tally:?}");
-        }
-        assert!(
-            tally.lost > 0,
-            "no body outlived its lease, so nothing was tested: {tally:?}"
-        );
-        return;
-    }
+    lock_tests::bounded(
+        "run_bodies_that_outlive_a_fixed_lease_are_dropped_in_time",
+        async move {
+            let server = RedisServer::start();
+            let keys = ["fixed:a", "fixed:b"];
+            let workload = outliving_workload(&server.url(), &keys, "library-run-fixed");
+            let bound = monitor::bound(workload.ttl);
+            for attempt in 1..=3 {
+                let board = Board::new();
+                let controller = Monitor::start();
+                let tally = tokio::task::block_in_place(|| lab::run(&board, &workload, 2));
+                let worst_late = tally.worst_late.max(controller.worst());
+                let overlaps: u64 = keys.iter().map(|k| board.witness.seen(k).overlaps).sum();
+                if worst_late > bound && attempt < 3 {
+                    eprintln!("run {attempt} INVALID: a process was {worst_late:?} late (bound {bound:?})");
+                    continue;
+                }
+                if worst_late <= bound {
+                    assert_eq!(overlaps, 0, "a run() body went on past its lease: {tally:?}");
+                }
+                assert!(
+                    tally.lost > 0,
+                    "no body outlived its lease, so nothing was tested: {tally:?}"
+                );
+                return;
+            }
+        },
+    )
+    .await
 }

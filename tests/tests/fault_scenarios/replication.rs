@@ -13,6 +13,7 @@ use super::*;
 /// overlap in any trial (P1 without acknowledgement overlaps in every one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p1m_acknowledged_grants_survive_the_promotion_of_their_replica() {
+    lock_tests::bounded("p1m_acknowledged_grants_survive_the_promotion_of_their_replica", async move {
     let board = Board::new();
     let trials = 10u32;
     let (mut refused, mut survived, mut overlapped) = (0, 0, 0);
@@ -79,6 +80,8 @@ async fn p1m_acknowledged_grants_survive_the_promotion_of_their_replica() {
             "key_figure": format!("0 overlaps in {trials}; {refused} unacknowledged grants refused, {survived} acknowledged locks kept"),
         }),
     );
+    })
+    .await
 }
 
 /// P2s: Sentinel failover under load. A master with two replicas and three
@@ -92,6 +95,7 @@ async fn p1m_acknowledged_grants_survive_the_promotion_of_their_replica() {
 /// within a second of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p2s_sentinel_failover_under_load() {
+    lock_tests::bounded("p2s_sentinel_failover_under_load", async move {
     let started = Instant::now();
     let mut group = tokio::task::block_in_place(|| lock_tests::Replicated::start(2));
     let keys = ["p2s:a", "p2s:b", "p2s:c"];
@@ -200,6 +204,8 @@ async fn p2s_sentinel_failover_under_load() {
             "seconds": started.elapsed().as_secs_f64(),
         }),
     );
+    })
+    .await
 }
 
 /// P3r: a replica stopped (SIGSTOP) under `replica_acks(1)` (ack timeout
@@ -208,6 +214,7 @@ async fn p2s_sentinel_failover_under_load() {
 /// its key; once the replica resumes, acquisitions are acknowledged again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p3r_a_stopped_replica_refuses_acquisitions_and_leaves_nothing() {
+    lock_tests::bounded("p3r_a_stopped_replica_refuses_acquisitions_and_leaves_nothing", async move {
     const ACK_TIMEOUT: Duration = Duration::from_millis(100);
     let started = Instant::now();
     let group = tokio::task::block_in_place(|| lock_tests::Replicated::start_without_sentinels(1));
@@ -282,4 +289,6 @@ async fn p3r_a_stopped_replica_refuses_acquisitions_and_leaves_nothing() {
             ),
         }),
     );
+    })
+    .await
 }

@@ -9,154 +9,163 @@ use super::*;
 /// nobody overlaps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s9_restarts_lose_locks_unless_the_server_persists_them() {
-    let board = Board::new();
-    let mut outcomes = Vec::new();
-    for (variant, extra) in [
-        ("a-no-persistence", &[][..]),
-        (
-            "b-appendfsync-always",
-            &["--appendonly", "yes", "--appendfsync", "always"][..],
-        ),
-    ] {
-        let mut server = RedisServer::start_with(extra);
-        let holder = LockClient::connect(&server.url()).await.expect("connect");
-        let rival = LockClient::connect(&server.url()).await.expect("connect");
-        let key = format!("s9:{variant}");
-        let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
-        let holding = {
-            let (witness, key) = (board.witness.clone(), key.clone());
-            tokio::spawn(async move {
-                holder
-                    .lock(key.as_str())
-                    .ttl(Duration::from_millis(1000))
-                    .run(async {
-                        witness.enter(&key, 1, 0);
-                        let _ = entered_tx.send(());
-                        tokio::time::sleep(Duration::from_millis(1500)).await;
-                        witness.exit(&key, 1, 0);
+    lock_tests::bounded(
+        "s9_restarts_lose_locks_unless_the_server_persists_them",
+        async move {
+            let board = Board::new();
+            let mut outcomes = Vec::new();
+            for (variant, extra) in [
+                ("a-no-persistence", &[][..]),
+                (
+                    "b-appendfsync-always",
+                    &["--appendonly", "yes", "--appendfsync", "always"][..],
+                ),
+            ] {
+                let mut server = RedisServer::start_with(extra);
+                let holder = LockClient::connect(&server.url()).await.expect("connect");
+                let rival = LockClient::connect(&server.url()).await.expect("connect");
+                let key = format!("s9:{variant}");
+                let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+                let holding = {
+                    let (witness, key) = (board.witness.clone(), key.clone());
+                    tokio::spawn(async move {
+                        holder
+                            .lock(key.as_str())
+                            .ttl(Duration::from_millis(1000))
+                            .run(async {
+                                witness.enter(&key, 1, 0);
+                                let _ = entered_tx.send(());
+                                tokio::time::sleep(Duration::from_millis(1500)).await;
+                                witness.exit(&key, 1, 0);
+                            })
+                            .await
                     })
-                    .await
-            })
-        };
-        entered_rx.await.expect("the holder is inside");
-        let fault = if variant.starts_with('a') {
-            "kill-restart-empty"
-        } else {
-            "kill-restart-aof"
-        };
-        board.witness.fault(fault);
-        tokio::task::block_in_place(|| server.restart());
-        board.witness.heal(fault);
-        let rival_run = rival
-            .lock(key.as_str())
-            .wait(Duration::from_secs(3))
-            .run(async {
-                board.witness.enter(&key, 2, 0);
-                board.witness.exit(&key, 2, 0);
-            })
-            .await;
-        let held_through = holding.await.expect("join");
-        let seen = board.witness.seen(&key);
-        outcomes.push(json!({
-            "variant": variant,
-            "overlaps": seen.overlaps,
-            "holder": if held_through.is_ok() { "finished" } else { "lost" },
-            "rival": if rival_run.is_ok() { "got it" } else { "refused" },
-        }));
-        if variant.starts_with('a') {
-            assert!(seen.overlaps >= 1, "the control was not caught: {seen:?}");
-        } else {
-            assert_eq!(seen.overlaps, 0, "a persisted lock was taken twice: {seen:?}");
-            assert!(
-                held_through.is_ok(),
-                "the holder lost a lock the server kept: {held_through:?}"
+                };
+                entered_rx.await.expect("the holder is inside");
+                let fault = if variant.starts_with('a') {
+                    "kill-restart-empty"
+                } else {
+                    "kill-restart-aof"
+                };
+                board.witness.fault(fault);
+                tokio::task::block_in_place(|| server.restart());
+                board.witness.heal(fault);
+                let rival_run = rival
+                    .lock(key.as_str())
+                    .wait(Duration::from_secs(3))
+                    .run(async {
+                        board.witness.enter(&key, 2, 0);
+                        board.witness.exit(&key, 2, 0);
+                    })
+                    .await;
+                let held_through = holding.await.expect("join");
+                let seen = board.witness.seen(&key);
+                outcomes.push(json!({
+                    "variant": variant,
+                    "overlaps": seen.overlaps,
+                    "holder": if held_through.is_ok() { "finished" } else { "lost" },
+                    "rival": if rival_run.is_ok() { "got it" } else { "refused" },
+                }));
+                if variant.starts_with('a') {
+                    assert!(seen.overlaps >= 1, "the control was not caught: {seen:?}");
+                } else {
+                    assert_eq!(seen.overlaps, 0, "a persisted lock was taken twice: {seen:?}");
+                    assert!(
+                        held_through.is_ok(),
+                        "the holder lost a lock the server kept: {held_through:?}"
+                    );
+                }
+            }
+            report::write(
+                "S9",
+                json!({
+                    "scenario": "S9 server kill -9 + restart (a: no persistence, NEG; b: appendfsync always)",
+                    "verdict": "PASS; control caught",
+                    "faults": 2,
+                    "overlaps": 0,
+                    "variants": outcomes,
+                    "key_figure": "a: overlap caught; b: lock survived, 0 overlaps",
+                }),
             );
-        }
-    }
-    report::write(
-        "S9",
-        json!({
-            "scenario": "S9 server kill -9 + restart (a: no persistence, NEG; b: appendfsync always)",
-            "verdict": "PASS; control caught",
-            "faults": 2,
-            "overlaps": 0,
-            "variants": outcomes,
-            "key_figure": "a: overlap caught; b: lock survived, 0 overlaps",
-        }),
-    );
+        },
+    )
+    .await
 }
 
 /// S10: `SCRIPT FLUSH` every 200 ms under load: no caller ever sees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s10_script_flushes_under_load_are_invisible() {
-    let server = RedisServer::start();
-    let board = Board::new();
-    let locks = LockClient::connect(&server.url()).await.expect("connect");
-    let stop = Instant::now() + Duration::from_secs(3);
-    let tasks: Vec<_> = (0..8u64)
-        .map(|task| {
-            let (locks, witness) = (locks.clone(), board.witness.clone());
-            tokio::spawn(async move {
-                let key = format!("s10:{}", task % 2);
-                let mut done = 0u64;
-                while Instant::now() < stop {
-                    let holder = (task << 32) | done;
-                    locks
-                        .lock(key.as_str())
-                        .fencing(true)
-                        .wait(Duration::from_secs(5))
-                        .run(async {
-                            let token = lock_runtime::fencing_token().unwrap_or(0);
-                            witness.enter(&key, holder, token);
-                            witness.bump(&key).await;
-                            witness.exit(&key, holder, token);
-                        })
-                        .await
-                        .expect("no lock error may reach the caller");
-                    done += 1;
-                }
-                done
+    lock_tests::bounded("s10_script_flushes_under_load_are_invisible", async move {
+        let server = RedisServer::start();
+        let board = Board::new();
+        let locks = LockClient::connect(&server.url()).await.expect("connect");
+        let stop = Instant::now() + Duration::from_secs(3);
+        let tasks: Vec<_> = (0..8u64)
+            .map(|task| {
+                let (locks, witness) = (locks.clone(), board.witness.clone());
+                tokio::spawn(async move {
+                    let key = format!("s10:{}", task % 2);
+                    let mut done = 0u64;
+                    while Instant::now() < stop {
+                        let holder = (task << 32) | done;
+                        locks
+                            .lock(key.as_str())
+                            .fencing(true)
+                            .wait(Duration::from_secs(5))
+                            .run(async {
+                                let token = lock_runtime::fencing_token().unwrap_or(0);
+                                witness.enter(&key, holder, token);
+                                witness.bump(&key).await;
+                                witness.exit(&key, holder, token);
+                            })
+                            .await
+                            .expect("no lock error may reach the caller");
+                        done += 1;
+                    }
+                    done
+                })
             })
-        })
-        .collect();
-    let mut flushes = 0;
-    while Instant::now() < stop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        board.witness.fault("script-flush");
-        server.query::<()>(redis::cmd("SCRIPT").arg("FLUSH"));
-        flushes += 1;
-    }
-    let mut acquisitions = 0;
-    for t in tasks {
-        acquisitions += t.await.expect("task");
-    }
-    for key in ["s10:0", "s10:1"] {
-        let seen = board.witness.seen(key);
+            .collect();
+        let mut flushes = 0;
+        while Instant::now() < stop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            board.witness.fault("script-flush");
+            server.query::<()>(redis::cmd("SCRIPT").arg("FLUSH"));
+            flushes += 1;
+        }
+        let mut acquisitions = 0;
+        for t in tasks {
+            acquisitions += t.await.expect("task");
+        }
+        for key in ["s10:0", "s10:1"] {
+            let seen = board.witness.seen(key);
+            assert_eq!(
+                (seen.overlaps, seen.counter),
+                (0, seen.entries),
+                "{key}: {seen:?}"
+            );
+        }
+        let logged = analyze(board.path(), &[]).expect("analyze");
         assert_eq!(
-            (seen.overlaps, seen.counter),
-            (0, seen.entries),
-            "{key}: {seen:?}"
+            (logged.overlaps.len(), logged.token_regressions),
+            (0, 0),
+            "{logged:?}"
         );
-    }
-    let logged = analyze(board.path(), &[]).expect("analyze");
-    assert_eq!(
-        (logged.overlaps.len(), logged.token_regressions),
-        (0, 0),
-        "{logged:?}"
-    );
-    report::write(
-        "S10",
-        json!({
-            "scenario": "S10 SCRIPT FLUSH every 200 ms under load",
-            "verdict": "PASS",
-            "acquisitions": acquisitions,
-            "faults": flushes,
-            "overlaps": 0,
-            "token_regressions": 0,
-            "user_visible_errors": 0,
-            "key_figure": format!("{flushes} flushes, 0 errors"),
-        }),
-    );
+        report::write(
+            "S10",
+            json!({
+                "scenario": "S10 SCRIPT FLUSH every 200 ms under load",
+                "verdict": "PASS",
+                "acquisitions": acquisitions,
+                "faults": flushes,
+                "overlaps": 0,
+                "token_regressions": 0,
+                "user_visible_errors": 0,
+                "key_figure": format!("{flushes} flushes, 0 errors"),
+            }),
+        );
+    })
+    .await
 }
 
 /// Captures what the library logs while `future` runs.
@@ -192,6 +201,7 @@ async fn with_captured_logs<F: Future>(future: F) -> (F::Output, String) {
 /// once, while renewing and releasing a held lock keep working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s11_eviction_is_caught_and_oom_fails_closed() {
+    lock_tests::bounded("s11_eviction_is_caught_and_oom_fails_closed", async move {
     let board = Board::new();
     // (a) volatile-lru.
     let server = RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "volatile-lru"]);
@@ -311,34 +321,43 @@ async fn s11_eviction_is_caught_and_oom_fails_closed() {
             "key_figure": format!("evicted lock caught; OOM refused in {:.1} ms", refused_in.as_secs_f64() * 1e3),
         }),
     );
+    })
+    .await
 }
 
 /// The eviction check of S11 also covers Redlock masters, and says so when
 /// it cannot look (`CONFIG` renamed away, as managed services do).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_eviction_check_names_the_master_and_warns_when_it_cannot_look() {
-    let evicting = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
-    let safe: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
-    let urls = [evicting.url(), safe[0].url(), safe[1].url()];
-    let (client, logs) = with_captured_logs(LockClient::redlock(&urls)).await;
-    client.expect("redlock");
-    let evicting_node = format!("127.0.0.1:{}", evicting.port());
-    let warnings: Vec<&str> = logs
-        .lines()
-        .filter(|l| l.contains("can evict held locks"))
-        .collect();
-    assert_eq!(warnings.len(), 1, "{logs}");
-    assert!(warnings[0].contains(&evicting_node), "{logs}");
+    lock_tests::bounded(
+        "the_eviction_check_names_the_master_and_warns_when_it_cannot_look",
+        async move {
+            let evicting = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+            let safe: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+            let urls = [evicting.url(), safe[0].url(), safe[1].url()];
+            let (client, logs) = with_captured_logs(LockClient::redlock(&urls)).await;
+            client.expect("redlock");
+            let evicting_node = format!("127.0.0.1:{}", evicting.port());
+            let warnings: Vec<&str> = logs
+                .lines()
+                .filter(|l| l.contains("can evict held locks"))
+                .collect();
+            assert_eq!(warnings.len(), 1, "{logs}");
+            assert!(warnings[0].contains(&evicting_node), "{logs}");
 
-    let hidden = RedisServer::start_with(&["--rename-command", "CONFIG", ""]);
-    let (client, logs) = with_captured_logs(LockClient::connect(&hidden.url())).await;
-    client.expect("connect");
-    assert!(logs.contains("could not verify the eviction policy"), "{logs}");
+            let hidden = RedisServer::start_with(&["--rename-command", "CONFIG", ""]);
+            let (client, logs) = with_captured_logs(LockClient::connect(&hidden.url())).await;
+            client.expect("connect");
+            assert!(logs.contains("could not verify the eviction policy"), "{logs}");
+        },
+    )
+    .await
 }
 
 /// S17: a foreign value at the lock key fails fast and stays untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s17_a_foreign_value_is_a_conflict_not_a_wait() {
+    lock_tests::bounded("s17_a_foreign_value_is_a_conflict_not_a_wait", async move {
     let server = RedisServer::start();
     let locks = LockClient::connect(&server.url()).await.expect("connect");
     server.query::<()>(redis::cmd("SET").arg("lock:{s17}").arg("not a lock"));
@@ -369,4 +388,6 @@ async fn s17_a_foreign_value_is_a_conflict_not_a_wait() {
             "key_figure": format!("KeyConflict in {:.2} ms, value untouched", took.as_secs_f64() * 1e3),
         }),
     );
+    })
+    .await
 }

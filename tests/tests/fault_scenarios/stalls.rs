@@ -141,90 +141,102 @@ fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::
 /// S6: the server is SIGSTOPped for 0.4 s, then for 3 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s6_a_stopped_server_costs_a_lock_only_when_it_outlasts_the_lease() {
-    let server = RedisServer::start();
-    let figures = short_and_long_stall(&server, Stall::Stop, "s6").await;
-    let key_figure = format!(
-        "0.4 s: kept; 3 s: lost before D, rival in {:.0} ms after SIGCONT",
-        figures["rival_after_heal_ms"].as_f64().unwrap_or(f64::NAN)
-    );
-    report::write(
-        "S6",
-        merged(
-            figures,
-            json!({"scenario": "S6 server SIGSTOP 0.4 s / 3 s", "key_figure": key_figure}),
-        ),
-    );
+    lock_tests::bounded(
+        "s6_a_stopped_server_costs_a_lock_only_when_it_outlasts_the_lease",
+        async move {
+            let server = RedisServer::start();
+            let figures = short_and_long_stall(&server, Stall::Stop, "s6").await;
+            let key_figure = format!(
+                "0.4 s: kept; 3 s: lost before D, rival in {:.0} ms after SIGCONT",
+                figures["rival_after_heal_ms"].as_f64().unwrap_or(f64::NAN)
+            );
+            report::write(
+                "S6",
+                merged(
+                    figures,
+                    json!({"scenario": "S6 server SIGSTOP 0.4 s / 3 s", "key_figure": key_figure}),
+                ),
+            );
+        },
+    )
+    .await
 }
 
 /// S7: `DEBUG SLEEP` stalls the server with connections accepted: as S6,
 /// and no call outlives its wait by more than 50 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s7_a_sleeping_server_is_a_stall_with_bounded_calls() {
-    let server = RedisServer::start();
-    let figures = short_and_long_stall(&server, Stall::DebugSleep, "s7").await;
-    // A call made during a long sleep ends by its wait, not by the server.
-    let locks = LockClient::builder()
-        .command_timeout(Duration::from_millis(100))
-        .connect(&server.url())
-        .await
-        .expect("connect");
-    let servers = [&server];
-    let sleeping = Stall::DebugSleep.apply(&servers, Duration::from_secs(2));
-    let calling = async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let wait = Duration::from_millis(500);
-        let start = Instant::now();
-        let outcome = locks.lock("s7:c").wait(wait).acquire().await;
-        (outcome.is_err(), start.elapsed().saturating_sub(wait))
-    };
-    let ((), (refused, overrun)) = tokio::join!(sleeping, calling);
-    assert!(refused, "nothing answered, so nothing was acquired");
-    assert!(
-        overrun <= Duration::from_millis(50),
-        "the call overran its wait by {overrun:?}"
-    );
-    let key_figure = format!(
-        "3 s: lost before D; a call overran its wait by {:.1} ms",
-        overrun.as_secs_f64() * 1e3
-    );
-    report::write(
-        "S7",
-        merged(
-            figures,
-            json!({
-                "scenario": "S7 DEBUG SLEEP 0.4 s / 3 s",
-                "call_overrun_ms": overrun.as_secs_f64() * 1e3,
-                "key_figure": key_figure,
-            }),
-        ),
-    );
+    lock_tests::bounded("s7_a_sleeping_server_is_a_stall_with_bounded_calls", async move {
+        let server = RedisServer::start();
+        let figures = short_and_long_stall(&server, Stall::DebugSleep, "s7").await;
+        // A call made during a long sleep ends by its wait, not by the server.
+        let locks = LockClient::builder()
+            .command_timeout(Duration::from_millis(100))
+            .connect(&server.url())
+            .await
+            .expect("connect");
+        let servers = [&server];
+        let sleeping = Stall::DebugSleep.apply(&servers, Duration::from_secs(2));
+        let calling = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let wait = Duration::from_millis(500);
+            let start = Instant::now();
+            let outcome = locks.lock("s7:c").wait(wait).acquire().await;
+            (outcome.is_err(), start.elapsed().saturating_sub(wait))
+        };
+        let ((), (refused, overrun)) = tokio::join!(sleeping, calling);
+        assert!(refused, "nothing answered, so nothing was acquired");
+        assert!(
+            overrun <= Duration::from_millis(50),
+            "the call overran its wait by {overrun:?}"
+        );
+        let key_figure = format!(
+            "3 s: lost before D; a call overran its wait by {:.1} ms",
+            overrun.as_secs_f64() * 1e3
+        );
+        report::write(
+            "S7",
+            merged(
+                figures,
+                json!({
+                    "scenario": "S7 DEBUG SLEEP 0.4 s / 3 s",
+                    "call_overrun_ms": overrun.as_secs_f64() * 1e3,
+                    "key_figure": key_figure,
+                }),
+            ),
+        );
+    })
+    .await
 }
 
 /// S8: `CLIENT PAUSE` for 1 s (WRITE, then ALL) is shorter than the lease
 /// less a renewal interval: nothing is lost and nobody sees an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s8_a_client_pause_is_a_stall_not_a_loss() {
-    let server = RedisServer::start();
-    let board = Board::new();
-    let mut outcomes = Vec::new();
-    for (key, stall) in [("s8:write", Stall::PauseWrite), ("s8:all", Stall::PauseAll)] {
-        let outcome = stall_trial(&server, &board, key, stall, Duration::from_secs(1)).await;
-        assert!(!outcome.lost, "{key}: {outcome:?}");
-        assert!(outcome.errors.is_empty(), "{key}: {outcome:?}");
-        outcomes.push(json!({"mode": key, "lost": outcome.lost, "errors": outcome.errors.len()}));
-    }
-    let logged = analyze(board.path(), &[]).expect("analyze");
-    assert!(logged.overlaps.is_empty(), "{logged:?}");
-    report::write(
-        "S8",
-        json!({
-            "scenario": "S8 CLIENT PAUSE 1 s WRITE / ALL",
-            "verdict": "PASS",
-            "acquisitions": logged.entries,
-            "faults": logged.faults,
-            "overlaps": 0,
-            "variants": outcomes,
-            "key_figure": "0 lost, 0 user-visible errors",
-        }),
-    );
+    lock_tests::bounded("s8_a_client_pause_is_a_stall_not_a_loss", async move {
+        let server = RedisServer::start();
+        let board = Board::new();
+        let mut outcomes = Vec::new();
+        for (key, stall) in [("s8:write", Stall::PauseWrite), ("s8:all", Stall::PauseAll)] {
+            let outcome = stall_trial(&server, &board, key, stall, Duration::from_secs(1)).await;
+            assert!(!outcome.lost, "{key}: {outcome:?}");
+            assert!(outcome.errors.is_empty(), "{key}: {outcome:?}");
+            outcomes.push(json!({"mode": key, "lost": outcome.lost, "errors": outcome.errors.len()}));
+        }
+        let logged = analyze(board.path(), &[]).expect("analyze");
+        assert!(logged.overlaps.is_empty(), "{logged:?}");
+        report::write(
+            "S8",
+            json!({
+                "scenario": "S8 CLIENT PAUSE 1 s WRITE / ALL",
+                "verdict": "PASS",
+                "acquisitions": logged.entries,
+                "faults": logged.faults,
+                "overlaps": 0,
+                "variants": outcomes,
+                "key_figure": "0 lost, 0 user-visible errors",
+            }),
+        );
+    })
+    .await
 }
