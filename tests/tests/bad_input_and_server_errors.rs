@@ -486,3 +486,44 @@ async fn an_acquire_that_times_out_on_a_stalled_server_leaves_no_orphan() {
     )
     .await
 }
+
+/// Every timeout the builder takes is checked at both ends: an hour is
+/// taken, a millisecond more or nothing at all is refused, naming the option.
+#[tokio::test]
+async fn builder_timeouts_are_checked_at_both_ends() {
+    lock_tests::bounded("builder_timeouts_are_checked_at_both_ends", async move {
+        type Set = fn(lock_runtime::LockClientBuilder, Duration) -> lock_runtime::LockClientBuilder;
+        let options: [(&str, Set); 5] = [
+            (
+                "command timeout",
+                lock_runtime::LockClientBuilder::command_timeout,
+            ),
+            ("node timeout", lock_runtime::LockClientBuilder::node_timeout),
+            (
+                "replica acknowledgement timeout",
+                lock_runtime::LockClientBuilder::replica_ack_timeout,
+            ),
+            (
+                "fair waiter timeout",
+                lock_runtime::LockClientBuilder::fair_waiter_timeout,
+            ),
+            ("poll interval", lock_runtime::LockClientBuilder::poll_interval),
+        ];
+        let hour = Duration::from_secs(3600);
+        for (what, set) in options {
+            if let Err(e) = set(LockClient::builder(), hour).in_memory() {
+                panic!("a {what} of 1h was refused: {e}");
+            }
+            for bad in [hour + Duration::from_millis(1), Duration::ZERO] {
+                match set(LockClient::builder(), bad).in_memory() {
+                    Err(LockError::InvalidConfig { reason, .. }) => {
+                        assert!(reason.contains(what), "{what}: {reason}");
+                    }
+                    Err(other) => panic!("a {what} of {bad:?}: {other}"),
+                    Ok(_) => panic!("a {what} of {bad:?} was taken"),
+                }
+            }
+        }
+    })
+    .await
+}

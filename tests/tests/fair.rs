@@ -96,7 +96,36 @@ macro_rules! on_redis_and_cluster {
 on_redis_and_cluster!(
     waiters_get_the_lock_in_arrival_order,
     a_waiter_whose_wait_runs_out_leaves_the_line,
+    a_foreign_value_at_a_fair_locks_key_is_a_conflict_left_alone,
 );
+
+/// A value this library did not write and that never expires sits at the
+/// key: a fair lock names it as a conflict at once instead of waiting for a
+/// release that cannot come, and leaves it as it was.
+async fn a_foreign_value_at_a_fair_locks_key_is_a_conflict_left_alone(f: Fixture) {
+    let mut conn = (f.server_of)("q7");
+    let _: () = ::redis::cmd("SET")
+        .arg("lock:{q7}")
+        .arg("someone else's")
+        .query(&mut conn)
+        .expect("SET");
+    let fair = f
+        .locks
+        .lock("q7")
+        .fair(true)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await;
+    assert!(
+        matches!(&fair, Err(LockError::KeyConflict { found_type, .. }) if found_type == "string"),
+        "{fair:?}"
+    );
+    let left: String = ::redis::cmd("GET")
+        .arg("lock:{q7}")
+        .query(&mut conn)
+        .expect("GET");
+    assert_eq!(left, "someone else's");
+}
 
 /// 20 trials: a holder keeps the lock while 10 waiters line up one after
 /// another (each seen in the line on the server before the next starts);

@@ -206,6 +206,23 @@ async fn programmatic_calls_count_under_their_name_or_programmatic() {
                 "one per call, not per key"
             );
             assert_eq!(acquires("programmatic", "acquired") - unnamed, 1);
+            // The same set taken again inside its own body is a re-entry.
+            let (acquired, reentered) = (acquires("orders", "acquired"), acquires("orders", "reentered"));
+            locks
+                .lock_all(["orders:3", "orders:4"])
+                .name("orders")
+                .run(async {
+                    locks
+                        .lock_all(["orders:4", "orders:3"])
+                        .name("orders")
+                        .run(async {})
+                        .await
+                })
+                .await
+                .expect("free")
+                .expect("re-entered");
+            assert_eq!(acquires("orders", "acquired") - acquired, 1, "the outer set");
+            assert_eq!(acquires("orders", "reentered") - reentered, 1, "the inner set");
 
             // An error before any I/O is an error, not a timeout.
             let errors = acquires("orders", "error");
