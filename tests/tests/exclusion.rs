@@ -233,3 +233,28 @@ async fn fencing_tokens_follow_the_innermost_lock_through_reentry() {
     )
     .await
 }
+
+/// A worker never outlives its test: one holding a lock forever gives up on
+/// its own at its limit (here 300 ms instead of the suite's five minutes),
+/// says so, and exits with code 70, so a test blocked on it fails instead
+/// of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_never_finishes_gives_up_at_its_limit() {
+    lock_tests::bounded("a_worker_that_never_finishes_gives_up_at_its_limit", async move {
+        let server = RedisServer::start();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_lock-worker"));
+        command
+            .args(["hold", &server.url(), "forever", "30000"])
+            .env("LOCK_WORKER_LIMIT_MS", "300");
+        let output =
+            tokio::task::block_in_place(|| lock_tests::output_within_limit(&mut command, "lock-worker hold"));
+        assert_eq!(output.status.code(), Some(70), "{output:?}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "HELD");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("giving up"),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    })
+    .await
+}
