@@ -11,6 +11,9 @@
 #     test holds a key with
 #   - Debian package `mariadb-server` (mariadbd, mariadb-install-db): the
 #     MySQL backend's tests start MariaDB in a fresh data directory
+#   - Debian package `zookeeper` (its jars in /usr/share/java) and a Java
+#     runtime: the ZooKeeper backend's tests start standalone servers and
+#     3-node ensembles with `java -cp … ZooKeeperServerMain|QuorumPeerMain`
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -24,6 +27,10 @@ command -v openssl >/dev/null 2>&1 || missing_debs+=(openssl)
 if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
   missing_debs+=(mariadb-server)
 fi
+if [ ! -f /usr/share/java/zookeeper.jar ] || [ ! -f /usr/share/java/zookeeper-jute.jar ]; then
+  missing_debs+=(zookeeper)
+fi
+command -v java >/dev/null 2>&1 || missing_debs+=(default-jre-headless)
 if [ "${#missing_debs[@]}" -gt 0 ]; then
   echo "--- installing ${missing_debs[*]} (Debian)"
   $SUDO apt-get update -qq
@@ -41,6 +48,7 @@ if ! "$PYTHON" -c 'import redis' >/dev/null 2>&1; then
 fi
 
 redis-server --version
+java -cp /usr/share/java/zookeeper.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-nop.jar org.apache.zookeeper.Version 2>/dev/null | head -1 | sed 's/^/ZooKeeper /' || echo "ZooKeeper jars present"
 "$(command -v mariadbd || echo /usr/sbin/mariadbd)" --version
 "$PYTHON" -c 'import redis; print("redis-py", redis.__version__)'
 

@@ -9,6 +9,7 @@
 //! cargo run --release -p lock-bench -- --only W1 --recorder   # metrics recorded
 //! cargo run --release -p lock-bench -- --plot target/bench-plots  # SVG charts
 //! cargo run --release -p lock-bench -- --only WM    # MariaDB (MySQL backend)
+//! cargo run --release -p lock-bench -- --only WZ    # ZooKeeper
 //! ```
 //!
 //! Prints one JSON line per workload as it finishes, then a markdown table
@@ -57,6 +58,7 @@ mod w7_transfer;
 mod wk_kinds;
 mod wm_mysql;
 mod wr_replica_acks;
+mod wz_zookeeper;
 
 use floor::*;
 use report::*;
@@ -70,6 +72,7 @@ use w7_transfer::*;
 use wk_kinds::*;
 use wm_mysql::*;
 use wr_replica_acks::*;
+use wz_zookeeper::*;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
@@ -154,6 +157,12 @@ async fn main() -> Result<(), Error> {
     }
     if wanted("WM") {
         for report in wm_mysql().await? {
+            println!("{}", report.json());
+            reports.push(report);
+        }
+    }
+    if wanted("WZ") {
+        for report in wz_zookeeper().await? {
             println!("{}", report.json());
             reports.push(report);
         }

@@ -121,6 +121,13 @@ async fn acquire_within_wait(
             feature: feature.into(),
         });
     }
+    // A lease no longer than the backend can vouch for (ZooKeeper: its
+    // session timeout); renewals and deadlines follow from it.
+    let capped = LockOptions {
+        ttl: client.backend.lease_for(opts.ttl),
+        ..*opts
+    };
+    let opts = &capped;
     let started = Instant::now();
     let give_up_at = started + opts.wait;
     let mut pending = DropGuard::new(Pending {
@@ -137,6 +144,10 @@ async fn acquire_within_wait(
     // The latest attempt that failed for a reason of its own, kept to
     // explain a give-up whose last attempt only ran out of time.
     let mut last_failure: Option<LockError> = None;
+    // What the latest attempt that got an answer found in the way (its
+    // lease left, and which lock of a set), to explain a give-up whose last
+    // attempt only ran out of time.
+    let mut last_held: Option<(Option<Duration>, usize)> = None;
     // Subscribed to the release channel of the lock in the way (of a set,
     // the one the last attempt found held) once an attempt finds it held
     // and there is time left to wait.
@@ -167,6 +178,7 @@ async fn acquire_within_wait(
             fencing: opts.fencing,
             first: attempts == 1,
             waiting: sent < give_up_at,
+            renew: opts.renew,
         };
         // Later attempts get what is left of `wait` (but at least a floor a
         // healthy round trip fits in), so a stalled server cannot carry the
@@ -183,14 +195,23 @@ async fn acquire_within_wait(
             // Cut short by what was left of `wait`: that says nothing about
             // the server, so an earlier attempt's failure (a Redlock's
             // per-master causes, say) is the better account.
-            Err(_) if budget < config.command_timeout => Err(match last_failure.take() {
-                Some(error) => Failure {
+            Err(_) if budget < config.command_timeout => match (last_failure.take(), last_held) {
+                (Some(error), _) => Err(Failure {
                     error,
                     transient: true,
                     reconnecting: false,
-                },
-                None => client.timed_out(&pending.key, "acquire", budget),
-            }),
+                }),
+                // The lock was held at the last look, and the look after it
+                // ran out of wait: the caller waited the whole `wait` for a
+                // held lock. Still in doubt: the cut attempt may have been
+                // applied, so it counts as a claim to give back.
+                (None, Some((pttl, blocked_by))) => Ok(AcquireReply::Held {
+                    pttl,
+                    claimed: true,
+                    blocked_by,
+                }),
+                (None, None) => Err(client.timed_out(&pending.key, "acquire", budget)),
+            },
             Err(_) => Err(client.timed_out(&pending.key, "acquire", budget)),
         };
 
@@ -261,6 +282,7 @@ async fn acquire_within_wait(
                 blocked_by,
             }) => {
                 blocker = blocked_by;
+                last_held = Some((pttl, blocked_by));
                 // Attempts are applied in the order sent, and a later one would
                 // have found an earlier success ("already mine"): so no attempt
                 // holds the lock. A writer's claim is withdrawn like a lock
@@ -321,6 +343,19 @@ async fn acquire_within_wait(
                 key: pending.lock(blocker).name.clone(),
             });
         }
+        let mut pause = give_up_at.saturating_duration_since(now);
+        if let Some(pttl) = sleep_cap {
+            pause = pause.min(pttl.max(Duration::from_millis(1)));
+        }
+        if held && client.backend.queues_waiters() {
+            // In line: the backend watches the one ahead of us alone, so a
+            // release wakes one waiter, whichever process it is in.
+            tokio::select! {
+                () = client.backend.turn(pending.lock(blocker), &pending.holder) => {}
+                () = tokio::time::sleep(pause) => {}
+            }
+            continue;
+        }
         if held && watch.as_ref().is_none_or(|(watched, _)| *watched != blocker) {
             let channel = &pending.lock(blocker).channel;
             // A fair waiter is woken by name, when it is first in line.
@@ -331,10 +366,6 @@ async fn acquire_within_wait(
             watch = Some((blocker, watching));
             // The release may have come while we subscribed: look again now.
             continue;
-        }
-        let mut pause = give_up_at.saturating_duration_since(now);
-        if let Some(pttl) = sleep_cap {
-            pause = pause.min(pttl.max(Duration::from_millis(1)));
         }
         match released.as_pin_mut() {
             // Subscribed: a release wakes us; the poll only covers lost

@@ -104,6 +104,25 @@ impl LockClient {
         LockClient::builder().mysql(url).await
     }
 
+    /// A ZooKeeper ensemble: `host:port[,host:port…][/chroot]`. Each lock
+    /// is a queue of ephemeral sequential nodes under `/distributed-locks`
+    /// (see [`zookeeper_root`](LockClientBuilder::zookeeper_root)): the
+    /// first in line holds it, each waiter watches only the one before it,
+    /// and a holder's node goes with its session, so a crashed holder is
+    /// let go when the ensemble expires its session (see
+    /// [`zookeeper_session_timeout`](LockClientBuilder::zookeeper_session_timeout)).
+    /// Mutual exclusion among live sessions rests on the ensemble's
+    /// consensus, not on clocks. A lease is trusted for at most the session
+    /// timeout past the last answered request, so a `ttl` longer than that
+    /// is shortened to it. Exclusive (and `fair`, which a queue is anyway)
+    /// locks and all-or-nothing sets, with fencing tokens (the lock node's
+    /// creation zxid); not `read`/`write`, `permits` or `segments`. Needs
+    /// the `zookeeper` feature.
+    #[cfg(feature = "zookeeper")]
+    pub async fn zookeeper(connect: &str) -> Result<LockClient, LockError> {
+        LockClient::builder().zookeeper(connect).await
+    }
+
     /// Options: key prefix, default ttl and wait, retry backoff, command
     /// timeout.
     pub fn builder() -> LockClientBuilder {
@@ -265,6 +284,25 @@ impl LockClientBuilder {
         self
     }
 
+    /// The ZooKeeper node under which lock queues live (default
+    /// `/distributed-locks`; created if missing): an absolute path.
+    #[cfg(feature = "zookeeper")]
+    pub fn zookeeper_root(mut self, root: impl Into<String>) -> Self {
+        self.config.zookeeper_root = root.into();
+        self
+    }
+
+    /// The session timeout asked of the ZooKeeper ensemble (default 10 s;
+    /// the servers grant between 2 and 20 ticks). A crashed holder's locks
+    /// are free this long after its last word; a lease is trusted at most
+    /// this long past the last answered request, so a connection cut stops
+    /// a body before its session could have expired.
+    #[cfg(feature = "zookeeper")]
+    pub fn zookeeper_session_timeout(mut self, timeout: Duration) -> Self {
+        self.config.session_timeout = timeout;
+        self
+    }
+
     fn check(&self, node: &str) -> Result<(), LockError> {
         let invalid = |reason: String| LockError::InvalidConfig {
             node: node.to_owned(),
@@ -281,6 +319,8 @@ impl LockClientBuilder {
             ("replica acknowledgement timeout", c.ack_timeout),
             ("fair waiter timeout", c.fair_waiter_timeout),
             ("poll interval", c.poll_interval),
+            #[cfg(feature = "zookeeper")]
+            ("ZooKeeper session timeout", c.session_timeout),
         ] {
             if timeout < Duration::from_millis(1) || timeout > MAX_TIMEOUT {
                 return Err(invalid(format!(
@@ -519,6 +559,21 @@ impl LockClientBuilder {
         }
         let node = backend.node().to_owned();
         Ok(self.build(AnyBackend::Mysql(backend), Notifier::new(None), node))
+    }
+
+    /// A ZooKeeper client; see [`LockClient::zookeeper`].
+    #[cfg(feature = "zookeeper")]
+    pub async fn zookeeper(self, connect: &str) -> Result<LockClient, LockError> {
+        use crate::backend::zookeeper::ZooKeeperBackend;
+        self.check(connect)?;
+        let c = &self.config;
+        let backend =
+            ZooKeeperBackend::new(connect, &c.zookeeper_root, c.session_timeout, c.command_timeout)?;
+        if !c.lazy {
+            backend.verify().await?;
+        }
+        let node = backend.node().to_owned();
+        Ok(self.build(AnyBackend::ZooKeeper(backend), Notifier::new(None), node))
     }
 
     /// An in-process client with these options; see

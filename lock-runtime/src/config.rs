@@ -44,6 +44,12 @@ pub(crate) struct ClientConfig {
     /// The MySQL backend's table.
     #[cfg(feature = "mysql")]
     pub(crate) table: String,
+    /// The ZooKeeper node under which every lock's queue lives.
+    #[cfg(feature = "zookeeper")]
+    pub(crate) zookeeper_root: String,
+    /// The session timeout asked of a ZooKeeper ensemble.
+    #[cfg(feature = "zookeeper")]
+    pub(crate) session_timeout: Duration,
 }
 
 impl Default for ClientConfig {
@@ -64,6 +70,10 @@ impl Default for ClientConfig {
             poll_interval: Duration::from_millis(50),
             #[cfg(feature = "mysql")]
             table: "distributed_locks".into(),
+            #[cfg(feature = "zookeeper")]
+            zookeeper_root: crate::backend::zookeeper::DEFAULT_ROOT.into(),
+            #[cfg(feature = "zookeeper")]
+            session_timeout: crate::backend::zookeeper::DEFAULT_SESSION_TIMEOUT,
         }
     }
 }

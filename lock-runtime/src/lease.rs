@@ -91,6 +91,7 @@ impl Cleanup for Release {
 /// A nested call asked for `ttl`: lengthen the lease if that outlasts the
 /// one it has, never shorten it. Costs a round trip only when it extends.
 pub(crate) async fn extend(client: &ClientInner, state: &LeaseState, ttl: Duration) -> Result<(), LockError> {
+    let ttl = client.backend.lease_for(ttl);
     if state.covers(ttl) {
         return Ok(());
     }

@@ -180,6 +180,27 @@ impl LeaseState {
         self.is_live() && Instant::now() < self.cutoff()
     }
 
+    /// Why the lease can no longer be trusted, if it cannot, by the clock
+    /// read now: the server said so, or its cutoff has passed, whether or
+    /// not a timer has fired yet (after a process stop, timers fire late and
+    /// in no particular order).
+    pub(crate) fn lost_now(&self) -> Option<LostReason> {
+        if let Some(reason) = self.lost_reason() {
+            return Some(reason);
+        }
+        if Instant::now() < self.cutoff() {
+            return None;
+        }
+        let reason = if self.renews {
+            LostReason::Expired
+        } else {
+            LostReason::LeaseEnded
+        };
+        self.mark_lost(reason);
+        // A concurrent `mark_lost` may have won: report what stuck.
+        Some(self.lost_reason().unwrap_or(reason))
+    }
+
     /// Resolves once the lease can no longer be trusted: the server said so,
     /// or the validity deadline passed without a confirmed renewal. The
     /// deadline moves while this waits, so it is re-read after every wake.
@@ -190,23 +211,12 @@ impl LeaseState {
             // Registered before the checks below, so a loss marked between
             // them still wakes us.
             signal.as_mut().enable();
-            if let Some(reason) = self.lost_reason() {
+            if let Some(reason) = self.lost_now() {
                 return reason;
-            }
-            let cutoff = self.cutoff();
-            if Instant::now() >= cutoff {
-                let reason = if self.renews {
-                    LostReason::Expired
-                } else {
-                    LostReason::LeaseEnded
-                };
-                self.mark_lost(reason);
-                // A concurrent `mark_lost` may have won: report what stuck.
-                return self.lost_reason().unwrap_or(reason);
             }
             tokio::select! {
                 () = signal => {}
-                () = tokio::time::sleep_until(cutoff.into()) => {}
+                () = tokio::time::sleep_until(self.cutoff().into()) => {}
             }
         }
     }

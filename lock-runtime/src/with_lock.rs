@@ -3,14 +3,18 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use futures_util::FutureExt;
 
 use crate::entry::{self, Entered, EnteredAll};
 use crate::error::LockError;
+use crate::error::LostReason;
 use crate::holder;
 use crate::lease::Lease;
+use crate::lease_state::LeaseState;
 use crate::shared::ClientInner;
 use crate::spec::LockSpec;
 
@@ -45,11 +49,8 @@ pub(crate) async fn run_with<F: Future>(
             Arc::clone(&state),
             AssertUnwindSafe(body).catch_unwind()
         ));
-        tokio::select! {
-            biased;
-            finished = body => Ok(finished),
-            reason = state.lost() => Err(reason),
-        }
+        let lost = std::pin::pin!(async { (state.lost().await, 0) });
+        guarded(body, std::slice::from_ref(&state), lost).await
         // The body is dropped here, before the release below is sent.
     };
 
@@ -64,7 +65,7 @@ pub(crate) async fn run_with<F: Future>(
             Ok(output)
         }
         Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        Err(reason) => {
+        Err((reason, _)) => {
             tracing::warn!(key = %state.key.name, lock = state.name, holder = %state.holder, %reason, "lock lost; body cancelled");
             Err(LockError::Lost {
                 key: state.key.name.clone(),
@@ -97,14 +98,13 @@ pub(crate) async fn run_with_all<F: Future>(
         };
     }
     let outcome = {
-        let body = std::pin::pin!(body);
-        let lost =
-            futures_util::future::select_all(acquired.iter().map(|lease| Box::pin(lease.state().lost())));
-        tokio::select! {
-            biased;
-            finished = body => Ok(finished),
-            (reason, i, _) = lost => Err((reason, Arc::clone(acquired[i].state()))),
-        }
+        let watched: Vec<_> = acquired.iter().map(|lease| Arc::clone(lease.state())).collect();
+        let lost = futures_util::future::select_all(watched.iter().map(|state| Box::pin(state.lost())));
+        let lost = std::pin::pin!(async {
+            let (reason, i, _) = lost.await;
+            (reason, i)
+        });
+        guarded(std::pin::pin!(body), &watched, lost).await
     };
     let released = futures_util::future::join_all(acquired.into_iter().map(Lease::release)).await;
     match outcome {
@@ -123,4 +123,31 @@ pub(crate) async fn run_with_all<F: Future>(
             })
         }
     }
+}
+
+/// Polls `body` while every lease of `leases` can be trusted; the first
+/// lease lost ends it, with that lease's reason (`lost` resolves with it and
+/// its index). Each poll looks at the clock before the body may run: a
+/// process that was stopped past a deadline wakes with every timer due at
+/// once, and the body must not get one more step before the loss is seen.
+///
+/// Takes the futures pinned by the caller rather than owning them: nested
+/// locked calls nest these futures, and a copy of the body in each level's
+/// state would double its size per level.
+fn guarded<'a, F: Future, L: Future<Output = (LostReason, usize)>>(
+    mut body: Pin<&'a mut F>,
+    leases: &'a [Arc<LeaseState>],
+    mut lost: Pin<&'a mut L>,
+) -> impl Future<Output = Result<F::Output, (LostReason, Arc<LeaseState>)>> + 'a {
+    std::future::poll_fn(move |cx| {
+        for state in leases {
+            if let Some(reason) = state.lost_now() {
+                return Poll::Ready(Err((reason, Arc::clone(state))));
+            }
+        }
+        if let Poll::Ready((reason, i)) = lost.as_mut().poll(cx) {
+            return Poll::Ready(Err((reason, Arc::clone(&leases[i]))));
+        }
+        body.as_mut().poll(cx).map(Ok)
+    })
 }

@@ -126,6 +126,18 @@ pub fn worker_binary() -> std::path::PathBuf {
     profile.join("lock-worker")
 }
 
+/// A `lock-worker` command. Its ZooKeeper sessions (on a `zookeeper=`
+/// target) ask for [`crate::zookeeper::SESSION_TIMEOUT`], so that a
+/// stopped or killed worker's locks are let go within a test's patience.
+pub fn worker_command() -> Command {
+    let mut command = Command::new(worker_binary());
+    command.env(
+        "LOCK_WORKER_SESSION_TIMEOUT_MS",
+        crate::zookeeper::SESSION_TIMEOUT.as_millis().to_string(),
+    );
+    command
+}
+
 /// Worker processes of one run; killed on drop if still running.
 #[derive(Debug)]
 pub struct Workers {
@@ -143,7 +155,7 @@ impl Workers {
         let children = workloads
             .iter()
             .map(|workload| {
-                let mut command = Command::new(worker_binary());
+                let mut command = worker_command();
                 command
                     .args([
                         "witness",
@@ -172,6 +184,14 @@ impl Workers {
             })
             .collect();
         Workers { children }
+    }
+
+    /// The workers' process ids.
+    pub fn pids(&self) -> Vec<nix::unistd::Pid> {
+        self.children
+            .iter()
+            .map(|c| nix::unistd::Pid::from_raw(i32::try_from(c.id()).expect("pid fits i32")))
+            .collect()
     }
 
     /// Waits for every worker and sums what they said.
@@ -212,7 +232,7 @@ impl Holder {
     /// watchdog when `renew`), and returns once it holds the lock.
     pub fn spawn(url: &str, key: &str, ttl: Duration, renew: bool) -> Holder {
         use std::io::{BufRead, BufReader};
-        let mut command = Command::new(worker_binary());
+        let mut command = worker_command();
         command
             .args([
                 if renew { "hold-renewed" } else { "hold" },
@@ -369,4 +389,67 @@ pub fn assert_strictly_increasing(log: &[u64]) {
     for pair in log.windows(2) {
         assert!(pair[0] < pair[1], "token {} followed by {}", pair[0], pair[1]);
     }
+}
+
+/// Starts `lock-worker act-until-lost` on `target` (a body that acts once
+/// with its fencing token and stops itself), waits for it to stop, lets
+/// `locks` take the lock over (the stopped holder's lease or session runs
+/// out) and act, then continues the stopped process. Returns how many of
+/// the stopped holder's acts landed after the takeover (the checker's
+/// stale writes): a body must be dropped before it acts again, so 0.
+pub async fn acts_after_a_takeover(
+    target: &str,
+    locks: &lock_runtime::LockClient,
+    board: &Board,
+    key: &str,
+    ttl: Duration,
+) -> u64 {
+    use nix::sys::signal::{Signal, kill};
+    use std::io::{BufRead, BufReader};
+    let mut worker = worker_command()
+        .args([
+            "act-until-lost",
+            target,
+            &board.path().to_string_lossy(),
+            key,
+            &ttl.as_millis().to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn worker");
+    let mut out = BufReader::new(worker.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("worker output");
+    let stale: u64 = line.trim().trim_start_matches("HELD ").parse().expect("token");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(worker.id()).expect("pid"));
+    let stopped = crate::eventually(Duration::from_secs(10), || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") T "))
+    })
+    .await;
+    assert!(stopped.is_some(), "the holder did not stop itself");
+
+    let guard = locks
+        .lock(key)
+        .fencing(true)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("the stopped holder's lease runs out");
+    let fresh = guard.fencing_token().expect("token");
+    assert!(fresh > stale, "token {fresh} after {stale}");
+    let register = format!("{key}:acts");
+    board.witness.write(&register, fresh, false);
+
+    kill(pid, Signal::SIGCONT).expect("SIGCONT");
+    line.clear();
+    out.read_line(&mut line).expect("worker output");
+    assert_eq!(
+        line.trim(),
+        "LOST",
+        "the continued holder was not told its lease was lost"
+    );
+    assert!(worker.wait().expect("reap").success());
+    assert!(guard.is_held());
+    guard.release().await.expect("release");
+    board.witness.seen(&register).stale_accepted
 }

@@ -15,6 +15,7 @@ pub mod report;
 pub mod sentinel;
 pub mod server;
 pub mod witness;
+pub mod zookeeper;
 
 pub use cluster::Cluster;
 pub use mariadb::MariaDb;
@@ -23,6 +24,7 @@ pub use sentinel::Replicated;
 pub use server::{
     RedisServer, commands_between, free_port, percent_encode, redis_server_binary, start_masters,
 };
+pub use zookeeper::ZooKeeper;
 
 /// The `redis-server` behind the process-wide client that
 /// `#[distributed_lock]` functions use in tests: started once, on a thread

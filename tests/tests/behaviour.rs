@@ -1,13 +1,13 @@
-//! One behaviour suite, three backends: every test here runs against the
-//! in-process backend, a real `redis-server` and a real MariaDB, from the
-//! same code, through the public API only.
+//! One behaviour suite, four backends: every test here runs against the
+//! in-process backend, a real `redis-server`, a real MariaDB and a real
+//! ZooKeeper, from the same code, through the public API only.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LostReason, fencing_token};
-use lock_tests::{MariaDb, RedisServer};
+use lock_tests::{MariaDb, RedisServer, ZooKeeper};
 
 /// A client and whatever it needs kept alive.
 struct Fixture {
@@ -34,6 +34,16 @@ async fn mysql() -> Fixture {
     let server = MariaDb::start();
     Fixture {
         locks: LockClient::mysql(&server.url()).await.expect("connect"),
+        _server: Some(Box::new(server)),
+    }
+}
+
+async fn zookeeper() -> Fixture {
+    let server = ZooKeeper::start();
+    Fixture {
+        locks: LockClient::zookeeper(&server.connect_string())
+            .await
+            .expect("connect"),
         _server: Some(Box::new(server)),
     }
 }
@@ -68,6 +78,17 @@ macro_rules! on_every_backend {
                 async fn $behaviour() {
                     lock_tests::bounded(stringify!($behaviour), async move {
                         super::$behaviour(super::mysql().await).await;
+                    })
+                    .await
+                }
+            )*
+        }
+        mod zookeeper {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::zookeeper().await).await;
                     })
                     .await
                 }

@@ -142,7 +142,13 @@ async fn a_retry_against_a_stalled_server_gets_only_what_is_left_of_the_wait() {
             let took = started.elapsed();
             server.resume();
             let outcome = outcome.expect("bounded").expect("join");
-            assert!(outcome.is_err(), "the lock is held: {outcome:?}");
+            // Seen held, then a retry that ran out of wait: the caller waited
+            // its whole `wait` for a held lock, whatever the stalled server
+            // did with the last attempt.
+            assert!(
+                matches!(outcome, Err(LockError::Timeout { ref key, .. }) if key == "stalled"),
+                "the lock is held: {outcome:?}"
+            );
             // What is left of `wait` (at least 10 ms a retry) bounds the call; a
             // retry given the whole 3 s command timeout would take past 3 s.
             assert!(
@@ -152,5 +158,35 @@ async fn a_retry_against_a_stalled_server_gets_only_what_is_left_of_the_wait() {
             held.release().await.expect("release");
         },
     )
+    .await
+}
+
+/// A holder process stopped (SIGSTOP) past its lease and continued after
+/// another took the lock: its body is dropped before it takes one more
+/// step, though every timer of the process comes due at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_stopped_past_its_lease_never_acts_again() {
+    lock_tests::bounded("a_holder_stopped_past_its_lease_never_acts_again", async move {
+        let server = RedisServer::start();
+        let locks = LockClient::connect(&server.url()).await.expect("connect");
+        for trial in 0..3 {
+            // A board per trial: registers of different keys may share a
+            // slot, and Redis counts tokens per key.
+            let board = lock_tests::lab::Board::new();
+            let key = format!("stopped:{trial}");
+            let late = lock_tests::lab::acts_after_a_takeover(
+                &server.url(),
+                &locks,
+                &board,
+                &key,
+                Duration::from_millis(300),
+            )
+            .await;
+            assert_eq!(
+                late, 0,
+                "trial {trial}: the stopped holder acted after the lock was taken over"
+            );
+        }
+    })
     .await
 }

@@ -29,6 +29,9 @@ pub(crate) struct AcquireRequest<'a> {
     /// The caller will wait if the lock is held: the backend should make
     /// sure the holder's release is announced.
     pub(crate) waiting: bool,
+    /// A watchdog will renew the lease; otherwise it is a fixed lease,
+    /// which ends at `ttl` (ZooKeeper: this client deletes the lock then).
+    pub(crate) renew: bool,
 }
 
 /// What an acquisition attempt found.

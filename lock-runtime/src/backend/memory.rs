@@ -513,6 +513,7 @@ mod tests {
             fencing,
             first: true,
             waiting: false,
+            renew: true,
         }
     }
 

@@ -17,6 +17,8 @@ pub(crate) mod redis;
 pub(crate) mod redlock;
 pub(crate) mod sentinel;
 mod tls;
+#[cfg(feature = "zookeeper")]
+pub(crate) mod zookeeper;
 
 pub(crate) use self::redis::admin::Found;
 pub(crate) use contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
@@ -31,6 +33,8 @@ pub(crate) enum AnyBackend {
     Sentinel(redis::RedisBackend<sentinel::SentinelLink>),
     #[cfg(feature = "mysql")]
     Mysql(mysql::MysqlBackend),
+    #[cfg(feature = "zookeeper")]
+    ZooKeeper(zookeeper::ZooKeeperBackend),
 }
 
 impl AnyBackend {
@@ -55,6 +59,10 @@ impl AnyBackend {
                 }
                 by_slot.into_values().collect()
             }
+            // A ZooKeeper lock is a queue of its own: a set is taken queue
+            // by queue, in the sorted order.
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(_) => keys.into_iter().map(|k| vec![k]).collect(),
             _ => vec![keys],
         }
     }
@@ -66,6 +74,9 @@ impl AnyBackend {
             AnyBackend::Memory(_) => false,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => false,
+            // Each waiter's own watch tells it, not an announcement.
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(_) => false,
             _ => true,
         }
     }
@@ -79,6 +90,37 @@ impl AnyBackend {
             return true;
         }
         false
+    }
+
+    /// The lease a lock of `ttl` gets: no longer than this backend can
+    /// vouch for between two confirmations (ZooKeeper: the session
+    /// timeout).
+    pub(crate) fn lease_for(&self, ttl: Duration) -> Duration {
+        match self {
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(b) => ttl.min(b.lease_cap()),
+            _ => ttl,
+        }
+    }
+
+    /// Whether each waiter is told of its own turn by the backend
+    /// ([`turn`](Self::turn)) rather than by release announcements.
+    pub(crate) fn queues_waiters(&self) -> bool {
+        #[cfg(feature = "zookeeper")]
+        if let AnyBackend::ZooKeeper(_) = self {
+            return true;
+        }
+        false
+    }
+
+    /// Resolves when `holder`'s turn for `key` may have come (ZooKeeper:
+    /// the node before its own changed); at once on other backends.
+    pub(crate) async fn turn(&self, key: &LockKey, holder: &str) {
+        #[cfg(feature = "zookeeper")]
+        if let AnyBackend::ZooKeeper(b) = self {
+            b.turn(key, holder).await;
+        }
+        let _ = (key, holder);
     }
 
     /// The lock keys matching the Redis glob `pattern`, per node (per
@@ -98,6 +140,8 @@ impl AnyBackend {
             AnyBackend::Memory(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
         }
     }
 
@@ -128,6 +172,8 @@ impl AnyBackend {
             AnyBackend::Memory(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
         }
     }
 
@@ -147,6 +193,8 @@ impl AnyBackend {
             AnyBackend::Memory(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
         }
     }
 
@@ -156,6 +204,8 @@ impl AnyBackend {
             AnyBackend::Redlock(_) => redlock::unsupported(kind),
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => mysql::unsupported(kind),
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(_) => zookeeper::unsupported(kind),
             _ => None,
         }
     }
@@ -171,6 +221,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.acquire(req).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.acquire(req).await,
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(b) => b.acquire(req).await,
         }
     }
 
@@ -183,6 +235,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.release(key, holder).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.release(key, holder).await,
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(b) => b.release(key, holder).await,
         }
     }
 
@@ -195,6 +249,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.release_many(keys, holder).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.release_many(keys, holder).await,
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(b) => b.release_many(keys, holder).await,
         }
     }
 
@@ -207,6 +263,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.release_segments(key, count, holder).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.release_segments(key, count, holder).await,
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(b) => b.release_segments(key, count, holder).await,
         }
     }
 
@@ -225,6 +283,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.renew(key, holder, ttl, extend_only).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.renew(key, holder, ttl, extend_only).await,
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(b) => b.renew(key, holder, ttl, extend_only).await,
         }
     }
 
@@ -237,6 +297,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.renew_many(items).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.renew_many(items).await,
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(b) => b.renew_many(items).await,
         }
     }
 }
@@ -247,6 +309,17 @@ fn no_admin() -> LockError {
     LockError::Unsupported {
         key: String::new(),
         feature: "inspecting locks (the in-process backend keeps them inside its process)".into(),
+    }
+}
+
+/// Operator tools read the Redis layout; ZooKeeper has its own (zkCli).
+#[cfg(feature = "zookeeper")]
+fn no_zookeeper_admin() -> LockError {
+    LockError::Unsupported {
+        key: String::new(),
+        feature:
+            "inspecting locks on the ZooKeeper backend (list the lock's queue with zkCli: see the README)"
+                .into(),
     }
 }
 

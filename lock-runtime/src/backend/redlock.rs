@@ -63,6 +63,7 @@ struct OwnedRequest {
     fencing: bool,
     first: bool,
     waiting: bool,
+    renew: bool,
 }
 
 impl OwnedRequest {
@@ -77,6 +78,7 @@ impl OwnedRequest {
             fencing: req.fencing,
             first: req.first,
             waiting: req.waiting,
+            renew: req.renew,
         }
     }
 
@@ -91,6 +93,7 @@ impl OwnedRequest {
             fencing: self.fencing,
             first: self.first,
             waiting: self.waiting,
+            renew: self.renew,
         }
     }
 }

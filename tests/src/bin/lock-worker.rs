@@ -12,6 +12,14 @@
 //!   at a named point of its body, between check and write) and once
 //!   continued write the token to the checker's fenced and unfenced registers
 //!   (keys `<key>:fenced`, `<key>:unfenced`).
+//! - `lock-worker act-until-lost <url> <witness-dir> <key> <ttl-ms>`: run
+//!   a renewed lock's body with `run()` that prints `HELD <token>`, writes
+//!   its token to the checker's unfenced register `<key>:acts` (which takes
+//!   any write, and counts the stale ones), has itself stopped (SIGSTOP)
+//!   while it waits for its next write and, once continued, writes every
+//!   20 ms; once `run()` reports the
+//!   lease lost, print `LOST` and exit. It shows whether a body ever acts
+//!   after its lease could have ended.
 //! - `lock-worker wait <url> <key>`: wait up to 30 s for the lock, then print
 //!   the wall-clock time it was acquired (ns since the epoch) and release it.
 //! - `lock-worker witness <target> <witness-dir> <keys> <tasks> <ms> <lock>
@@ -44,7 +52,9 @@
 //!   `mysql://` URL, to the table `fence_log` (`id` auto-increment, `token`).
 //!
 //! Wherever a `<url>` or `<target>` is taken, a `mysql://` URL runs the
-//! same on the MySQL backend.
+//! same on the MySQL backend, and `zookeeper=<connect string>` on
+//! ZooKeeper (`LOCK_WORKER_SESSION_TIMEOUT_MS` sets the session timeout
+//! asked; `fence` appends its tokens to the file `LOCK_WORKER_FENCE_FILE`).
 
 use std::time::Duration;
 
@@ -66,6 +76,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         [_, "hold", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?, false).await,
         [_, "hold-renewed", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?, true).await,
         [_, "pause", url, witness_dir, key, ttl_ms] => pause(url, witness_dir, key, ttl_ms.parse()?).await,
+        [_, "act-until-lost", url, witness_dir, key, ttl_ms] => {
+            act_until_lost(url, witness_dir, key, ttl_ms.parse()?).await
+        }
         [_, "wait", url, key] => wait(url, key).await,
         [_, "fence", url, key, n] => fence(url, key, n.parse()?).await,
         [
@@ -200,7 +213,7 @@ async fn hold(url: &str, key: &str, ttl_ms: u64, renew: bool) -> Result<(), Box<
 }
 
 async fn wait(url: &str, key: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let locks = LockClient::connect(url).await?;
+    let locks = connect(url).await?;
     let guard = locks.lock(key).wait(Duration::from_secs(30)).acquire().await?;
     let acquired = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
     println!("{}", acquired.as_nanos());
@@ -228,14 +241,24 @@ async fn fence(url: &str, key: &str, n: u32) -> Result<(), Box<dyn std::error::E
 
 /// Where `fence` appends its tokens, on the server it locks on: the Redis
 /// list `fence-log`, or the MySQL table `fence_log` (whose auto-increment
-/// id is the acquisition order).
+/// id is the acquisition order); for ZooKeeper, a file opened for appending
+/// (each token one `write`, under the lock, so the file's order is the
+/// acquisition order).
 enum FenceLog {
     Redis(redis::aio::MultiplexedConnection),
     Mysql(mysql_async::Conn),
+    File(std::fs::File),
 }
 
 impl FenceLog {
     async fn open(url: &str) -> Result<FenceLog, Box<dyn std::error::Error>> {
+        if url.starts_with("zookeeper=") {
+            let path =
+                std::env::var("LOCK_WORKER_FENCE_FILE").map_err(|_| "LOCK_WORKER_FENCE_FILE is not set")?;
+            return Ok(FenceLog::File(
+                std::fs::OpenOptions::new().create(true).append(true).open(path)?,
+            ));
+        }
         Ok(if url.starts_with("mysql://") {
             FenceLog::Mysql(mysql_async::Conn::from_url(url).await?)
         } else {
@@ -254,6 +277,10 @@ impl FenceLog {
             FenceLog::Mysql(conn) => {
                 conn.exec_drop("INSERT INTO fence_log (token) VALUES (?)", (token,))
                     .await?;
+            }
+            FenceLog::File(file) => {
+                use std::io::Write;
+                file.write_all(format!("{token}\n").as_bytes())?;
             }
         }
         Ok(())
@@ -359,6 +386,15 @@ async fn connect(target: &str) -> Result<LockClient, LockError> {
     }
     if target.starts_with("mysql://") {
         return builder.mysql(target).await;
+    }
+    if let Some(connect) = target.strip_prefix("zookeeper=") {
+        if let Some(ms) = std::env::var("LOCK_WORKER_SESSION_TIMEOUT_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+        {
+            builder = builder.zookeeper_session_timeout(Duration::from_millis(ms));
+        }
+        return builder.zookeeper(connect).await;
     }
     builder.connect(target).await
 }
@@ -720,13 +756,55 @@ async fn broken_task(
 
 /// A holder paused between its check and its write (a GC pause, a stalled
 /// VM): the lock cannot help it; only a fenced resource can.
+async fn act_until_lost(
+    url: &str,
+    witness_dir: &str,
+    key: &str,
+    ttl_ms: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let locks = connect(url).await?;
+    let checker = lock_tests::witness::Witness::open(std::path::Path::new(witness_dir))?;
+    let register = format!("{key}:acts");
+    let outcome = locks
+        .lock(key)
+        .ttl(Duration::from_millis(ttl_ms))
+        .fencing(true)
+        .run(async {
+            let token = lock_runtime::fencing_token().unwrap_or(0);
+            println!("HELD {token}");
+            checker.write(&register, token, false);
+            // Stopped between two acts, never in the middle of one (an act
+            // under way when the process stops lands late whatever the
+            // lock does: that is what fencing is for), and while the body
+            // waits on a timer: after the stop, that timer and the lease's
+            // deadline come due together, and only the order in which the
+            // runner looks at them keeps the body from acting.
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_micros(300));
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGSTOP);
+            });
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                checker.write(&register, token, false);
+            }
+        })
+        .await;
+    match outcome {
+        Err(LockError::Lost { .. }) => {
+            println!("LOST");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 async fn pause(
     url: &str,
     witness_dir: &str,
     key: &str,
     ttl_ms: u64,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let locks = LockClient::connect(url).await?;
+    let locks = connect(url).await?;
     let checker = lock_tests::witness::Witness::open(std::path::Path::new(witness_dir))?;
     let guard = locks
         .lock(key)

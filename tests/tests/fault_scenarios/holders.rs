@@ -47,21 +47,28 @@ async fn s1_a_killed_holder_frees_the_lock_within_its_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s2_a_paused_holder_is_stopped_by_fencing_alone() {
     lock_tests::bounded("s2_a_paused_holder_is_stopped_by_fencing_alone", async move {
+        let server = RedisServer::start();
+        let locks = LockClient::connect(&server.url()).await.expect("connect");
+        run_s2(
+            &server.url(),
+            &locks,
+            "S2",
+            "S2 holder paused past its lease (self-SIGSTOP failpoint)",
+        )
+        .await;
+    })
+    .await
+}
+
+/// S2's shape on `target`, with `locks` as the holder that takes over.
+pub(crate) async fn run_s2(target: &str, locks: &LockClient, id: &str, scenario: &str) {
     use std::io::{BufRead, BufReader};
-    let server = RedisServer::start();
     let board = Board::new();
-    let locks = LockClient::connect(&server.url()).await.expect("connect");
     let trials = 5;
     for trial in 0..trials {
         let key = format!("s2:{trial}");
-        let mut sleeper = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
-            .args([
-                "pause",
-                &server.url(),
-                &board.path().to_string_lossy(),
-                &key,
-                "200",
-            ])
+        let mut sleeper = lab::worker_command()
+            .args(["pause", target, &board.path().to_string_lossy(), &key, "200"])
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn sleeper");
@@ -80,7 +87,7 @@ async fn s2_a_paused_holder_is_stopped_by_fencing_alone() {
         let guard = locks
             .lock(key.as_str())
             .fencing(true)
-            .wait(Duration::from_secs(2))
+            .wait(Duration::from_secs(10))
             .acquire()
             .await
             .expect("the lease ran out");
@@ -108,9 +115,9 @@ async fn s2_a_paused_holder_is_stopped_by_fencing_alone() {
         );
     }
     report::write(
-        "S2",
+        id,
         json!({
-            "scenario": "S2 holder paused past its lease (self-SIGSTOP failpoint)",
+            "scenario": scenario,
             "verdict": "PASS; control caught",
             "parameters": {"trials": trials, "ttl_ms": 200},
             "acquisitions": trials * 2,
@@ -121,8 +128,6 @@ async fn s2_a_paused_holder_is_stopped_by_fencing_alone() {
             "key_figure": format!("fenced register refused {trials}/{trials}; unfenced accepted {trials}/{trials}"),
         }),
     );
-    })
-    .await
 }
 
 /// S15: every way out of the body releases the lock. Per path, 200

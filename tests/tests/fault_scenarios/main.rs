@@ -7,7 +7,7 @@
 //! controls, deliberately broken locks, were caught by the same checker.
 //! Each scenario writes `target/reliability/<id>.json`.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
@@ -25,6 +25,7 @@ mod mysql;
 mod replication;
 mod server_state;
 mod stalls;
+mod zookeeper;
 
 pub(crate) const T: Duration = Duration::from_millis(1500);
 

@@ -1,0 +1,747 @@
+//! Locks as ZooKeeper queues: the seeds' ephemeral sequential nodes.
+//!
+//! A lock `K` is the node `<root>/<K encoded>`, a container the server
+//! deletes once it is empty. Each contender creates an ephemeral sequential
+//! child named after its holder id (`<holder>_0000000042`); the child with
+//! the lowest sequence number holds the lock, and every other contender
+//! watches only the child just before its own, so a release wakes exactly
+//! one waiter (no herd). A child lives as long as the session that created
+//! it: a holder that dies is let go when the ensemble expires its session,
+//! judged by the ensemble, never by clocks compared across machines.
+//!
+//! The runtime's leases map onto sessions this way:
+//! - a lease is never trusted longer than the session timeout past the last
+//!   request the ensemble answered (the session cannot have expired before
+//!   then): [`ZooKeeperBackend::lease_cap`];
+//! - a renewal confirms the child still exists and belongs to this session;
+//!   an expired session, or a child deleted by an operator, is `Gone`, and a
+//!   connection that is down leaves the lease unconfirmed until its
+//!   deadline;
+//! - a fixed lease (`renew(false)`) is deleted by this client when its ttl
+//!   passes, as a Redis key would expire.
+//!
+//! The fencing token is the child's creation zxid: every write the ensemble
+//! commits gets a larger one, so tokens grow per key, across sessions and
+//! across leader changes.
+//!
+//! The client is `zookeeper-client`: an async implementation of the
+//! protocol with one-shot watchers as futures, container nodes and
+//! session-state tracking, which the lock needs and which it keeps up to
+//! date with ZooKeeper 3.5–3.9.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use zookeeper_client as zk;
+
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::Kind;
+
+/// Where locks live unless the builder names another root.
+pub(crate) const DEFAULT_ROOT: &str = "/distributed-locks";
+
+/// The session timeout asked of the ensemble unless the builder says
+/// otherwise; the server may grant a different one (between 2 and 20 of its
+/// ticks).
+pub(crate) const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Characters a lock name keeps in its node's name; everything else
+/// (`/`, `%`, spaces, non-ASCII) is percent-encoded, so any key is one
+/// valid node name.
+const KEPT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b':')
+    .remove(b'@')
+    .remove(b'{')
+    .remove(b'}')
+    .remove(b'#')
+    .remove(b'!')
+    .remove(b'+')
+    .remove(b'=')
+    .remove(b',')
+    .remove(b'~');
+
+/// Why this backend cannot take a lock of `kind`, if it cannot.
+pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
+    match kind {
+        // A ZooKeeper lock is a queue: exclusive and fair are one thing.
+        Kind::Exclusive | Kind::Fair => None,
+        Kind::Read | Kind::Write => Some("read-write locks (`read`/`write`) on the ZooKeeper backend"),
+        Kind::Permits(_) => Some("`permits` on the ZooKeeper backend"),
+        Kind::Segments(_) => Some("`segments` on the ZooKeeper backend"),
+    }
+}
+
+/// Whether `root` can be the parent of every lock node.
+pub(crate) fn root_problem(root: &str) -> Option<String> {
+    let ok = root.starts_with('/')
+        && root.len() > 1
+        && !root.ends_with('/')
+        && root[1..].split('/').all(|part| {
+            !part.is_empty() && part != "." && part != ".." && !part.chars().any(char::is_control)
+        });
+    (!ok).then(|| {
+        format!("the ZooKeeper root `{root}` must be an absolute node path like `/distributed-locks`, without a trailing `/`")
+    })
+}
+
+/// A lock child this process created: in line, or holding.
+#[derive(Debug)]
+struct Child {
+    /// The lock's name, `P{K}`.
+    lock: String,
+    /// The child's full path.
+    path: String,
+    /// The session that created it (and whose end deletes it).
+    session: i64,
+    czxid: i64,
+    /// Set while waiting: fires when the child before ours changes.
+    watcher: Option<zk::OneshotWatcher>,
+    /// A fixed lease: when this client deletes the child.
+    expires: Option<Instant>,
+}
+
+/// The children of this process, by holder id (a set's locks share one).
+type Children = HashMap<String, Vec<Child>>;
+
+/// A ZooKeeper ensemble's locks.
+pub(crate) struct ZooKeeperBackend {
+    connect: String,
+    root: String,
+    asked_timeout: Duration,
+    /// The granted session timeout, in ms (the asked one until connected).
+    granted_ms: AtomicU64,
+    timeout: Duration,
+    session: Mutex<Option<zk::Client>>,
+    /// One connect at a time after a session ended.
+    connecting: tokio::sync::Mutex<()>,
+    children: Arc<Mutex<Children>>,
+}
+
+impl fmt::Debug for ZooKeeperBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeperBackend")
+            .field("connect", &self.connect)
+            .field("root", &self.root)
+            .field("session_timeout", &self.lease_cap())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What went wrong, for the retry loop: connection trouble and a session
+/// that ended are worth another attempt (a new session is opened);
+/// anything else is the request's fault.
+fn classify(e: &zk::Error) -> (bool, bool) {
+    use zk::Error as E;
+    match e {
+        E::ConnectionLoss | E::Timeout | E::Throttled => (true, false),
+        E::SessionExpired | E::ClientClosed | E::SessionMoved => (true, true),
+        _ => (false, false),
+    }
+}
+
+/// A child of ours to delete: its path, or the queue and name prefix to
+/// find it by.
+enum Doomed {
+    Known(String),
+    Search { queue: String, prefix: String },
+}
+
+impl Doomed {
+    /// Deletes it, retrying until the ensemble answers: unlike a Redis key,
+    /// a child outlives a failed release for as long as its session lives,
+    /// and would keep the lock, and every waiter behind it, that long.
+    /// Stops when the session ends (the child goes with it). Whether a
+    /// child was there.
+    async fn delete(self, client: zk::Client) -> bool {
+        let mut pause = Duration::from_millis(10);
+        let mut retry = async |e: zk::Error| {
+            if client.state().is_terminated() {
+                return false;
+            }
+            tracing::debug!(error = %e, "ZooKeeper lock release not confirmed yet; retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+            true
+        };
+        let paths = match self {
+            Doomed::Known(path) => vec![path],
+            Doomed::Search { queue, prefix } => loop {
+                match client.list_children(&queue).await {
+                    Ok(names) => {
+                        break names
+                            .into_iter()
+                            .filter(|n| n.starts_with(&prefix))
+                            .map(|n| format!("{queue}/{n}"))
+                            .collect();
+                    }
+                    Err(zk::Error::NoNode | zk::Error::SessionExpired | zk::Error::ClientClosed) => {
+                        return false;
+                    }
+                    Err(e) => {
+                        if !retry(e).await {
+                            return false;
+                        }
+                    }
+                }
+            },
+        };
+        let mut existed = false;
+        for path in paths {
+            loop {
+                match client.delete(&path, None).await {
+                    Ok(()) => existed = true,
+                    Err(zk::Error::NoNode | zk::Error::SessionExpired | zk::Error::ClientClosed) => {}
+                    Err(e) => {
+                        if retry(e).await {
+                            continue;
+                        }
+                    }
+                }
+                break;
+            }
+        }
+        existed
+    }
+}
+
+fn sequence(name: &str) -> Option<u64> {
+    name.rsplit_once('_').and_then(|(_, n)| n.parse().ok())
+}
+
+impl ZooKeeperBackend {
+    pub(crate) fn new(
+        connect: &str,
+        root: &str,
+        session_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let invalid = |reason: String| LockError::InvalidConfig {
+            node: connect.to_owned(),
+            reason,
+        };
+        if let Some(problem) = root_problem(root) {
+            return Err(invalid(problem));
+        }
+        if connect.trim().is_empty() {
+            return Err(invalid(
+                "the connect string is empty; give `host:port[,host:port…][/chroot]`".into(),
+            ));
+        }
+        Ok(ZooKeeperBackend {
+            connect: connect.to_owned(),
+            root: root.to_owned(),
+            asked_timeout: session_timeout,
+            granted_ms: AtomicU64::new(u64::try_from(session_timeout.as_millis()).unwrap_or(u64::MAX)),
+            timeout,
+            session: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            children: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    pub(crate) fn node(&self) -> &str {
+        &self.connect
+    }
+
+    /// The longest a lease is trusted past the last answered request: the
+    /// session timeout the ensemble granted (or asked, if shorter).
+    pub(crate) fn lease_cap(&self) -> Duration {
+        Duration::from_millis(self.granted_ms.load(Ordering::Relaxed)).min(self.asked_timeout)
+    }
+
+    /// Opens the session now: an unreachable ensemble or a bad connect
+    /// string fails at start-up.
+    pub(crate) async fn verify(&self) -> Result<(), LockError> {
+        self.client().await.map(drop).map_err(LockError::from)
+    }
+
+    fn children(&self) -> std::sync::MutexGuard<'_, Children> {
+        self.children.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The live session, opening a new one if there is none or it ended.
+    async fn client(&self) -> Result<zk::Client, Failure> {
+        if let Some(c) = self.live() {
+            return Ok(c);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(c) = self.live() {
+            return Ok(c);
+        }
+        let connect = zk::Client::connector()
+            .with_session_timeout(self.asked_timeout)
+            .with_fail_eagerly()
+            .connect(&self.connect);
+        let bound = self.asked_timeout.max(self.timeout);
+        let client = match tokio::time::timeout(bound, connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => {
+                return Err(Failure {
+                    error: LockError::backend(&self.connect, None, format!("cannot open a session: {e}")),
+                    transient: !matches!(e, zk::Error::BadArguments(_) | zk::Error::AuthFailed),
+                    reconnecting: false,
+                });
+            }
+            Err(_) => {
+                return Err(Failure {
+                    error: LockError::backend(
+                        &self.connect,
+                        None,
+                        format!("no session within {}ms", bound.as_millis()),
+                    ),
+                    transient: true,
+                    reconnecting: false,
+                });
+            }
+        };
+        let granted = u64::try_from(client.session_timeout().as_millis()).unwrap_or(u64::MAX);
+        self.granted_ms.store(granted, Ordering::Relaxed);
+        *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(client.clone());
+        Ok(client)
+    }
+
+    fn live(&self) -> Option<zk::Client> {
+        let session = self.session.lock().unwrap_or_else(PoisonError::into_inner);
+        session.as_ref().filter(|c| !c.state().is_terminated()).cloned()
+    }
+
+    fn failure(&self, key: &LockKey, e: &zk::Error) -> Failure {
+        let (transient, reconnecting) = classify(e);
+        Failure {
+            error: LockError::backend(&self.connect, Some(&key.name), e.to_string()),
+            transient,
+            reconnecting,
+        }
+    }
+
+    /// `<root>/<name encoded>`: the lock's queue.
+    fn queue(&self, key: &LockKey) -> String {
+        format!("{}/{}", self.root, utf8_percent_encode(&key.redis_key, KEPT))
+    }
+
+    /// Runs `work` within the command timeout.
+    async fn bounded<T>(
+        &self,
+        key: &LockKey,
+        what: &str,
+        work: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(Failure {
+                error: LockError::backend(
+                    &self.connect,
+                    Some(&key.name),
+                    format!("no answer to {what} within {}ms", self.timeout.as_millis()),
+                ),
+                transient: true,
+                reconnecting: false,
+            }),
+        }
+    }
+
+    /// Creates our child in `queue`, creating the queue (and the root)
+    /// when missing. The queue is a container, so the server may delete it
+    /// between our creating it and our child: then we try again.
+    async fn enqueue(
+        &self,
+        client: &zk::Client,
+        queue: &str,
+        holder: &str,
+    ) -> Result<(String, i64), zk::Error> {
+        let prefix = format!("{queue}/{holder}_");
+        let child = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        for _ in 0..4 {
+            match client.create(&prefix, &[], &child).await {
+                Ok((stat, seq)) => return Ok((format!("{prefix}{seq}"), stat.czxid)),
+                Err(zk::Error::NoNode) => {
+                    client.mkdir(&self.root, &persistent).await?;
+                    match client.create(queue, &[], &container).await {
+                        Ok(_) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(zk::Error::NoNode)
+    }
+
+    /// One acquisition attempt on one queue.
+    async fn attempt(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        let key = req.key;
+        let client = self.client().await?;
+        let session = client.session_id().0;
+        let queue = self.queue(key);
+        let fail = |e: zk::Error| self.failure(key, &e);
+        let mut ours = self.find(key, req.holder, session);
+        if ours.is_none() && !req.first {
+            // An earlier attempt's create may have been applied without
+            // our seeing the reply: adopt its child rather than queue twice.
+            ours = self
+                .adopt(&client, &queue, key, req.holder, session)
+                .await
+                .map_err(fail)?;
+        }
+        let (path, czxid) = match ours {
+            Some(found) => found,
+            None => {
+                let (path, czxid) = self.enqueue(&client, &queue, req.holder).await.map_err(fail)?;
+                self.children()
+                    .entry(req.holder.to_owned())
+                    .or_default()
+                    .push(Child {
+                        lock: key.redis_key.clone(),
+                        path: path.clone(),
+                        session,
+                        czxid,
+                        watcher: None,
+                        expires: None,
+                    });
+                (path, czxid)
+            }
+        };
+        let name = &path[queue.len() + 1..];
+        let mine = sequence(name).unwrap_or(u64::MAX);
+        loop {
+            let mut line: Vec<(u64, String)> = client
+                .list_children(&queue)
+                .await
+                .map_err(fail)?
+                .into_iter()
+                .filter_map(|n| sequence(&n).map(|s| (s, n)))
+                .collect();
+            line.sort_unstable();
+            if !line.iter().any(|(_, n)| n == name) {
+                // Deleted under us (by an operator, or with an old
+                // session): forget it; the next attempt queues again.
+                self.forget(key, req.holder);
+                return Err(Failure {
+                    error: LockError::backend(
+                        &self.connect,
+                        Some(&key.name),
+                        "our place in the lock's queue was deleted".to_owned(),
+                    ),
+                    transient: true,
+                    reconnecting: true,
+                });
+            }
+            let Some((_, before)) = line.iter().rev().find(|(s, _)| *s < mine) else {
+                if !req.renew {
+                    self.expire_at(key, req.holder, Instant::now() + req.ttl);
+                }
+                return Ok(AcquireReply::acquired(
+                    req.fencing.then_some(czxid.unsigned_abs()),
+                ));
+            };
+            if !req.waiting {
+                // Not waiting: leave the line now, in this attempt.
+                self.forget(key, req.holder);
+                match client.delete(&path, None).await {
+                    Ok(()) | Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(fail(e)),
+                }
+                return Ok(self.held(false));
+            }
+            let (stat, watcher) = client
+                .check_and_watch_stat(&format!("{queue}/{before}"))
+                .await
+                .map_err(fail)?;
+            if stat.is_none() {
+                // Gone between the listing and the watch: look again.
+                continue;
+            }
+            self.with_child(key, req.holder, |c| c.watcher = Some(watcher));
+            return Ok(self.held(true));
+        }
+    }
+
+    fn held(&self, claimed: bool) -> AcquireReply {
+        AcquireReply::Held {
+            // The longest the child in the way can outlive its holder.
+            pttl: Some(self.lease_cap()),
+            claimed,
+            blocked_by: 0,
+        }
+    }
+
+    /// Our child for `key` in this session, if we have one.
+    fn find(&self, key: &LockKey, holder: &str, session: i64) -> Option<(String, i64)> {
+        let mut children = self.children();
+        let list = children.get_mut(holder)?;
+        let i = list.iter().position(|c| c.lock == key.redis_key)?;
+        if list[i].session == session {
+            return Some((list[i].path.clone(), list[i].czxid));
+        }
+        // Created in a session that ended: the child is gone with it.
+        list.swap_remove(i);
+        None
+    }
+
+    async fn adopt(
+        &self,
+        client: &zk::Client,
+        queue: &str,
+        key: &LockKey,
+        holder: &str,
+        session: i64,
+    ) -> Result<Option<(String, i64)>, zk::Error> {
+        let prefix = format!("{holder}_");
+        let names = match client.list_children(queue).await {
+            Ok(names) => names,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        for name in names.into_iter().filter(|n| n.starts_with(&prefix)) {
+            let path = format!("{queue}/{name}");
+            if let Some(stat) = client.check_stat(&path).await?
+                && stat.ephemeral_owner == session
+            {
+                self.children().entry(holder.to_owned()).or_default().push(Child {
+                    lock: key.redis_key.clone(),
+                    path: path.clone(),
+                    session,
+                    czxid: stat.czxid,
+                    watcher: None,
+                    expires: None,
+                });
+                return Ok(Some((path, stat.czxid)));
+            }
+        }
+        Ok(None)
+    }
+
+    fn with_child<T>(&self, key: &LockKey, holder: &str, f: impl FnOnce(&mut Child) -> T) -> Option<T> {
+        let mut children = self.children();
+        let child = children
+            .get_mut(holder)?
+            .iter_mut()
+            .find(|c| c.lock == key.redis_key)?;
+        Some(f(child))
+    }
+
+    fn forget(&self, key: &LockKey, holder: &str) -> Option<Child> {
+        let mut children = self.children();
+        let list = children.get_mut(holder)?;
+        let i = list.iter().position(|c| c.lock == key.redis_key)?;
+        let child = list.swap_remove(i);
+        if list.is_empty() {
+            children.remove(holder);
+        }
+        Some(child)
+    }
+
+    /// A fixed lease: delete the child when its ttl has passed, unless it
+    /// was released (or extended) by then.
+    fn expire_at(&self, key: &LockKey, holder: &str, at: Instant) {
+        self.with_child(key, holder, |c| c.expires = Some(at));
+        let Some(client) = self.live() else {
+            return;
+        };
+        let children = Arc::downgrade(&self.children);
+        let (lock, holder) = (key.redis_key.clone(), holder.to_owned());
+        tokio::spawn(async move {
+            let mut at = at;
+            loop {
+                tokio::time::sleep_until(at.into()).await;
+                let Some(children) = children.upgrade() else {
+                    return;
+                };
+                let path = {
+                    let mut children = children.lock().unwrap_or_else(PoisonError::into_inner);
+                    let Some(list) = children.get_mut(&holder) else {
+                        return;
+                    };
+                    let Some(i) = list.iter().position(|c| c.lock == lock) else {
+                        return;
+                    };
+                    match list[i].expires {
+                        Some(later) if later > Instant::now() => {
+                            at = later;
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    let child = list.swap_remove(i);
+                    if list.is_empty() {
+                        children.remove(&holder);
+                    }
+                    child.path
+                };
+                // An owner's delete of its own child; if the session ended
+                // the child is gone already.
+                let _ = client.delete(&path, None).await;
+                return;
+            }
+        });
+    }
+
+    /// Deletes our children of `keys`: those this process knows, and any an
+    /// attempt whose reply was lost may have left.
+    async fn remove(&self, keys: &[&LockKey], holder: &str) -> Result<bool, Failure> {
+        if keys.is_empty() {
+            return Ok(false);
+        }
+        let client = self.client().await?;
+        let session = client.session_id().0;
+        let mut any = false;
+        for key in keys {
+            let doomed = match self.forget(key, holder) {
+                // Deleted with its session already.
+                Some(child) if child.session != session => continue,
+                Some(child) => Doomed::Known(child.path),
+                // An attempt whose reply was lost may have left one.
+                None => Doomed::Search {
+                    queue: self.queue(key),
+                    prefix: format!("{holder}_"),
+                },
+            };
+            // Until the ensemble confirms, or within the command timeout;
+            // past that the deletion goes on in the background.
+            let deletion = tokio::spawn(doomed.delete(client.clone()));
+            any |= match tokio::time::timeout(self.timeout, deletion).await {
+                Ok(Ok(existed)) => existed,
+                _ => true,
+            };
+        }
+        Ok(any)
+    }
+
+    /// Resolves when the child before ours changes (or the session does):
+    /// the waiter's turn may have come. At once if no watch is set.
+    pub(crate) async fn turn(&self, key: &LockKey, holder: &str) {
+        let watcher = self.with_child(key, holder, |c| c.watcher.take()).flatten();
+        if let Some(watcher) = watcher {
+            watcher.changed().await;
+        }
+    }
+
+    /// Whether our child still exists in this session.
+    async fn confirm(
+        &self,
+        client: &zk::Client,
+        key: &LockKey,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, Failure> {
+        let session = client.session_id().0;
+        let Some(path) = self
+            .with_child(key, holder, |c| {
+                if c.expires.is_some() {
+                    c.expires = Some(Instant::now() + ttl);
+                }
+                (c.session == session).then(|| c.path.clone())
+            })
+            .flatten()
+        else {
+            return Ok(false);
+        };
+        match client.check_stat(&path).await {
+            Ok(Some(stat)) => Ok(stat.ephemeral_owner == session),
+            Ok(None) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(false),
+            Err(e) => Err(self.failure(key, &e)),
+        }
+    }
+}
+
+impl Backend for ZooKeeperBackend {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        // A set arrives one lock at a time (see `AnyBackend::groups`).
+        debug_assert!(req.also.is_empty());
+        self.bounded(req.key, "acquire", self.attempt(req)).await
+    }
+
+    async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        self.remove(&[key], holder).await
+    }
+
+    async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
+        let keys: Vec<&LockKey> = keys.iter().collect();
+        self.remove(&keys, holder).await
+    }
+
+    async fn release_segments(&self, key: &LockKey, _count: u32, holder: &str) -> Result<bool, Failure> {
+        // Segments are refused before any attempt (`unsupported`).
+        self.remove(&[key], holder).await
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        ttl: Duration,
+        _extend_only: bool,
+    ) -> Result<bool, Failure> {
+        let client = self.client().await?;
+        self.bounded(key, "renew", self.confirm(&client, key, holder, ttl))
+            .await
+    }
+
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
+        let client = match self.client().await {
+            Ok(client) => client,
+            Err(f) if f.transient => return Ok(vec![Renewal::Unconfirmed; items.len()]),
+            Err(f) => return Err(f),
+        };
+        // The client pipelines the requests on its one connection: one
+        // round trip for the batch.
+        let checks = items
+            .iter()
+            .map(|item| self.confirm(&client, item.key, item.holder, item.ttl));
+        let outcomes = futures_util::future::join_all(checks).await;
+        Ok(outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
+                Ok(confirmed) => Renewal::from(confirmed),
+                Err(_) => Renewal::Unconfirmed,
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roots_are_absolute_paths() {
+        assert!(root_problem("/distributed-locks").is_none());
+        assert!(root_problem("/a/b").is_none());
+        for bad in ["", "/", "locks", "/a/", "/a//b", "/a/../b", "/a/./b"] {
+            assert!(root_problem(bad).is_some(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn any_key_is_one_node_name() {
+        let b = ZooKeeperBackend::new(
+            "127.0.0.1:2181",
+            DEFAULT_ROOT,
+            DEFAULT_SESSION_TIMEOUT,
+            Duration::from_secs(1),
+        )
+        .expect("valid");
+        let key = LockKey::new("lock:", "a/b %c ü..".into()).expect("key");
+        let queue = b.queue(&key);
+        assert_eq!(queue, "/distributed-locks/lock:{a%2Fb%20%25c%20%C3%BC..}");
+        assert_eq!(queue.matches('/').count(), 2);
+    }
+
+    #[test]
+    fn sequence_numbers_come_from_the_name_end() {
+        assert_eq!(sequence("0123abcd:7_0000000042"), Some(42));
+        assert_eq!(sequence("f:0123abcd:7_0000000001"), Some(1));
+        assert_eq!(sequence("junk"), None);
+    }
+}

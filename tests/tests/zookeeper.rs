@@ -1,0 +1,578 @@
+//! The ZooKeeper backend against real servers the harness starts: the
+//! queue and its one watch per waiter (no herd), sessions as leases (a
+//! killed holder let go when its session expires, a stopped one told
+//! `Lost` and never acting again), fencing by creation zxid, an ensemble
+//! losing a member and its leader, and bad input.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockError, LockMode, LostReason};
+use lock_tests::lab::{Board, worker_command};
+use lock_tests::zookeeper::{self, SESSION_TIMEOUT, ZooKeeper};
+
+/// Waits until `check` holds, polling every 5 ms for at most `within`.
+async fn until(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    check()
+}
+
+/// The children of a lock's queue, read with a separate session.
+async fn queue_len(zk: &ZooKeeper, key: &str) -> usize {
+    let client = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .expect("inspecting session");
+    let path = format!("/distributed-locks/lock:{{{key}}}");
+    client.list_children(&path).await.map_or(0, |c| c.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_waiter_not_the_herd() {
+    lock_tests::bounded("a_release_wakes_one_waiter_not_the_herd", async move {
+        let zk = ZooKeeper::start();
+        let locks = zookeeper::client(&zk).await;
+        let first = locks.lock("herd").acquire().await.expect("first holder");
+        // 50 waiters, each in its own task and holding until told to go.
+        let entered = Arc::new(AtomicUsize::new(0));
+        let go = Arc::new(tokio::sync::Semaphore::new(0));
+        let waiters: Vec<_> = (0..50)
+            .map(|_| {
+                let (locks, entered, go) = (locks.clone(), Arc::clone(&entered), Arc::clone(&go));
+                tokio::spawn(async move {
+                    locks
+                        .lock("herd")
+                        .wait(Duration::from_secs(120))
+                        .run(async {
+                            entered.fetch_add(1, Ordering::SeqCst);
+                            go.acquire().await.expect("open").forget();
+                        })
+                        .await
+                })
+            })
+            .collect();
+        // Every waiter in line, each watching the one before it.
+        let watching = until(Duration::from_secs(30), || {
+            zk.monitor(0, "zk_watch_count") == Some(50)
+        })
+        .await;
+        assert!(
+            watching,
+            "watches set: {:?} (50 expected)",
+            zk.monitor(0, "zk_watch_count")
+        );
+        assert_eq!(queue_len(&zk, "herd").await, 51);
+
+        let mut per_handoff = Vec::new();
+        let before = zk.monitor(0, "zk_packets_received").expect("mntr");
+        first.release().await.expect("release");
+        assert!(until(Duration::from_secs(10), || entered.load(Ordering::SeqCst) == 1).await);
+        let after = zk.monitor(0, "zk_packets_received").expect("mntr");
+        per_handoff.push(after - before);
+        for n in 2..=10 {
+            let before = zk.monitor(0, "zk_packets_received").expect("mntr");
+            go.add_permits(1);
+            assert!(until(Duration::from_secs(10), || entered.load(Ordering::SeqCst) == n).await);
+            let after = zk.monitor(0, "zk_packets_received").expect("mntr");
+            per_handoff.push(after - before);
+        }
+        // The others are still in line, untouched.
+        assert_eq!(zk.monitor(0, "zk_watch_count"), Some(40));
+        // A handoff costs the releaser's delete and the next holder's
+        // listing (plus a session ping now and then, more of them if this
+        // machine is slow): a herd would be a listing and a new watch from
+        // each of the 40 or more waiters left.
+        let worst = per_handoff.iter().max().copied().unwrap_or(0);
+        assert!(
+            worst <= 20,
+            "packets the server received per handoff: {per_handoff:?} (a herd would be ≥ 80)"
+        );
+        eprintln!("packets per handoff: {per_handoff:?}");
+        go.add_permits(100);
+        for w in waiters {
+            w.await.expect("join").expect("every waiter got the lock");
+        }
+        assert_eq!(entered.load(Ordering::SeqCst), 50);
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_get_the_lock_in_the_order_they_queued() {
+    lock_tests::bounded("waiters_get_the_lock_in_the_order_they_queued", async move {
+        let zk = ZooKeeper::start();
+        let locks = zookeeper::client(&zk).await;
+        let holder = locks.lock("line").acquire().await.expect("holder");
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..5 {
+            let (locks, order) = (locks.clone(), Arc::clone(&order));
+            waiters.push(tokio::spawn(async move {
+                locks
+                    .lock("line")
+                    .wait(Duration::from_secs(30))
+                    .run(async { order.lock().expect("order").push(i) })
+                    .await
+            }));
+            // Queued before the next one starts.
+            assert!(
+                until(Duration::from_secs(10), || zk.monitor(0, "zk_watch_count")
+                    == Some(i + 1))
+                .await
+            );
+        }
+        holder.release().await.expect("release");
+        for w in waiters {
+            w.await.expect("join").expect("lock");
+        }
+        assert_eq!(*order.lock().expect("order"), vec![0, 1, 2, 3, 4]);
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_is_let_go_when_its_session_expires() {
+    lock_tests::bounded("a_killed_holder_is_let_go_when_its_session_expires", async move {
+        let zk = ZooKeeper::start();
+        let locks = zookeeper::client(&zk).await;
+        let target = zookeeper::target(&zk);
+        for trial in 0..3 {
+            let key = format!("killed:{trial}");
+            // A lease far longer than the session: the session decides.
+            let holder = lock_tests::lab::Holder::spawn(&target, &key, Duration::from_secs(60), true);
+            assert!(matches!(
+                locks.lock(key.as_str()).acquire().await,
+                Err(LockError::Timeout { .. })
+            ));
+            holder.kill();
+            let killed = Instant::now();
+            let guard = locks
+                .lock(key.as_str())
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .expect("the dead holder's session expires");
+            let waited = killed.elapsed();
+            // Its client pinged at most a third of the session ago, so the
+            // ensemble cannot have let go sooner than two thirds of it.
+            assert!(
+                waited >= SESSION_TIMEOUT * 2 / 3 - zookeeper::TICK,
+                "taken {waited:?} after the kill, before the session could expire"
+            );
+            assert!(waited <= SESSION_TIMEOUT * 4, "let go only after {waited:?}");
+            guard.release().await.expect("release");
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_stopped_past_its_session_is_told_lost_and_never_acts_again() {
+    lock_tests::bounded(
+        "a_holder_stopped_past_its_session_is_told_lost_and_never_acts_again",
+        async move {
+            let zk = ZooKeeper::start();
+            let locks = zookeeper::client(&zk).await;
+            for trial in 0..3 {
+                let board = Board::new();
+                let key = format!("stopped:{trial}");
+                // A lease far longer than the session: the session decides.
+                let late = lock_tests::lab::acts_after_a_takeover(
+                    &zookeeper::target(&zk),
+                    &locks,
+                    &board,
+                    &key,
+                    Duration::from_secs(30),
+                )
+                .await;
+                assert_eq!(
+                    late, 0,
+                    "trial {trial}: the stopped holder acted after the lock was taken over"
+                );
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_strictly_increase_over_a_thousand_acquisitions_from_three_processes() {
+    lock_tests::bounded(
+        "fencing_tokens_strictly_increase_over_a_thousand_acquisitions_from_three_processes",
+        async move {
+            let zk = ZooKeeper::start();
+            let dir = tempfile::tempdir().expect("dir");
+            let log = dir.path().join("fence-log");
+            let target = zookeeper::target(&zk);
+            tokio::task::block_in_place(|| {
+                let workers: Vec<_> = ["334", "333", "333"]
+                    .iter()
+                    .map(|n| {
+                        worker_command()
+                            .args(["fence", &target, "fenced", n])
+                            .env("LOCK_WORKER_FENCE_FILE", &log)
+                            .stderr(Stdio::inherit())
+                            .spawn()
+                            .expect("spawn worker")
+                    })
+                    .collect();
+                for mut w in workers {
+                    assert!(w.wait().expect("worker exit").success(), "worker failed");
+                }
+            });
+            let tokens: Vec<u64> = std::fs::read_to_string(&log)
+                .expect("fence log")
+                .lines()
+                .map(|l| l.parse().expect("token"))
+                .collect();
+            lock_tests::lab::assert_strictly_increasing(&tokens);
+        },
+    )
+    .await
+}
+
+/// Runs bodies on `key` back to back until `stop`, each of them checking it
+/// is alone and counting itself in `runs`; returns the longest gap between
+/// two.
+async fn keep_locking(
+    locks: LockClient,
+    key: &'static str,
+    runs: Arc<AtomicUsize>,
+    stop: Arc<tokio::sync::Notify>,
+) -> Duration {
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut last = Instant::now();
+    let mut longest = Duration::ZERO;
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    loop {
+        let attempt = locks.lock(key).wait(Duration::from_secs(30)).run(async {
+            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two bodies at once");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+        });
+        tokio::select! {
+            () = &mut stopped => return longest,
+            outcome = attempt => {
+                outcome.expect("a lock through the fault");
+                runs.fetch_add(1, Ordering::SeqCst);
+                longest = longest.max(last.elapsed());
+                last = Instant::now();
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ensemble_keeps_locking_through_a_member_and_its_leader_killed() {
+    lock_tests::bounded(
+        "an_ensemble_keeps_locking_through_a_member_and_its_leader_killed",
+        async move {
+            let mut zk = ZooKeeper::ensemble();
+            // Sessions long enough to ride out an election.
+            let client = || async {
+                LockClient::builder()
+                    .zookeeper_session_timeout(Duration::from_secs(6))
+                    .zookeeper(&zk.connect_string())
+                    .await
+                    .expect("connect")
+            };
+            let (a, b) = (client().await, client().await);
+            // A long body holds a lock across both faults.
+            let held = tokio::spawn({
+                let a = a.clone();
+                async move {
+                    a.lock("through")
+                        .run(async {
+                            let mut ticks = 0;
+                            while ticks < 100 {
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                                ticks += 1;
+                            }
+                        })
+                        .await
+                }
+            });
+            let stop = Arc::new(tokio::sync::Notify::new());
+            let runs = Arc::new(AtomicUsize::new(0));
+            let busy = tokio::spawn(keep_locking(
+                b.clone(),
+                "busy",
+                Arc::clone(&runs),
+                Arc::clone(&stop),
+            ));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+
+            let leader = zk.leader().expect("a leader");
+            let follower = (leader + 1) % zk.len();
+            let more_bodies = async |what: &str| {
+                let before = runs.load(Ordering::SeqCst);
+                assert!(
+                    until(Duration::from_secs(60), || runs.load(Ordering::SeqCst)
+                        >= before + 10)
+                    .await,
+                    "no bodies ran {what}"
+                );
+            };
+            // A follower dies: two of three still form the quorum.
+            zk.kill(follower);
+            more_bodies("with a follower dead").await;
+            assert_eq!(zk.leader(), Some(leader), "killing a follower changed the leader");
+            tokio::task::block_in_place(|| zk.revive(follower));
+            // The leader dies: the two left elect another.
+            zk.kill(leader);
+            more_bodies("after the leader's death").await;
+            stop.notify_one();
+            let longest_gap = busy.await.expect("join");
+            let runs = runs.load(Ordering::SeqCst);
+            held.await
+                .expect("join")
+                .expect("the body held its lock through a follower and a leader dying");
+            assert!(runs > 10, "only {runs} bodies ran");
+            // New acquisitions work on the new leader.
+            b.lock("after")
+                .wait(Duration::from_secs(10))
+                .run(async {})
+                .await
+                .expect("a lock after the election");
+            eprintln!("ensemble: {runs} bodies, longest pause {longest_gap:?} across the leader's death");
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cut_off_stops_its_body_before_the_session_can_expire() {
+    lock_tests::bounded(
+        "a_session_cut_off_stops_its_body_before_the_session_can_expire",
+        async move {
+            let zk = ZooKeeper::start();
+            let rival = zookeeper::client(&zk).await;
+            let proxy = lock_tests::Proxy::start(zk.port(0)).await;
+            let holder = LockClient::builder()
+                .command_timeout(Duration::from_millis(200))
+                .zookeeper_session_timeout(SESSION_TIMEOUT)
+                .zookeeper(&format!("127.0.0.1:{}", proxy.port()))
+                .await
+                .expect("connect through the proxy");
+            let guard = holder
+                .lock("cut")
+                .ttl(Duration::from_secs(60))
+                .acquire()
+                .await
+                .expect("acquire");
+            // The lease is the session, not the 60 s asked for.
+            let left = guard.valid_until().saturating_duration_since(Instant::now());
+            assert!(left <= SESSION_TIMEOUT, "trusted for {left:?}");
+            proxy.blackhole();
+            let cut = Instant::now();
+            let rival_got = tokio::spawn(async move {
+                let g = rival
+                    .lock("cut")
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .expect("the cut-off session expires");
+                (Instant::now(), g)
+            });
+            assert!(
+                until(Duration::from_secs(10), || !guard.is_held()).await,
+                "the cut-off holder still believes it holds the lock"
+            );
+            // The lease was never trusted past the session timeout from the
+            // last request answered before the cut, and the rival got in
+            // only after that deadline.
+            let deadline = guard.valid_until();
+            assert!(
+                deadline <= cut + SESSION_TIMEOUT,
+                "trusted {:?} past the cut",
+                deadline - cut
+            );
+            let (entered, g) = rival_got.await.expect("join");
+            assert!(
+                deadline <= entered,
+                "the rival entered {:?} before the holder's deadline",
+                deadline - entered
+            );
+            g.release().await.expect("release");
+            proxy.pass();
+        },
+    )
+    .await
+}
+
+/// A release whose request the connection loses is completed once the
+/// client is back on the ensemble: the child would otherwise keep the lock
+/// for as long as the session lives (here 20 s, which the rival does not
+/// wait for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_with_its_connection_is_completed_when_it_comes_back() {
+    lock_tests::bounded(
+        "a_release_lost_with_its_connection_is_completed_when_it_comes_back",
+        async move {
+            let zk = ZooKeeper::start();
+            let rival = zookeeper::client(&zk).await;
+            let proxy = lock_tests::Proxy::start(zk.port(0)).await;
+            let holder = LockClient::builder()
+                .command_timeout(Duration::from_millis(300))
+                .zookeeper_session_timeout(Duration::from_secs(20))
+                .zookeeper(&format!("127.0.0.1:{}", proxy.port()))
+                .await
+                .expect("connect through the proxy");
+            let guard = holder.lock("lost-release").acquire().await.expect("acquire");
+            proxy.blackhole();
+            // The delete goes into the blackhole; the connection is then
+            // closed with it unanswered, and opened again.
+            let _ = guard.release().await;
+            proxy.reset();
+            proxy.pass();
+            let started = Instant::now();
+            let taken = rival
+                .lock("lost-release")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+                .expect("the release went through once the connection was back");
+            assert!(started.elapsed() < Duration::from_secs(10));
+            taken.release().await.expect("release");
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_deleted_by_an_operator_is_lost_not_kept() {
+    lock_tests::bounded("a_lock_deleted_by_an_operator_is_lost_not_kept", async move {
+        let zk = ZooKeeper::start();
+        let locks = zookeeper::client(&zk).await;
+        let outcome = locks
+            .lock("deleted")
+            .run(async {
+                let operator = zookeeper_client::Client::connect(&zk.connect_string())
+                    .await
+                    .expect("operator session");
+                let queue = "/distributed-locks/lock:{deleted}";
+                for child in operator.list_children(queue).await.expect("queue") {
+                    operator
+                        .delete(&format!("{queue}/{child}"), None)
+                        .await
+                        .expect("delete");
+                }
+                std::future::pending::<()>().await
+            })
+            .await;
+        assert!(
+            matches!(
+                outcome,
+                Err(LockError::Lost {
+                    reason: LostReason::TakenOver,
+                    ..
+                })
+            ),
+            "{outcome:?}"
+        );
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_errors() {
+    lock_tests::bounded("bad_input_gets_clear_errors", async move {
+        let zk = ZooKeeper::start();
+        for root in ["locks", "/", "/a/", "/a//b"] {
+            let err = LockClient::builder()
+                .zookeeper_root(root)
+                .zookeeper(&zk.connect_string())
+                .await
+                .expect_err("a bad root");
+            assert!(
+                matches!(err, LockError::InvalidConfig { ref reason, .. } if reason.contains(root)),
+                "{err}"
+            );
+        }
+        let err = LockClient::zookeeper("").await.expect_err("empty");
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
+        // Nothing listens there: an error naming it, soon.
+        let dead = format!("127.0.0.1:{}", lock_tests::server::free_port());
+        let started = Instant::now();
+        let err = LockClient::builder()
+            .zookeeper_session_timeout(SESSION_TIMEOUT)
+            .zookeeper(&dead)
+            .await
+            .expect_err("nothing listens");
+        assert!(err.to_string().contains(&dead), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+
+        let locks = zookeeper::client(&zk).await;
+        for (request, what) in [
+            (locks.lock("k").mode(LockMode::Read), "read-write"),
+            (locks.lock("k").mode(LockMode::Write), "read-write"),
+            (locks.lock("k").permits(3), "permits"),
+            (locks.lock("k").segments(4), "segments"),
+        ] {
+            let err = request.acquire().await.expect_err("unsupported");
+            assert!(
+                matches!(err, LockError::Unsupported { ref feature, .. } if feature.contains(what)),
+                "{err}"
+            );
+        }
+        // Any key is a node name: slashes, dots, percent signs, non-ASCII.
+        for key in ["a/b/c", "..", "%2F", "ключ", "x y"] {
+            locks
+                .lock(key)
+                .run(async {})
+                .await
+                .unwrap_or_else(|e| panic!("{key:?}: {e}"));
+        }
+        let admin = locks.admin().list(None).await.expect_err("no admin");
+        assert!(matches!(admin, LockError::Unsupported { .. }), "{admin}");
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sets_are_taken_queue_by_queue_and_given_back_on_failure() {
+    lock_tests::bounded(
+        "sets_are_taken_queue_by_queue_and_given_back_on_failure",
+        async move {
+            let zk = ZooKeeper::start();
+            let locks = zookeeper::client(&zk).await;
+            let blocker = lock_tests::guard_from_another_task(&locks, "set:c").await;
+            let err = locks
+                .lock_all(["set:a", "set:b", "set:c"])
+                .wait(Duration::from_millis(200))
+                .acquire()
+                .await
+                .expect_err("c is held");
+            assert!(
+                matches!(err, LockError::Timeout { ref key, .. } if key == "set:c"),
+                "{err}"
+            );
+            // What it took on the way was given back.
+            for key in ["set:a", "set:b"] {
+                locks.lock(key).run(async {}).await.expect("given back");
+            }
+            blocker.release().await.expect("release");
+            let all = locks
+                .lock_all(["set:c", "set:a", "set:b"])
+                .acquire()
+                .await
+                .expect("all three");
+            assert_eq!(all.keys().count(), 3);
+            all.release().await.expect("release");
+            assert_eq!(queue_len(&zk, "set:a").await, 0);
+        },
+    )
+    .await
+}
