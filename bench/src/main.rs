@@ -10,6 +10,7 @@
 //! cargo run --release -p lock-bench -- --plot target/bench-plots  # SVG charts
 //! cargo run --release -p lock-bench -- --only WM    # MariaDB (MySQL backend)
 //! cargo run --release -p lock-bench -- --only WZ    # ZooKeeper
+//! cargo run --release -p lock-bench -- --only W1,W2,W3,W4,WP   # against rslock 0.10
 //! ```
 //!
 //! Prints one JSON line per workload as it finishes, then a markdown table
@@ -57,6 +58,7 @@ mod w6_watchdog;
 mod w7_transfer;
 mod wk_kinds;
 mod wm_mysql;
+mod wp_rslock;
 mod wr_replica_acks;
 mod wz_zookeeper;
 
@@ -71,6 +73,7 @@ use w6_watchdog::*;
 use w7_transfer::*;
 use wk_kinds::*;
 use wm_mysql::*;
+use wp_rslock::*;
 use wr_replica_acks::*;
 use wz_zookeeper::*;
 
@@ -155,6 +158,12 @@ async fn main() -> Result<(), Error> {
             reports.push(report);
         }
     }
+    if wanted("WP") {
+        for report in wp_rslock(&url).await? {
+            println!("{}", report.json());
+            reports.push(report);
+        }
+    }
     if wanted("WM") {
         for report in wm_mysql().await? {
             println!("{}", report.json());
@@ -203,6 +212,43 @@ fn pin_cpus(server: Option<&RedisServer>) -> Result<(), Error> {
 
 fn summarise(reports: &[Report]) {
     let find = |prefix: &str| reports.iter().find(|r| r.workload.starts_with(prefix));
+    let against_rslock = [
+        ("W1 p50", "W1 un", "WP1", Report::p50 as fn(&Report) -> f64),
+        ("W2 pairs/s", "W2 64", "WP2", Report::per_second),
+        ("W3 increments/s", "W3 16", "WP3", Report::per_second),
+        ("W3 cross-task handoff p99", "W3 16", "WP3", Report::cross_p99),
+        (
+            "W4 Redlock N=3 p50",
+            "W4 Redlock N=3 acq",
+            "WP4 rslock Redlock N=3 acq",
+            Report::p50,
+        ),
+        (
+            "W4 Redlock N=3 increments/s",
+            "W4 Redlock N=3, 16",
+            "WP4 rslock Redlock N=3, 16",
+            Report::per_second,
+        ),
+        (
+            "W4 Redlock N=3 cross-task handoff p99",
+            "W4 Redlock N=3, 16",
+            "WP4 rslock Redlock N=3, 16",
+            Report::cross_p99,
+        ),
+    ];
+    if against_rslock.iter().any(|(_, _, peer, _)| find(peer).is_some()) {
+        println!("\n| against rslock 0.10 | library | rslock | library / rslock |\n|---|---|---|---|");
+        for (name, library, peer, figure) in against_rslock {
+            if let (Some(l), Some(p)) = (find(library), find(peer)) {
+                println!(
+                    "| {name} | {:.1} | {:.1} | {:.2} |",
+                    figure(l),
+                    figure(p),
+                    figure(l) / figure(p)
+                );
+            }
+        }
+    }
     println!("\n| workload | ops | ops/s | p50 µs | p99 µs |");
     println!("|---|---|---|---|---|");
     for r in reports {

@@ -16,6 +16,14 @@ impl Report {
         percentile_us(&self.latencies, p)
     }
 
+    pub(crate) fn p50(&self) -> f64 {
+        self.percentile_us(0.50)
+    }
+
+    pub(crate) fn cross_p99(&self) -> f64 {
+        self.extra("cross_task_handoff_p99_us")
+    }
+
     pub(crate) fn per_second(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64()
     }

@@ -31,6 +31,46 @@ pub(crate) async fn w3_with(
     workload: &'static str,
     configure: fn(lock_runtime::LockRequest<'_>) -> lock_runtime::LockRequest<'_>,
 ) -> Result<Report, Error> {
+    w3_locker(Library { locks, configure }, data_url, workload).await
+}
+
+/// Something that takes and gives back a named lock, waiting for it: the
+/// library, or a peer crate, for the shapes every one of them runs.
+pub(crate) trait Locker: Clone + Send + Sync + 'static {
+    type Guard: Send;
+    fn take(&self, key: &str) -> impl Future<Output = Result<Self::Guard, Error>> + Send;
+    fn give(&self, guard: Self::Guard) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// The library's lock, each request configured by `configure`.
+#[derive(Clone)]
+pub(crate) struct Library {
+    pub(crate) locks: LockClient,
+    pub(crate) configure: fn(lock_runtime::LockRequest<'_>) -> lock_runtime::LockRequest<'_>,
+}
+
+impl Locker for Library {
+    type Guard = lock_runtime::LockGuard;
+
+    async fn take(&self, key: &str) -> Result<Self::Guard, Error> {
+        Ok((self.configure)(self.locks.lock(key))
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await?)
+    }
+
+    async fn give(&self, guard: Self::Guard) -> Result<(), Error> {
+        Ok(guard.release().await?)
+    }
+}
+
+/// W3 with any [`Locker`]: 16 tasks increment one counter (on the Redis at
+/// `data_url`) under the lock `w3`.
+pub(crate) async fn w3_locker<L: Locker>(
+    locker: L,
+    data_url: &str,
+    workload: &'static str,
+) -> Result<Report, Error> {
     let mut data = raw_connection(data_url).await?;
     let _: () = data.set("w3:counter", 0).await?;
     // (release started, by which task); the next holder reads it.
@@ -38,14 +78,11 @@ pub(crate) async fn w3_with(
     let start = Instant::now();
     let tasks: Vec<_> = (0..W3_TASKS)
         .map(|task| {
-            let (locks, mut data, last_release) = (locks.clone(), data.clone(), Arc::clone(&last_release));
+            let (locker, mut data, last_release) = (locker.clone(), data.clone(), Arc::clone(&last_release));
             tokio::spawn(async move {
                 let (mut any, mut cross) = (Vec::new(), Vec::new());
                 for _ in 0..W3_INCREMENTS {
-                    let guard = configure(locks.lock("w3"))
-                        .wait(Duration::from_secs(30))
-                        .acquire()
-                        .await?;
+                    let guard = locker.take("w3").await?;
                     let acquired = Instant::now();
                     if let Some((released, by)) = *last_release.lock().unwrap_or_else(|e| e.into_inner()) {
                         let handoff = acquired.saturating_duration_since(released);
@@ -57,7 +94,7 @@ pub(crate) async fn w3_with(
                     let value: u64 = data.get("w3:counter").await?;
                     let _: () = data.set("w3:counter", value + 1).await?;
                     *last_release.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), task));
-                    guard.release().await?;
+                    locker.give(guard).await?;
                 }
                 Ok::<_, Error>((any, cross))
             })

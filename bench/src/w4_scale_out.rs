@@ -3,7 +3,8 @@
 use super::*;
 
 /// W4: the W1 shape on Redlock (3 and 5 masters) and on a cluster of 3
-/// masters + 3 replicas, and W3 on 3 masters; all started here.
+/// masters + 3 replicas, and W3 on 3 masters; all started here. rslock
+/// runs W1 and W3 on the same 3 masters.
 pub(crate) async fn w4_scale_out() -> Result<Vec<Report>, Error> {
     const PAIRS: usize = 5_000;
     let three = lock_tests::start_masters(3);
@@ -22,6 +23,19 @@ pub(crate) async fn w4_scale_out() -> Result<Vec<Report>, Error> {
             redlock3,
             &data.url(),
             "W4 Redlock N=3, 16 tasks x 1 key, increments",
+        )
+        .await?,
+        // The peer on the same three masters.
+        w1_locker(
+            &rslock(urls(&three)),
+            "WP4 rslock Redlock N=3 acquire+release",
+            PAIRS,
+        )
+        .await?,
+        w3_locker(
+            rslock(urls(&three)),
+            &data.url(),
+            "WP4 rslock Redlock N=3, 16 tasks x 1 key, increments",
         )
         .await?,
     ])

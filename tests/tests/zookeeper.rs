@@ -104,6 +104,49 @@ async fn a_release_wakes_one_waiter_not_the_herd() {
     .await
 }
 
+/// A waiter whose `wait` runs out, one whose future is dropped, and a
+/// try-once call each leave the queue: only the holder's child is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_the_queue() {
+    lock_tests::bounded("a_waiter_that_gives_up_leaves_the_queue", async move {
+        let zk = ZooKeeper::start();
+        let locks = zookeeper::client(&zk).await;
+        let holder = lock_tests::guard_from_another_task(&locks, "given-up").await;
+        assert_eq!(queue_len(&zk, "given-up").await, 1);
+        let timed_out = locks
+            .lock("given-up")
+            .wait(Duration::from_millis(200))
+            .acquire()
+            .await;
+        assert!(
+            matches!(timed_out, Err(LockError::Timeout { .. })),
+            "{timed_out:?}"
+        );
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(200),
+            locks.lock("given-up").wait(Duration::from_secs(30)).acquire(),
+        )
+        .await;
+        assert!(dropped.is_err(), "the lock is held");
+        assert!(matches!(
+            locks.lock("given-up").acquire().await,
+            Err(LockError::Timeout { .. })
+        ));
+        // The dropped one's child goes from a spawned task.
+        let mut left = 0;
+        for _ in 0..200 {
+            left = queue_len(&zk, "given-up").await;
+            if left == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(left, 1, "children of waiters that gave up are left in the queue");
+        holder.release().await.expect("release");
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_get_the_lock_in_the_order_they_queued() {
     lock_tests::bounded("waiters_get_the_lock_in_the_order_they_queued", async move {
