@@ -147,6 +147,8 @@ async fn a_waiter_that_gives_up_leaves_the_queue() {
     .await
 }
 
+/// Waiters get the lock in the order they joined the queue, whether they
+/// asked for `fair` or not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_get_the_lock_in_the_order_they_queued() {
     lock_tests::bounded("waiters_get_the_lock_in_the_order_they_queued", async move {
@@ -158,8 +160,10 @@ async fn waiters_get_the_lock_in_the_order_they_queued() {
         for i in 0..5 {
             let (locks, order) = (locks.clone(), Arc::clone(&order));
             waiters.push(tokio::spawn(async move {
+                // `fair` or not, one queue: a ZooKeeper lock is fair.
                 locks
                     .lock("line")
+                    .fair(i % 2 == 1)
                     .wait(Duration::from_secs(30))
                     .run(async { order.lock().expect("order").push(i) })
                     .await
