@@ -13,20 +13,13 @@ pub(crate) async fn w1_uncontended(url: &str) -> Result<Report, Error> {
 }
 
 pub(crate) async fn w1_on(locks: &LockClient, workload: &'static str, pairs: usize) -> Result<Report, Error> {
-    let mut latencies = Vec::with_capacity(pairs);
-    let start = Instant::now();
-    for _ in 0..pairs {
-        let t = Instant::now();
-        locks.lock("w1").acquire().await?.release().await?;
-        latencies.push(t.elapsed());
-    }
-    Ok(Report {
-        workload,
-        ops: pairs,
-        elapsed: start.elapsed(),
-        latencies,
-        ..Report::default()
-    })
+    let library = Library {
+        locks: locks.clone(),
+        configure: |request| request,
+        // Try once, as an uncontended caller would.
+        wait: Duration::ZERO,
+    };
+    w1_locker(&library, workload, pairs).await
 }
 
 /// W1 on the in-process backend: what the library's own logic costs per

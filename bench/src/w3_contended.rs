@@ -31,7 +31,16 @@ pub(crate) async fn w3_with(
     workload: &'static str,
     configure: fn(lock_runtime::LockRequest<'_>) -> lock_runtime::LockRequest<'_>,
 ) -> Result<Report, Error> {
-    w3_locker(Library { locks, configure }, data_url, workload).await
+    w3_locker(
+        Library {
+            locks,
+            configure,
+            wait: Duration::from_secs(30),
+        },
+        data_url,
+        workload,
+    )
+    .await
 }
 
 /// Something that takes and gives back a named lock, waiting for it: the
@@ -42,11 +51,13 @@ pub(crate) trait Locker: Clone + Send + Sync + 'static {
     fn give(&self, guard: Self::Guard) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
-/// The library's lock, each request configured by `configure`.
+/// The library's lock, each request configured by `configure` and waiting
+/// up to `wait`.
 #[derive(Clone)]
 pub(crate) struct Library {
     pub(crate) locks: LockClient,
     pub(crate) configure: fn(lock_runtime::LockRequest<'_>) -> lock_runtime::LockRequest<'_>,
+    pub(crate) wait: Duration,
 }
 
 impl Locker for Library {
@@ -54,7 +65,7 @@ impl Locker for Library {
 
     async fn take(&self, key: &str) -> Result<Self::Guard, Error> {
         Ok((self.configure)(self.locks.lock(key))
-            .wait(Duration::from_secs(30))
+            .wait(self.wait)
             .acquire()
             .await?)
     }

@@ -104,6 +104,88 @@ async fn a_release_wakes_one_waiter_not_the_herd() {
     .await
 }
 
+/// An uncontended acquire + release is three operations (create, list,
+/// delete), as the README says: counted by the server over 20 pairs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_pair_is_three_operations() {
+    lock_tests::bounded("an_uncontended_pair_is_three_operations", async move {
+        let zk = ZooKeeper::start();
+        // A long session: no ping among the packets counted.
+        let locks = LockClient::builder()
+            .zookeeper_session_timeout(Duration::from_secs(20))
+            .zookeeper(&zk.connect_string())
+            .await
+            .expect("connect");
+        // The first pair creates the queue's container as well.
+        locks.lock("pairs").run(async {}).await.expect("first pair");
+        let before = zk.monitor(0, "zk_packets_received").expect("mntr");
+        for _ in 0..20 {
+            locks
+                .lock("pairs")
+                .acquire()
+                .await
+                .expect("free")
+                .release()
+                .await
+                .expect("release");
+        }
+        let packets = zk.monitor(0, "zk_packets_received").expect("mntr") - before;
+        // 60, plus the counting `mntr` request itself: a fourth operation
+        // per pair would show as 80 or more.
+        assert!((60..=62).contains(&packets), "20 pairs took {packets} requests");
+    })
+    .await
+}
+
+/// A client whose session the ensemble expired (cut off past its session
+/// timeout) is told its lock is lost, and opens a new session for the
+/// locks that follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_its_session_expired_a_client_opens_a_new_one() {
+    lock_tests::bounded("after_its_session_expired_a_client_opens_a_new_one", async move {
+        let zk = ZooKeeper::start();
+        let proxy = lock_tests::Proxy::start(zk.port(0)).await;
+        let locks = LockClient::builder()
+            .command_timeout(Duration::from_millis(300))
+            .zookeeper_session_timeout(SESSION_TIMEOUT)
+            .zookeeper(&format!("127.0.0.1:{}", proxy.port()))
+            .await
+            .expect("connect through the proxy");
+        let guard = locks.lock("expiring").acquire().await.expect("acquire");
+        proxy.blackhole();
+        // The ensemble expires the session: another client gets the lock.
+        let rival = zookeeper::client(&zk).await;
+        let taken = rival
+            .lock("expiring")
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .expect("the cut-off session expires");
+        assert!(!guard.is_held(), "still trusted after its session expired");
+        proxy.reset();
+        proxy.pass();
+        drop(guard);
+        // The same client locks again, on a session of its own.
+        locks
+            .lock("after-expiry")
+            .wait(Duration::from_secs(20))
+            .run(async {})
+            .await
+            .expect("a lock on a new session");
+        // And it honours the rival's lock: the new session is not the old.
+        let refused = locks.lock("expiring").acquire().await;
+        assert!(matches!(refused, Err(LockError::Timeout { .. })), "{refused:?}");
+        taken.release().await.expect("release");
+        locks
+            .lock("expiring")
+            .wait(Duration::from_secs(5))
+            .run(async {})
+            .await
+            .expect("free again");
+    })
+    .await
+}
+
 /// A waiter whose `wait` runs out, one whose future is dropped, and a
 /// try-once call each leave the queue: only the holder's child is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

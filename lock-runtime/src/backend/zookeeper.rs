@@ -120,7 +120,9 @@ pub(crate) struct ZooKeeperBackend {
     /// The granted session timeout, in ms (the asked one until connected).
     granted_ms: AtomicU64,
     timeout: Duration,
-    session: Mutex<Option<zk::Client>>,
+    /// Shared, not cloned per operation: a client clone copies its chroot
+    /// and session credentials.
+    session: Mutex<Option<Arc<zk::Client>>>,
     /// One connect at a time after a session ended.
     connecting: tokio::sync::Mutex<()>,
     children: Arc<Mutex<Children>>,
@@ -161,7 +163,7 @@ impl Doomed {
     /// and would keep the lock, and every waiter behind it, that long.
     /// Stops when the session ends (the child goes with it). Whether a
     /// child was there.
-    async fn delete(self, client: zk::Client) -> bool {
+    async fn delete(self, client: Arc<zk::Client>) -> bool {
         let mut pause = Duration::from_millis(10);
         let mut retry = async |e: zk::Error| {
             if client.state().is_terminated() {
@@ -269,7 +271,7 @@ impl ZooKeeperBackend {
     }
 
     /// The live session, opening a new one if there is none or it ended.
-    async fn client(&self) -> Result<zk::Client, Failure> {
+    async fn client(&self) -> Result<Arc<zk::Client>, Failure> {
         if let Some(c) = self.live() {
             return Ok(c);
         }
@@ -305,11 +307,12 @@ impl ZooKeeperBackend {
         };
         let granted = u64::try_from(client.session_timeout().as_millis()).unwrap_or(u64::MAX);
         self.granted_ms.store(granted, Ordering::Relaxed);
-        *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(client.clone());
+        let client = Arc::new(client);
+        *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&client));
         Ok(client)
     }
 
-    fn live(&self) -> Option<zk::Client> {
+    fn live(&self) -> Option<Arc<zk::Client>> {
         let session = self.session.lock().unwrap_or_else(PoisonError::into_inner);
         session.as_ref().filter(|c| !c.state().is_terminated()).cloned()
     }
@@ -607,13 +610,31 @@ impl ZooKeeperBackend {
                     prefix: format!("{holder}_"),
                 },
             };
-            // Until the ensemble confirms, or within the command timeout;
-            // past that the deletion goes on in the background.
-            let deletion = tokio::spawn(doomed.delete(client.clone()));
-            any |= match tokio::time::timeout(self.timeout, deletion).await {
-                Ok(Ok(existed)) => existed,
-                _ => true,
-            };
+            // The common case, a known child on a healthy session, is one
+            // delete awaited here; anything else is handed to a task that
+            // keeps at it after the command timeout.
+            if let Doomed::Known(path) = &doomed {
+                match tokio::time::timeout(self.timeout, client.delete(path, None)).await {
+                    Ok(Ok(())) => {
+                        any = true;
+                        continue;
+                    }
+                    Ok(Err(zk::Error::NoNode | zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
+                        continue;
+                    }
+                    // Unanswered or refused for now: retried below (a
+                    // delete that did land shows as `NoNode` then).
+                    _ => {}
+                }
+            }
+            // A known child was ours until now, whatever a retry finds.
+            let known = matches!(doomed, Doomed::Known(_));
+            let deletion = tokio::spawn(doomed.delete(Arc::clone(&client)));
+            any |= known
+                || match tokio::time::timeout(self.timeout, deletion).await {
+                    Ok(Ok(existed)) => existed,
+                    _ => true,
+                };
         }
         Ok(any)
     }
