@@ -56,8 +56,13 @@ pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report), E
         ..Report::default()
     };
     let mut ratios = Vec::new();
+    // What each side costs the server: Redis is one core, and its CPU time
+    // per pair is the ceiling on how many pairs it can serve.
+    let (mut f_cpu, mut l_cpu) = (Duration::ZERO, Duration::ZERO);
+    let mut stats = conn.clone();
     for round in 0..W2_ROUNDS {
         let (conn, release) = (conn.clone(), Arc::clone(&release));
+        let cpu_before = server_cpu(&mut stats).await?;
         let (f_ops, f_elapsed, f_latencies) = independent_keys(move |task, i| {
             let (mut conn, release) = (conn.clone(), Arc::clone(&release));
             async move {
@@ -71,6 +76,8 @@ pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report), E
             }
         })
         .await?;
+        let cpu_between = server_cpu(&mut stats).await?;
+        f_cpu += cpu_between - cpu_before;
         let locks = locks.clone();
         let (l_ops, l_elapsed, l_latencies) = independent_keys(move |task, _| {
             let locks = locks.clone();
@@ -85,6 +92,7 @@ pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report), E
             }
         })
         .await?;
+        l_cpu += server_cpu(&mut stats).await? - cpu_between;
         ratios.push((l_ops as f64 / l_elapsed.as_secs_f64()) / (f_ops as f64 / f_elapsed.as_secs_f64()));
         for (report, ops, elapsed, latencies) in [
             (&mut floor, f_ops, f_elapsed, f_latencies),
@@ -96,8 +104,26 @@ pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report), E
         }
     }
     ratios.sort_by(f64::total_cmp);
+    for (report, cpu) in [(&mut floor, f_cpu), (&mut library, l_cpu)] {
+        let per_pair = cpu.as_secs_f64() * 1e6 / report.ops as f64;
+        report.extra.push(("server_cpu_us_per_pair", per_pair));
+    }
     library
         .extra
         .push(("median_round_ratio_to_floor", ratios[ratios.len() / 2]));
     Ok((floor, library))
+}
+
+/// The server's CPU time so far (`INFO cpu`: user + system, every thread).
+async fn server_cpu(conn: &mut MultiplexedConnection) -> Result<Duration, Error> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+    let seconds: f64 = info
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum();
+    Ok(Duration::from_secs_f64(seconds))
 }

@@ -6,7 +6,7 @@
 //! socket, so a release can never overtake the acquire it undoes.
 
 use std::future::Future;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -36,6 +36,9 @@ macro_rules! script {
 }
 
 pub(crate) mod admin;
+mod coalesce;
+
+use coalesce::{Coalescer, Op};
 
 static ACQUIRE: LazyLock<Script> = script!("acquire.lua");
 static ACQUIRE_SHARED: LazyLock<Script> = script!("acquire_shared.lua");
@@ -64,6 +67,12 @@ pub(crate) trait Connection: ConnectionLike + Clone + Send + Sync + 'static {
         let mut conn = self.clone();
         async move { wait_command(acks).query_async(&mut conn).await }
     }
+}
+
+/// An exclusive lock's holder id (`<32 hex digits>:<n>`); every other kind's
+/// carries a letter and `:` in front (`holder.rs`).
+fn is_exclusive_holder(holder: &str) -> bool {
+    holder.as_bytes().get(1) != Some(&b':')
 }
 
 fn wait_command(acks: ReplicaAcks) -> redis::Cmd {
@@ -124,6 +133,9 @@ impl std::fmt::Debug for Topology {
 
 pub(crate) struct RedisBackend<C = ConnectionManager> {
     conn: C,
+    /// Exclusive releases, coalesced while calls are out. None on a cluster, whose keys of one call would have to
+    /// share a slot.
+    coalescer: Option<Arc<Coalescer<C>>>,
     topology: Topology,
     node: String,
     /// `WAIT` for replicas after every acquire and renewal.
@@ -140,8 +152,13 @@ impl<C> std::fmt::Debug for RedisBackend<C> {
 
 impl<C: Connection> RedisBackend<C> {
     pub(crate) fn new(conn: C, topology: Topology, node: String) -> Self {
+        let coalescer = match topology {
+            Topology::Single(_) | Topology::Sentinel(_) => Some(Coalescer::new(conn.clone())),
+            Topology::Cluster { .. } => None,
+        };
         RedisBackend {
             conn,
+            coalescer,
             topology,
             node,
             acks: None,
@@ -346,6 +363,17 @@ impl<C: Connection> Backend for RedisBackend<C> {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        if let Some(coalescer) = &self.coalescer
+            && is_exclusive_holder(holder)
+        {
+            let op = Op {
+                key: &key.redis_key,
+                channel: &key.channel,
+                holder,
+            };
+            let released = coalescer.run(op).await.map_err(|e| self.failure(key, e))?;
+            return Ok(released == 1);
+        }
         let mut invocation = RELEASE.key(&key.redis_key);
         invocation.key(&key.channel);
         if holder.starts_with("f:") {

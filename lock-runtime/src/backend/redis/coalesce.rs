@@ -1,0 +1,275 @@
+//! Coalescing: concurrent exclusive releases bound for one node go out as
+//! one script call per flush.
+//!
+//! Redis runs commands one at a time on one core, and a script call costs it
+//! several times a native command (the call, its arguments, a Lua frame):
+//! many tasks releasing their own locks at once would pay that per release.
+//! So a few calls are out at a time: a caller that finds a slot free sends
+//! its release at once, exactly as without coalescing (a lone caller pays
+//! nothing); callers that arrive while every slot is taken queue, and the next
+//! flush sends all of them as one call of `coalesced.lua`, each caller woken
+//! with its own result. (Acquisitions are not coalesced: a native `SET NX PX`
+//! costs the server less than the same `SET` from a script, and the
+//! connection already pipelines them.)
+//!
+//! Calls reach the server in the order their releases were taken: each is
+//! first polled, which puts it in the connection's pipeline, under the
+//! queue's lock. A caller that stops waiting before its release was taken
+//! for a flush takes the release with it: it is never sent (the lease's drop
+//! guard sends it again).
+//!
+//! Hand-written because no crate batches `redis` commands by key into one
+//! script call; the queue is a mutex-guarded `Vec` held for a push or a take.
+
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
+
+use redis::{RedisError, RedisResult, Script};
+use tokio::sync::oneshot;
+
+use super::Connection;
+
+/// Without the prelude the other scripts share: it needs none of it, and
+/// defining it would cost every call.
+static COALESCED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/scripts/coalesced.lua"
+    )))
+});
+
+/// The most releases one flush sends: keeps one script call short (the server runs
+/// nothing else meanwhile) and its reply small.
+const MOST_PER_FLUSH: usize = 128;
+
+/// The most calls out at once. More than one lets the client handle one
+/// call's replies while the server runs the next; a few suffice.
+const MOST_OUT: usize = 2;
+
+/// The owner-checked release of an exclusive holder, borrowed from its
+/// caller until it has to be queued: 1 released, 0 not held.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Op<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) channel: &'a str,
+    pub(crate) holder: &'a str,
+}
+
+/// A release waiting for a flush, owned, with where its result goes.
+struct Queued {
+    key: String,
+    channel: String,
+    holder: String,
+    reply: oneshot::Sender<RedisResult<i64>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Calls out (callers' own, and flushes): at `MOST_OUT`, new ops queue.
+    out: usize,
+    waiting: Vec<Queued>,
+}
+
+/// A flush on the wire: it hands back its ops with their results.
+type Flight = Pin<Box<dyn Future<Output = (Vec<Queued>, RedisResult<Vec<i64>>)> + Send>>;
+
+pub(crate) struct Coalescer<C> {
+    conn: C,
+    /// Also orders the calls: a call is first polled (which puts it in the
+    /// connection's pipeline) under this lock, so calls reach the server in
+    /// the order their ops were taken.
+    queue: Mutex<Queue>,
+}
+
+enum Start<T> {
+    Alone(Poll<T>),
+    Queued(oneshot::Receiver<RedisResult<i64>>),
+}
+
+impl<C: Connection> Coalescer<C> {
+    pub(crate) fn new(conn: C) -> Arc<Self> {
+        Arc::new(Coalescer {
+            conn,
+            queue: Mutex::default(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `op`: at once when fewer than `MOST_OUT` calls are out and nobody
+    /// queues, else in the next flush.
+    pub(crate) async fn run(self: &Arc<Self>, op: Op<'_>) -> RedisResult<i64> {
+        let mut conn = self.conn.clone();
+        let mut alone = pin!(send_alone(&mut conn, op));
+        let start = poll_fn(|cx| {
+            let mut queue = self.lock();
+            Poll::Ready(if queue.out < MOST_OUT && queue.waiting.is_empty() {
+                queue.out += 1;
+                Start::Alone(alone.as_mut().poll(cx))
+            } else {
+                let (reply, result) = oneshot::channel();
+                queue.waiting.push(Queued::new(op, reply));
+                Start::Queued(result)
+            })
+        })
+        .await;
+        match start {
+            Start::Queued(result) => result.await.unwrap_or_else(|_| Err(flush_lost())),
+            Start::Alone(first) => {
+                // The call's slot is handed on however this ends, dropped
+                // included.
+                let _slot = Slot(Arc::clone(self));
+                match first {
+                    Poll::Ready(result) => result,
+                    Poll::Pending => alone.await,
+                }
+            }
+        }
+    }
+
+    /// A call ended: its slot goes to a flush of what queued meanwhile, run
+    /// by a task of its own (the caller that ended it has its result and goes
+    /// on), or is freed.
+    fn call_ended(self: &Arc<Self>) {
+        let mut queue = self.lock();
+        if queue.waiting.is_empty() {
+            queue.out -= 1;
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                drop(queue);
+                let this = Arc::clone(self);
+                runtime.spawn(async move { this.flush_until_empty().await });
+            }
+            // No runtime to flush on (it is shutting down): the waiting
+            // callers hear that their op was not sent.
+            Err(_) => {
+                queue.waiting.clear();
+                queue.out -= 1;
+            }
+        }
+    }
+
+    /// Sends the queue, flush after flush, until nobody is waiting; then frees
+    /// the slot.
+    async fn flush_until_empty(self: Arc<Self>) {
+        loop {
+            let flight = poll_fn(|cx| {
+                let mut queue = self.lock();
+                // Callers that stopped waiting take their ops with them.
+                queue.waiting.retain(|q| !q.reply.is_closed());
+                if queue.waiting.is_empty() {
+                    queue.out -= 1;
+                    return Poll::Ready(None);
+                }
+                let cut = queue.waiting.len().min(MOST_PER_FLUSH);
+                let rest = queue.waiting.split_off(cut);
+                let batch = std::mem::replace(&mut queue.waiting, rest);
+                let mut flight = self.flight(batch);
+                let first = flight.as_mut().poll(cx);
+                Poll::Ready(Some((flight, first)))
+            })
+            .await;
+            let Some((flight, first)) = flight else { return };
+            let (batch, results) = match first {
+                Poll::Ready(done) => done,
+                Poll::Pending => flight.await,
+            };
+            answer(batch, results);
+        }
+    }
+
+    /// The call that carries `batch`, as one call of `coalesced.lua`.
+    fn flight(&self, batch: Vec<Queued>) -> Flight {
+        let mut conn = self.conn.clone();
+        Box::pin(async move {
+            let mut invocation = COALESCED.prepare_invoke();
+            invocation.arg("publish");
+            for queued in &batch {
+                invocation
+                    .key(&queued.key)
+                    .key(&queued.channel)
+                    .arg(&queued.holder);
+            }
+            let results = invocation.invoke_async(&mut conn).await;
+            (batch, results)
+        })
+    }
+}
+
+/// Each op's caller gets its own result, or the call's error.
+fn answer(batch: Vec<Queued>, results: RedisResult<Vec<i64>>) {
+    match results {
+        Ok(results) if results.len() == batch.len() => {
+            for (queued, result) in batch.into_iter().zip(results) {
+                let _ = queued.reply.send(Ok(result));
+            }
+        }
+        Ok(results) => {
+            let error = unexpected_reply(batch.len(), results.len());
+            for queued in batch {
+                let _ = queued.reply.send(Err(error.clone()));
+            }
+        }
+        Err(error) => {
+            for queued in batch {
+                let _ = queued.reply.send(Err(error.clone()));
+            }
+        }
+    }
+}
+
+/// A call's place among the `MOST_OUT`, handed on when the call ends.
+struct Slot<C: Connection>(Arc<Coalescer<C>>);
+
+impl<C: Connection> Drop for Slot<C> {
+    fn drop(&mut self) {
+        self.0.call_ended();
+    }
+}
+
+impl Queued {
+    fn new(op: Op<'_>, reply: oneshot::Sender<RedisResult<i64>>) -> Self {
+        Queued {
+            key: op.key.to_owned(),
+            channel: op.channel.to_owned(),
+            holder: op.holder.to_owned(),
+            reply,
+        }
+    }
+}
+
+/// One release as its own call.
+async fn send_alone<C: Connection>(conn: &mut C, op: Op<'_>) -> RedisResult<i64> {
+    let results: Vec<i64> = COALESCED
+        .key(op.key)
+        .key(op.channel)
+        .arg("publish")
+        .arg(op.holder)
+        .invoke_async(conn)
+        .await?;
+    match results.as_slice() {
+        [released] => Ok(*released),
+        _ => Err(unexpected_reply(1, results.len())),
+    }
+}
+
+fn flush_lost() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "the coalesced call carrying this command was dropped before it was answered",
+    ))
+}
+
+fn unexpected_reply(sent: usize, got: usize) -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        "coalesced call",
+        format!("{got} results for {sent} ops"),
+    ))
+}

@@ -1,0 +1,185 @@
+//! Coalescing (README: "Throughput"): concurrent releases bound for one node
+//! go out as one call while others are out; acquisitions are native `SET`s,
+//! never coalesced; a lone caller's commands are sent at once; a release
+//! abandoned while it queued still frees its lock. Against a real
+//! `redis-server`, counted by the server (`INFO commandstats`, and its slow
+//! log with a threshold of 0, which records every command with its
+//! arguments).
+
+use std::pin::pin;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use futures_util::poll;
+use lock_runtime::{LockClient, LockGuard};
+use lock_tests::{RedisServer, commands_between};
+
+async fn client(server: &RedisServer) -> LockClient {
+    LockClient::connect(&server.url()).await.expect("connect")
+}
+
+fn holder_of(server: &RedisServer, key: &str) -> Option<String> {
+    server.query(redis::cmd("GET").arg(format!("lock:{{{key}}}")))
+}
+
+/// Every command the server ran since the slow log was last reset, with its
+/// arguments, oldest first.
+fn commands_logged(server: &RedisServer) -> Vec<Vec<String>> {
+    let entries: Vec<redis::Value> = server.query(redis::cmd("SLOWLOG").arg("GET").arg(-1));
+    let mut commands: Vec<Vec<String>> = entries
+        .into_iter()
+        .filter_map(|entry| match entry {
+            redis::Value::Array(fields) => fields.into_iter().nth(3),
+            _ => None,
+        })
+        .map(|args| redis::from_redis_value(args).expect("a logged command's arguments"))
+        .collect();
+    commands.reverse();
+    commands
+}
+
+/// Logs every command the server runs from now on, scripts' own included.
+fn log_every_command(server: &RedisServer) {
+    let _: () = server.query(
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-log-slower-than")
+            .arg(0),
+    );
+    let _: () = server.query(redis::cmd("CONFIG").arg("SET").arg("slowlog-max-len").arg(10_000));
+    let _: () = server.query(redis::cmd("SLOWLOG").arg("RESET"));
+}
+
+/// How many ops each logged coalesced call carried (a key and a channel
+/// each; the log keeps a call's first 32 arguments, the count among them).
+fn coalesced_calls(commands: &[Vec<String>]) -> Vec<usize> {
+    commands
+        .iter()
+        .filter(|args| args.first().is_some_and(|c| c.eq_ignore_ascii_case("evalsha")))
+        .filter(|args| args.iter().any(|a| a == "publish") || args.len() >= 32)
+        .filter_map(|args| args.get(2)?.parse::<usize>().ok())
+        .map(|keys| keys / 2)
+        .collect()
+}
+
+#[tokio::test]
+async fn concurrent_releases_go_out_as_one_call() {
+    lock_tests::bounded("concurrent_releases_go_out_as_one_call", async {
+        let server = RedisServer::start();
+        let locks = client(&server).await;
+        const TASKS: usize = 64;
+        // Loads the release script, so that no call below meets NOSCRIPT.
+        locks
+            .lock("warm")
+            .acquire()
+            .await
+            .expect("acquired")
+            .release()
+            .await
+            .expect("released");
+
+        let before = server.command_calls();
+        let leases: Vec<LockGuard> = join_all((0..TASKS).map(|i| locks.lock(format!("own:{i}")).acquire()))
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .expect("every uncontended lock is acquired");
+        // Acquisitions stay native SETs, pipelined on the connection.
+        let acquired = commands_between(&before, &server.command_calls());
+        assert_eq!(acquired, [("set".to_owned(), TASKS as u64)].into());
+
+        log_every_command(&server);
+        // All 64 start in one poll: the first two are sent alone, the other
+        // 62 queue behind them and go out as one call.
+        for result in join_all(leases.into_iter().map(LockGuard::release)).await {
+            result.expect("released");
+        }
+        for i in 0..TASKS {
+            assert_eq!(
+                holder_of(&server, &format!("own:{i}")),
+                None,
+                "own:{i} is free again"
+            );
+        }
+        let mut calls = coalesced_calls(&commands_logged(&server));
+        calls.sort_unstable();
+        assert_eq!(
+            calls,
+            [1, 1, TASKS - 2],
+            "three release calls of these many releases"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_lone_caller_sends_its_own_commands_at_once() {
+    lock_tests::bounded("a_lone_caller_sends_its_own_commands_at_once", async {
+        let server = RedisServer::start();
+        let locks = client(&server).await;
+        // Loads the release script, so that every pair below costs the same.
+        locks
+            .lock("alone")
+            .acquire()
+            .await
+            .expect("acquired")
+            .release()
+            .await
+            .expect("released");
+
+        let before = server.command_calls();
+        for _ in 0..20 {
+            let lease = locks.lock("alone").acquire().await.expect("acquired");
+            lease.release().await.expect("released");
+        }
+        let sent = commands_between(&before, &server.command_calls());
+        // A native SET NX PX and the release script per pair: nothing waits
+        // for company, nothing is wrapped in a coalesced call.
+        // (The release script's own GET and DEL count too.)
+        let expected = [("del", 20), ("evalsha", 20), ("get", 20), ("set", 20)];
+        assert_eq!(sent, expected.map(|(c, n)| (c.to_owned(), n)).into());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_release_abandoned_while_it_queued_still_frees_its_lock() {
+    lock_tests::bounded(
+        "a_release_abandoned_while_it_queued_still_frees_its_lock",
+        async {
+            let server = RedisServer::start();
+            let locks = client(&server).await;
+            let mut leases = Vec::new();
+            for key in ["first", "second", "abandoned"] {
+                leases.push(locks.lock(key).acquire().await.expect("acquired"));
+            }
+            let [first, second, abandoned] = <[LockGuard; 3]>::try_from(leases).expect("three leases");
+
+            // Two releases are out and unanswered while the server is stopped;
+            // the third queues behind them, and its caller stops waiting.
+            server.pause();
+            let mut first = pin!(first.release());
+            assert!(poll!(first.as_mut()).is_pending());
+            let mut second = pin!(second.release());
+            assert!(poll!(second.as_mut()).is_pending());
+            let mut abandoned = Box::pin(abandoned.release());
+            assert!(poll!(abandoned.as_mut()).is_pending());
+            drop(abandoned);
+            server.resume();
+
+            let (first, second) = tokio::join!(first, second);
+            first.expect("first released");
+            second.expect("second released");
+            // Its release was taken off the queue unsent; the lease's drop
+            // guard sends it again.
+            lock_tests::eventually(Duration::from_secs(5), || {
+                holder_of(&server, "abandoned").is_none()
+            })
+            .await
+            .expect("the abandoned release freed its lock");
+            assert_eq!(holder_of(&server, "first"), None);
+            assert_eq!(holder_of(&server, "second"), None);
+        },
+    )
+    .await;
+}
