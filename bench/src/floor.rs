@@ -74,3 +74,55 @@ pub(crate) async fn w0_pairs(url: &str) -> Result<Report, Error> {
         ..Report::default()
     })
 }
+
+/// The floor's lock for W3: `SET NX PX` tried every millisecond until it
+/// succeeds, released by compare-and-delete: what a user writes by hand.
+#[derive(Clone)]
+pub(crate) struct FloorLocker {
+    conn: MultiplexedConnection,
+    release: Arc<redis::Script>,
+    next: Arc<AtomicUsize>,
+}
+
+impl FloorLocker {
+    pub(crate) async fn connect(url: &str) -> Result<Self, Error> {
+        Ok(FloorLocker {
+            conn: raw_connection(url).await?,
+            release: Arc::new(redis::Script::new(COMPARE_AND_DELETE)),
+            next: Arc::default(),
+        })
+    }
+}
+
+impl Locker for FloorLocker {
+    type Guard = (String, String);
+
+    async fn take(&self, key: &str) -> Result<Self::Guard, Error> {
+        let holder = format!("floor:{}", self.next.fetch_add(1, Ordering::Relaxed));
+        let mut conn = self.conn.clone();
+        loop {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(key)
+                .arg(&holder)
+                .arg("NX")
+                .arg("PX")
+                .arg(30_000)
+                .query_async(&mut conn)
+                .await?;
+            if set.is_some() {
+                return Ok((key.to_owned(), holder));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    async fn give(&self, (key, holder): Self::Guard) -> Result<(), Error> {
+        let _: i64 = self
+            .release
+            .key(key)
+            .arg(holder)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+}

@@ -59,10 +59,13 @@ pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report), E
     // What each side costs the server: Redis is one core, and its CPU time
     // per pair is the ceiling on how many pairs it can serve.
     let (mut f_cpu, mut l_cpu) = (Duration::ZERO, Duration::ZERO);
+    // And what each costs the client (this process, every thread).
+    let (mut f_client, mut l_client) = (Duration::ZERO, Duration::ZERO);
     let mut stats = conn.clone();
     for round in 0..W2_ROUNDS {
         let (conn, release) = (conn.clone(), Arc::clone(&release));
         let cpu_before = server_cpu(&mut stats).await?;
+        let client_before = cpu_time();
         let (f_ops, f_elapsed, f_latencies) = independent_keys(move |task, i| {
             let (mut conn, release) = (conn.clone(), Arc::clone(&release));
             async move {
@@ -77,6 +80,8 @@ pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report), E
         })
         .await?;
         let cpu_between = server_cpu(&mut stats).await?;
+        let client_between = cpu_time();
+        f_client += client_between - client_before;
         f_cpu += cpu_between - cpu_before;
         let locks = locks.clone();
         let (l_ops, l_elapsed, l_latencies) = independent_keys(move |task, _| {
@@ -93,6 +98,7 @@ pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report), E
         })
         .await?;
         l_cpu += server_cpu(&mut stats).await? - cpu_between;
+        l_client += cpu_time() - client_between;
         ratios.push((l_ops as f64 / l_elapsed.as_secs_f64()) / (f_ops as f64 / f_elapsed.as_secs_f64()));
         for (report, ops, elapsed, latencies) in [
             (&mut floor, f_ops, f_elapsed, f_latencies),
@@ -104,9 +110,13 @@ pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report), E
         }
     }
     ratios.sort_by(f64::total_cmp);
-    for (report, cpu) in [(&mut floor, f_cpu), (&mut library, l_cpu)] {
-        let per_pair = cpu.as_secs_f64() * 1e6 / report.ops as f64;
-        report.extra.push(("server_cpu_us_per_pair", per_pair));
+    for (report, server, client) in [(&mut floor, f_cpu, f_client), (&mut library, l_cpu, l_client)] {
+        let per_pair = |cpu: Duration| cpu.as_secs_f64() * 1e6 / report.ops as f64;
+        let extra = [
+            ("server_cpu_us_per_pair", per_pair(server)),
+            ("client_cpu_us_per_pair", per_pair(client)),
+        ];
+        report.extra.extend(extra);
     }
     library
         .extra

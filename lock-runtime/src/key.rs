@@ -69,11 +69,21 @@ impl LockKey {
 
     pub(crate) fn new(prefix: &str, name: String) -> Result<Self, LockError> {
         validate(&name)?;
-        let redis_key = format!("{prefix}{{{name}}}");
+        // Built by hand: `format!` costs several times these two copies, on
+        // every acquisition.
+        const CHANNEL_SUFFIX: &str = ":released";
+        let mut redis_key = String::with_capacity(prefix.len() + name.len() + 2);
+        redis_key.push_str(prefix);
+        redis_key.push('{');
+        redis_key.push_str(&name);
+        redis_key.push('}');
+        let mut channel = String::with_capacity(redis_key.len() + CHANNEL_SUFFIX.len());
+        channel.push_str(&redis_key);
+        channel.push_str(CHANNEL_SUFFIX);
         Ok(LockKey {
-            channel: format!("{redis_key}:released"),
-            redis_key,
             name,
+            redis_key,
+            channel,
         })
     }
 }
@@ -148,6 +158,19 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redis_names_follow_the_documented_layout() {
+        let key = LockKey::new("lock:", "stock:42".to_owned()).expect("valid key");
+        assert_eq!(key.redis_key, "lock:{stock:42}");
+        assert_eq!(key.channel, "lock:{stock:42}:released");
+        assert_eq!(key.fence_key(), "lock:{stock:42}:fence");
+        let key = LockKey::new("", "ü".to_owned()).expect("valid key");
+        assert_eq!(
+            (key.redis_key.as_str(), key.channel.as_str()),
+            ("{ü}", "{ü}:released")
+        );
+    }
 
     #[test]
     fn slots_agree_with_the_redis_crate() {

@@ -218,8 +218,10 @@ mod recording {
     }
 
     pub(super) fn keys_of(lock: &'static str) -> &'static NameKeys {
+        // By content: one name written twice (a `const`, say) may sit at two
+        // addresses, and a miss here costs a lock and a hash.
         if let Some((name, keys)) = LAST.get()
-            && std::ptr::eq(name, lock)
+            && name == lock
         {
             return keys;
         }
