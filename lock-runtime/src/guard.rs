@@ -265,6 +265,13 @@ impl LockGuard {
     /// when one had already expired or been taken over; a re-entrant
     /// guard's release is a no-op.
     pub async fn release(self) -> Result<(), LockError> {
+        // One lock (the usual guard): no joined futures to allocate.
+        if self.others.is_empty() {
+            return match self.lease {
+                Some(lease) => lease.release().await,
+                None => Ok(()),
+            };
+        }
         let leases = self
             .lease
             .into_iter()

@@ -18,6 +18,13 @@ async fn client(server: &RedisServer) -> LockClient {
     LockClient::connect(&server.url()).await.expect("connect")
 }
 
+/// One pair, so that no call after it meets NOSCRIPT and every pair after
+/// it costs the same.
+async fn load_the_release_script(locks: &LockClient) {
+    let lease = locks.lock("warm-up").acquire().await.expect("acquired");
+    lease.release().await.expect("released");
+}
+
 fn holder_of(server: &RedisServer, key: &str) -> Option<String> {
     server.query(redis::cmd("GET").arg(format!("lock:{{{key}}}")))
 }
@@ -68,15 +75,7 @@ async fn concurrent_releases_go_out_as_one_call() {
         let server = RedisServer::start();
         let locks = client(&server).await;
         const TASKS: usize = 64;
-        // Loads the release script, so that no call below meets NOSCRIPT.
-        locks
-            .lock("warm")
-            .acquire()
-            .await
-            .expect("acquired")
-            .release()
-            .await
-            .expect("released");
+        load_the_release_script(&locks).await;
 
         let before = server.command_calls();
         let leases: Vec<LockGuard> = join_all((0..TASKS).map(|i| locks.lock(format!("own:{i}")).acquire()))
@@ -117,15 +116,7 @@ async fn a_lone_caller_sends_its_own_commands_at_once() {
     lock_tests::bounded("a_lone_caller_sends_its_own_commands_at_once", async {
         let server = RedisServer::start();
         let locks = client(&server).await;
-        // Loads the release script, so that every pair below costs the same.
-        locks
-            .lock("alone")
-            .acquire()
-            .await
-            .expect("acquired")
-            .release()
-            .await
-            .expect("released");
+        load_the_release_script(&locks).await;
 
         let before = server.command_calls();
         for _ in 0..20 {
