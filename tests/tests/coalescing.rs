@@ -174,3 +174,59 @@ async fn a_release_abandoned_while_it_queued_still_frees_its_lock() {
     )
     .await;
 }
+
+/// A client outlives the runtime that started its releases (a global
+/// client, or one shared by tests that each build a runtime): releases
+/// left mid-way when that runtime shut down must not keep the
+/// connection's slots, or every later release would queue for good.
+#[test]
+fn releases_cut_off_by_a_runtime_shutdown_leave_the_client_usable() {
+    let server = RedisServer::start();
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let locks = first.block_on(client(&server));
+    let leases: Vec<LockGuard> = first.block_on(async {
+        join_all((0..8).map(|i| locks.lock(format!("cut:{i}")).acquire()))
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .expect("acquired")
+    });
+    // With the server stopped, two releases are out and the rest queue;
+    // then the runtime goes away with all of them.
+    server.pause();
+    first.block_on(async {
+        for lease in leases {
+            tokio::spawn(lease.release());
+        }
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    });
+    drop(first);
+    server.resume();
+
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    second.block_on(async {
+        let released = tokio::time::timeout(Duration::from_secs(10), async {
+            let leases: Vec<LockGuard> = join_all((0..8).map(|i| locks.lock(format!("after:{i}")).acquire()))
+                .await
+                .into_iter()
+                .collect::<Result<_, _>>()
+                .expect("acquired");
+            for result in join_all(leases.into_iter().map(LockGuard::release)).await {
+                result.expect("released");
+            }
+        })
+        .await;
+        assert!(
+            released.is_ok(),
+            "releases after the first runtime's shutdown never completed"
+        );
+    });
+}

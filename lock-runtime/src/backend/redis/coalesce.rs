@@ -23,6 +23,7 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 
@@ -143,8 +144,10 @@ impl<C: Connection> Coalescer<C> {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 drop(queue);
-                let this = Arc::clone(self);
-                runtime.spawn(async move { this.flush_until_empty().await });
+                // The slot travels with the task: if the task is dropped
+                // unfinished (its runtime shut down), the slot is freed.
+                let flusher = Flusher::new(Arc::clone(self));
+                runtime.spawn(flusher.flush_until_empty());
             }
             // No runtime to flush on (it is shutting down): the waiting
             // callers hear that their op was not sent.
@@ -154,23 +157,57 @@ impl<C: Connection> Coalescer<C> {
             }
         }
     }
+}
 
-    /// Sends the queue, flush after flush, until nobody is waiting; then frees
-    /// the slot.
-    async fn flush_until_empty(self: Arc<Self>) {
+/// A flush task's slot, freed when the task finds the queue empty. Dropped
+/// before that (the task was dropped with its runtime, or panicked), it
+/// frees the slot and sends the callers still queued away: the task that was
+/// to flush them is gone, and a runtime shutting down takes no new one. They
+/// hear that their release was not sent (their locks expire by their ttl);
+/// without this they would wait for good, and so would every later release
+/// on the connection.
+struct Flusher<C: Connection> {
+    coalescer: Arc<Coalescer<C>>,
+    finished: AtomicBool,
+}
+
+impl<C: Connection> Drop for Flusher<C> {
+    fn drop(&mut self) {
+        if !self.finished.load(Ordering::Relaxed) {
+            let mut queue = self.coalescer.lock();
+            queue.out -= 1;
+            queue.waiting.clear();
+        }
+    }
+}
+
+impl<C: Connection> Flusher<C> {
+    fn new(coalescer: Arc<Coalescer<C>>) -> Self {
+        Flusher {
+            coalescer,
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// Sends the queue, flush after flush, until nobody is waiting.
+    async fn flush_until_empty(self) {
+        let this = &self.coalescer;
         loop {
             let flight = poll_fn(|cx| {
-                let mut queue = self.lock();
+                let mut queue = this.lock();
                 // Callers that stopped waiting take their ops with them.
                 queue.waiting.retain(|q| !q.reply.is_closed());
                 if queue.waiting.is_empty() {
+                    // Under the lock that found it empty: a caller arriving
+                    // next finds the slot free.
                     queue.out -= 1;
+                    self.finished.store(true, Ordering::Relaxed);
                     return Poll::Ready(None);
                 }
                 let cut = queue.waiting.len().min(MOST_PER_FLUSH);
                 let rest = queue.waiting.split_off(cut);
                 let batch = std::mem::replace(&mut queue.waiting, rest);
-                let mut flight = self.flight(batch);
+                let mut flight = this.flight(batch);
                 let first = flight.as_mut().poll(cx);
                 Poll::Ready(Some((flight, first)))
             })
@@ -183,7 +220,9 @@ impl<C: Connection> Coalescer<C> {
             answer(batch, results);
         }
     }
+}
 
+impl<C: Connection> Coalescer<C> {
     /// The call that carries `batch`, as one call of `coalesced.lua`.
     fn flight(&self, batch: Vec<Queued>) -> Flight {
         let mut conn = self.conn.clone();
