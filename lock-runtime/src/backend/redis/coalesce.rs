@@ -301,7 +301,7 @@ async fn send_alone<C: Connection>(conn: &mut C, op: Op<'_>) -> RedisResult<i64>
 fn flush_lost() -> RedisError {
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::ConnectionAborted,
-        "the coalesced call carrying this command was dropped before it was answered",
+        "the release was queued to be sent with others, and the task that was to send them ended first (its runtime shut down)",
     ))
 }
 
