@@ -363,15 +363,19 @@ impl<C: Connection> Backend for RedisBackend<C> {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        if let Some(coalescer) = &self.coalescer
-            && is_exclusive_holder(holder)
-        {
+        // Every exclusive release is `coalesced.lua`, alone or with others;
+        // `release.lua` is for the kinds with lines and sorted sets.
+        if is_exclusive_holder(holder) {
             let op = Op {
                 key: &key.redis_key,
                 channel: &key.channel,
                 holder,
             };
-            let released = coalescer.run(op).await.map_err(|e| self.failure(key, e))?;
+            let released = match &self.coalescer {
+                Some(coalescer) => coalescer.run(op).await,
+                None => coalesce::send_alone(&mut self.conn.clone(), op, self.announce()).await,
+            }
+            .map_err(|e| self.failure(key, e))?;
             return Ok(released == 1);
         }
         let mut invocation = RELEASE.key(&key.redis_key);

@@ -1,16 +1,19 @@
--- Exclusive releases of several callers, bound for one node, sent as one
--- call (backend/redis/coalesce.rs): the server runs one script instead of
--- one per caller, and the client encodes and decodes one command.
+-- Exclusive releases: one caller's, or several callers' bound for one node
+-- sent as one call (backend/redis/coalesce.rs), so that the server runs one
+-- script instead of one per caller.
 --
--- ARGV[1]      'publish' (calls are coalesced on one node only)
+-- ARGV[1]      'publish' on one node, 'spublish' on a cluster (one release
+--              per call there: its keys share one slot)
 -- Release i (from 1):
 -- KEYS[2i-1]   the lock key `P{K}`
 -- KEYS[2i]     its release channel `P{K}:released`
 -- ARGV[i+1]    the holder id (an exclusive lock's)
 --
--- Returns one integer per release, in order, as release.lua does for an
--- exclusive holder: 1 released, 0 the key is gone or held by someone else.
--- A release is announced only when a waiter marked the lock (`+w`).
+-- Returns one integer per release, in order: 1 released, 0 the key is gone
+-- or held by someone else. A release is announced only when a waiter marked
+-- the lock (`+w`): most releases have nobody waiting, and a PUBLISH costs
+-- about as much as the rest. DEL is the only write, so a release succeeds
+-- when the server is out of memory (DEL and PUBLISH are not refused then).
 
 if ARGV[1] ~= 'publish' and ARGV[1] ~= 'spublish' then
   return redis.error_reply('ERR bad announce command')

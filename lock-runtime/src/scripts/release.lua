@@ -1,4 +1,5 @@
--- Release the lock if, and only if, this holder still has it.
+-- Release a fair or shared lock if, and only if, this holder still has it.
+-- (An exclusive holder's release, alone or with others, is coalesced.lua.)
 --
 -- KEYS[1]  the lock key `P{K}`
 -- KEYS[2]  the release channel `P{K}:released`
@@ -10,19 +11,13 @@
 --
 -- Returns 1 when released, 0 when the key is gone or held by someone else.
 --
--- Holder ids carry their lock's kind in front (an exclusive holder's id
--- starts with 32 hex digits, never with a letter and `:`):
+-- Holder ids carry their lock's kind in front:
 -- - `f:` a fair lock (acquire_fair.lua): the holder also leaves the line,
 --   and the first live waiter is woken by name;
 -- - `r:`, `w:`, `p:` a shared lock (read-write or semaphore,
 --   acquire_shared.lua), a sorted set of holders: its holder's member goes,
 --   with the writer's claim if any, and the release is always announced
 --   (any release may let waiters in).
---
--- An exclusive lock's release is announced only when a waiter marked the
--- lock (`+w`): any
--- further call costs a script about as much as the rest of it, and most
--- releases have nobody waiting.
 --
 -- DEL comes first and nothing here allocates before it, so a release still
 -- succeeds when the server is out of memory (DEL and PUBLISH are not refused
@@ -71,14 +66,5 @@ if string.match(ARGV[1], '^[rwp]:') then
   return released
 end
 
-local current = redis.pcall('GET', KEYS[1])
-if current == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-if current == ARGV[1] .. '+w' then
-  redis.call('DEL', KEYS[1])
-  redis.call(ARGV[2], KEYS[2], ARGV[1])
-  return 1
-end
-return 0
+-- An exclusive holder's release is coalesced.lua's (backend/redis.rs).
+return redis.error_reply('ERR release.lua takes fair and shared holders only')

@@ -41,6 +41,10 @@ static COALESCED: LazyLock<Script> = LazyLock::new(|| {
     )))
 });
 
+/// Calls are coalesced on one node (or a Sentinel's master) only, where
+/// releases are announced with PUBLISH.
+const ANNOUNCE: &str = "publish";
+
 /// The most releases one flush sends: keeps one script call short (the server runs
 /// nothing else meanwhile) and its reply small.
 const MOST_PER_FLUSH: usize = 128;
@@ -105,7 +109,7 @@ impl<C: Connection> Coalescer<C> {
     /// queues, else in the next flush.
     pub(crate) async fn run(self: &Arc<Self>, op: Op<'_>) -> RedisResult<i64> {
         let mut conn = self.conn.clone();
-        let mut alone = pin!(send_alone(&mut conn, op));
+        let mut alone = pin!(send_alone(&mut conn, op, ANNOUNCE));
         let start = poll_fn(|cx| {
             let mut queue = self.lock();
             Poll::Ready(if queue.out < MOST_OUT && queue.waiting.is_empty() {
@@ -141,26 +145,20 @@ impl<C: Connection> Coalescer<C> {
             queue.out -= 1;
             return;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                drop(queue);
-                // The slot travels with the task: if the task is dropped
-                // unfinished (its runtime shut down), the slot is freed.
-                let flusher = Flusher::new(Arc::clone(self));
-                runtime.spawn(flusher.flush_until_empty());
-            }
-            // No runtime to flush on (it is shutting down): the waiting
-            // callers hear that their op was not sent.
-            Err(_) => {
-                queue.waiting.clear();
-                queue.out -= 1;
-            }
+        drop(queue);
+        // The slot travels with the flush: if it never runs, or is dropped
+        // unfinished (no runtime, or its runtime shut down), the slot is
+        // freed there.
+        let flusher = Flusher::new(Arc::clone(self));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(flusher.flush_until_empty());
         }
     }
 }
 
 /// A flush task's slot, freed when the task finds the queue empty. Dropped
-/// before that (the task was dropped with its runtime, or panicked), it
+/// before that (no runtime to run it on, the task was dropped with its
+/// runtime, or it panicked), it
 /// frees the slot and sends the callers still queued away: the task that was
 /// to flush them is gone, and a runtime shutting down takes no new one. They
 /// hear that their release was not sent (their locks expire by their ttl);
@@ -228,7 +226,7 @@ impl<C: Connection> Coalescer<C> {
         let mut conn = self.conn.clone();
         Box::pin(async move {
             let mut invocation = COALESCED.prepare_invoke();
-            invocation.arg("publish");
+            invocation.arg(ANNOUNCE);
             for queued in &batch {
                 invocation
                     .key(&queued.key)
@@ -283,12 +281,13 @@ impl Queued {
     }
 }
 
-/// One release as its own call.
-async fn send_alone<C: Connection>(conn: &mut C, op: Op<'_>) -> RedisResult<i64> {
+/// One release as its own call (`announce`: 'publish' on one node,
+/// 'spublish' on a cluster).
+pub(crate) async fn send_alone<C: Connection>(conn: &mut C, op: Op<'_>, announce: &str) -> RedisResult<i64> {
     let results: Vec<i64> = COALESCED
         .key(op.key)
         .key(op.channel)
-        .arg("publish")
+        .arg(announce)
         .arg(op.holder)
         .invoke_async(conn)
         .await?;
