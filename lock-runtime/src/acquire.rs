@@ -19,6 +19,7 @@ use tracing::Instrument;
 use crate::backend::{AcquireReply, AcquireRequest, Backend, Failure};
 use crate::drop_guard::{Cleanup, DropGuard};
 use crate::error::LockError;
+use crate::handoff::{Granted, OfferHandle};
 use crate::holder;
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -152,6 +153,36 @@ async fn acquire_within_wait(
     // the one the last attempt found held) once an attempt finds it held
     // and there is time left to wait.
     let mut watch: Option<(usize, Watch)> = None;
+    // A single exclusive lock can be handed to us by a release in this
+    // process (`handoff.rs`): our standing offer while we wait, and what a
+    // handoff granted (the lease counted from when it was sent, a token).
+    let hands_over = opts.kind == Kind::Exclusive && pending.also.is_empty() && client.backend.hands_over();
+    let mut offer: Option<OfferHandle> = None;
+    let mut handed: Option<Granted> = None;
+    // Handoffs in a row that brought the lock to us (0: taken from the server).
+    let mut handed_in_row;
+    // Others here already wait for this lock with offers standing: it is
+    // held, and will be handed on or announced. Join them without a first
+    // attempt, which could only find it held and would cost the server and
+    // this client a call per newcomer. A lock that freed unannounced (its
+    // lease ran out) is found by the waiters that were told its remaining
+    // lease, and by us after at most `POLL`.
+    if hands_over
+        && !opts.wait.is_zero()
+        && client.notifier.has_offers(&pending.key.channel)
+        && !client.guards.held_by_this_task(&pending.key)
+    {
+        let watching = client.notifier.watch(&pending.key.channel).await;
+        let released = Arc::clone(&watching.notify);
+        let released = released.notified();
+        let mut released = std::pin::pin!(released);
+        released.as_mut().enable();
+        offer = client
+            .notifier
+            .offer(&pending.key.channel, &pending.holder, opts.ttl, opts.fencing);
+        watch = Some((0, watching));
+        handed = wait_for_turn(&mut offer, released, opts.wait.min(POLL), &mut pending.in_doubt).await;
+    }
 
     loop {
         attempts += 1;
@@ -163,56 +194,67 @@ async fn acquire_within_wait(
         if let Some(r) = released.as_mut().as_pin_mut() {
             r.enable();
         }
-        // In doubt from the moment the request may be on the wire: if the
-        // caller drops us now, the drop guard gives back what it may have
-        // taken.
-        let doubt_before = std::mem::replace(&mut pending.in_doubt, true);
-        let sent = Instant::now();
-        let request = AcquireRequest {
-            key: &pending.key,
-            holder: &pending.holder,
-            kind: opts.kind,
-            also: &pending.also,
-            ttl: opts.ttl,
-            waiter_timeout: config.fair_waiter_timeout,
-            fencing: opts.fencing,
-            first: attempts == 1,
-            waiting: sent < give_up_at,
-            renew: opts.renew,
-        };
-        // Later attempts get what is left of `wait` (but at least a floor a
-        // healthy round trip fits in), so a stalled server cannot carry the
-        // call a whole command timeout past the wait the caller asked for.
-        let budget = if attempts == 1 {
-            config.command_timeout
-        } else {
-            config
-                .command_timeout
-                .min(give_up_at.saturating_duration_since(sent).max(LATE_ATTEMPT_FLOOR))
-        };
-        let attempt = match tokio::time::timeout(budget, client.backend.acquire(&request)).await {
-            Ok(attempt) => attempt,
-            // Cut short by what was left of `wait`: that says nothing about
-            // the server, so an earlier attempt's failure (a Redlock's
-            // per-master causes, say) is the better account.
-            Err(_) if budget < config.command_timeout => match (last_failure.take(), last_held) {
-                (Some(error), _) => Err(Failure {
-                    error,
-                    transient: true,
-                    reconnecting: false,
-                }),
-                // The lock was held at the last look, and the look after it
-                // ran out of wait: the caller waited the whole `wait` for a
-                // held lock. Still in doubt: the cut attempt may have been
-                // applied, so it counts as a claim to give back.
-                (None, Some((pttl, blocked_by))) => Ok(AcquireReply::Held {
-                    pttl,
-                    claimed: true,
-                    blocked_by,
-                }),
-                (None, None) => Err(client.timed_out(&pending.key, "acquire", budget)),
-            },
-            Err(_) => Err(client.timed_out(&pending.key, "acquire", budget)),
+        let doubt_before = pending.in_doubt;
+        let (sent, attempt) = match handed.take() {
+            Some(granted) => {
+                handed_in_row = granted.in_row;
+                (granted.sent, Ok(AcquireReply::acquired(granted.token)))
+            }
+            None => {
+                handed_in_row = 0;
+                // In doubt from the moment the request may be on the wire: if the
+                // caller drops us now, the drop guard gives back what it may have
+                // taken.
+                pending.in_doubt = true;
+                let sent = Instant::now();
+                let request = AcquireRequest {
+                    key: &pending.key,
+                    holder: &pending.holder,
+                    kind: opts.kind,
+                    also: &pending.also,
+                    ttl: opts.ttl,
+                    waiter_timeout: config.fair_waiter_timeout,
+                    fencing: opts.fencing,
+                    first: attempts == 1,
+                    waiting: sent < give_up_at,
+                    renew: opts.renew,
+                };
+                // Later attempts get what is left of `wait` (but at least a floor a
+                // healthy round trip fits in), so a stalled server cannot carry the
+                // call a whole command timeout past the wait the caller asked for.
+                let budget = if attempts == 1 {
+                    config.command_timeout
+                } else {
+                    config
+                        .command_timeout
+                        .min(give_up_at.saturating_duration_since(sent).max(LATE_ATTEMPT_FLOOR))
+                };
+                let attempt = match tokio::time::timeout(budget, client.backend.acquire(&request)).await {
+                    Ok(attempt) => attempt,
+                    // Cut short by what was left of `wait`: that says nothing about
+                    // the server, so an earlier attempt's failure (a Redlock's
+                    // per-master causes, say) is the better account.
+                    Err(_) if budget < config.command_timeout => match (last_failure.take(), last_held) {
+                        (Some(error), _) => Err(Failure {
+                            error,
+                            transient: true,
+                            reconnecting: false,
+                        }),
+                        // The lock was held at the last look, and the look after it
+                        // ran out of wait: the caller waited the whole `wait` for a
+                        // held lock. Still in doubt: the cut attempt may have been
+                        // applied, so it counts as a claim to give back.
+                        (None, Some((pttl, blocked_by))) => Ok(AcquireReply::Held {
+                            pttl,
+                            claimed: true,
+                            blocked_by,
+                        }),
+                        (None, None) => Err(client.timed_out(&pending.key, "acquire", budget)),
+                    },
+                    Err(_) => Err(client.timed_out(&pending.key, "acquire", budget)),
+                };
+                (sent, attempt)
+            }
         };
 
         let mut sleep_cap = None;
@@ -220,6 +262,11 @@ async fn acquire_within_wait(
         let mut retry_now = false;
         let outcome = match attempt {
             Ok(AcquireReply::Acquired { token, segment }) => {
+                // A handoff to us may be under way: the lock it hands over
+                // is this one (the same holder id), so it is ours either way.
+                if let Some(offer) = offer.take() {
+                    handed_in_row = handed_in_row.max(offer.settle().await);
+                }
                 let cutoff = validity_deadline(sent, opts.ttl) - stop_margin(opts.ttl);
                 let granted = Instant::now();
                 if granted < cutoff {
@@ -242,6 +289,7 @@ async fn acquire_within_wait(
                             segment,
                             name: opts.name,
                             waited,
+                            handed_in_row,
                         };
                         let state = Arc::new(LeaseState::new(grant, opts.ttl, opts.renew, sent));
                         if opts.renew {
@@ -364,6 +412,13 @@ async fn acquire_within_wait(
                 _ => client.notifier.watch(channel).await,
             };
             watch = Some((blocker, watching));
+            // Offered before the look below, so that a release here after
+            // it hands the lock to us.
+            if hands_over {
+                offer = client
+                    .notifier
+                    .offer(channel, &pending.holder, opts.ttl, opts.fencing);
+            }
             // The release may have come while we subscribed: look again now.
             continue;
         }
@@ -380,10 +435,13 @@ async fn acquire_within_wait(
                     POLL
                 };
                 let poll = pause.min(poll);
-                tokio::select! {
-                    () = released => {}
-                    () = tokio::time::sleep(poll) => {}
+                if hands_over && offer.is_none() {
+                    let channel = &pending.lock(blocker).channel;
+                    offer = client
+                        .notifier
+                        .offer(channel, &pending.holder, opts.ttl, opts.fencing);
                 }
+                handed = wait_for_turn(&mut offer, released, poll, &mut pending.in_doubt).await;
             }
             None => {
                 tokio::time::sleep(jitter(backoff).min(pause)).await;
@@ -391,6 +449,37 @@ async fn acquire_within_wait(
             }
         }
     }
+}
+
+/// Waits for a release here to hand us the lock (through `offer`), for a
+/// release announcement (`released`), or for `poll`, whichever comes
+/// first. A release that took the offer leaves the lock, if any, ours to
+/// give back (`in_doubt`): our next attempt or the acquisition's drop guard
+/// does. Returns what a handoff granted.
+async fn wait_for_turn(
+    offer: &mut Option<OfferHandle>,
+    released: impl Future<Output = ()>,
+    poll: Duration,
+    in_doubt: &mut bool,
+) -> Option<Granted> {
+    let handoff = async {
+        match offer.as_mut() {
+            Some(offer) => (&mut offer.rx).await,
+            None => std::future::pending().await,
+        }
+    };
+    let told = tokio::select! {
+        told = handoff => told,
+        () = released => return None,
+        () = tokio::time::sleep(poll) => return None,
+    };
+    // Taken: handed, maybe handed (its call got no answer), or not (the
+    // giver no longer had the lock).
+    *offer = None;
+    let mut told = told.ok()?;
+    told.claim.disarm();
+    *in_doubt = true;
+    told.granted
 }
 
 enum Outcome {

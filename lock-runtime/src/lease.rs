@@ -5,9 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, HandOver};
 use crate::drop_guard::{Cleanup, DropGuard};
 use crate::error::{LockError, LostReason};
+use crate::handoff::{Claim, Granted, TakenOffer};
 use crate::lease_state::LeaseState;
 use crate::shared::ClientInner;
 use crate::spec::Kind;
@@ -57,6 +58,15 @@ impl Cleanup for Release {
     async fn run(&self) -> Result<(), LockError> {
         let (client, state) = (&self.client, &self.state);
         state.end();
+        if state.kind == Kind::Exclusive
+            && client.backend.hands_over()
+            && let Some(taken) = client
+                .notifier
+                .take_offer(&state.key.channel, state.handed_in_row)
+            && let Some(handed) = hand_over(client, state, taken).await
+        {
+            return handed;
+        }
         match client.backend.release(&state.key, &state.holder).await {
             Ok(true) => {
                 tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, "lock released");
@@ -85,6 +95,54 @@ impl Cleanup for Release {
             "the release of lock `{}` (it will expire by its ttl)",
             self.state.key.name
         )
+    }
+}
+
+/// Hands the lock to the waiter whose offer this release took (see
+/// `handoff.rs`). `None` when the server refused the call outright, so
+/// nothing was written: the caller releases as usual, and the waiter, told
+/// nothing, looks again.
+async fn hand_over(
+    client: &Arc<ClientInner>,
+    state: &Arc<LeaseState>,
+    taken: TakenOffer,
+) -> Option<Result<(), LockError>> {
+    let (to, ttl, fencing) = (taken.holder().to_owned(), taken.ttl(), taken.fencing());
+    let claim = Claim::new(Arc::clone(&client.backend), Arc::clone(state), &to);
+    // From here the waiter may hold the lock, whatever becomes of this call.
+    let sending = taken.sending(DropGuard::new(claim));
+    // The waiter's lease counts from here, before the server can start it.
+    let sent = Instant::now();
+    let handed = client
+        .backend
+        .hand_over(&state.key, &state.holder, &to, ttl, fencing)
+        .await;
+    match handed {
+        Ok(HandOver::Handed { token }) => {
+            tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, to = %to, "lock handed over");
+            sending.handed(Granted {
+                sent,
+                token,
+                in_row: state.handed_in_row + 1,
+            });
+            Some(Ok(()))
+        }
+        // Lost before its release.
+        Ok(HandOver::NotHeld) => {
+            sending.not_handed();
+            Some(Err(LockError::NotHeld {
+                key: state.key.name.clone(),
+            }))
+        }
+        // No answer: the waiter may hold the lock now (dropping `sending`
+        // tells it so), and this lease is in the same doubt as a release
+        // that got no answer.
+        Err(failure) if failure.transient => Some(Err(failure.error)),
+        Err(failure) => {
+            tracing::debug!(key = %state.key.name, error = %failure.error, "handoff refused; releasing instead");
+            sending.not_handed();
+            None
+        }
     }
 }
 

@@ -30,6 +30,9 @@ pub(crate) struct LeaseState {
     since: Instant,
     /// How long the acquisition waited for the lock (its metrics' wait).
     pub(crate) waited: Duration,
+    /// How many handoffs in a row (`handoff.rs`) brought the lock here: 0
+    /// when it was taken from the server.
+    pub(crate) handed_in_row: u32,
     ttl_ms: AtomicU64,
     /// Renewed by the watchdog; `false` for a fixed lease (`renew = false`),
     /// whose end is not a failure to renew.
@@ -55,6 +58,7 @@ pub(crate) struct Grant {
     pub(crate) segment: Option<u32>,
     pub(crate) name: &'static str,
     pub(crate) waited: Duration,
+    pub(crate) handed_in_row: u32,
 }
 
 impl LeaseState {
@@ -67,6 +71,7 @@ impl LeaseState {
             segment,
             name,
             waited,
+            handed_in_row,
         } = grant;
         telemetry::lease_started();
         LeaseState {
@@ -78,6 +83,7 @@ impl LeaseState {
             name,
             since: sent,
             waited,
+            handed_in_row,
             ttl_ms: AtomicU64::new(millis(ttl)),
             renews,
             deadline: Mutex::new(validity_deadline(sent, ttl)),

@@ -36,8 +36,10 @@ mod key;
 mod spec;
 // Where locks live.
 mod backend;
-// Release notifications, guard bookkeeping, and one lease's state.
+// Release notifications and handoffs, guard bookkeeping, and one lease's
+// state.
 mod guards;
+mod handoff;
 mod lease_state;
 mod waiter;
 // One renewal scheduler per client.

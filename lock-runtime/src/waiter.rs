@@ -8,7 +8,8 @@
 //! at `min(remaining lease, POLL)`: a lost message costs latency, never
 //! correctness.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use crate::backend::cluster::cluster_builder;
 use crate::backend::redis::Topology;
 use crate::drop_guard::{Cleanup, DropGuard};
 use crate::error::LockError;
+use crate::handoff::{MOST_IN_A_ROW, Offer, OfferHandle, TakenOffer};
 
 /// The longest a waiter sleeps between attempts while subscribed.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
@@ -34,6 +36,9 @@ pub(crate) struct Notifier {
     /// Where to open the subscription connection; `None`: local wake-ups only.
     transport: Option<Topology>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Offers queued on all channels, so that a release with nobody
+    /// waiting here skips the channel table.
+    queued_offers: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -43,6 +48,9 @@ struct Channel {
     /// Fair waiters, each woken by its own name: a fair lock's release
     /// announces the one waiter first in line.
     named: HashMap<String, Arc<Notify>>,
+    /// Waiters here ready to be handed the lock, first come first served
+    /// (withdrawn ones are skipped when reached).
+    offers: VecDeque<Arc<Offer>>,
 }
 
 /// A waiter's interest in one channel; dropping it withdraws the interest.
@@ -76,8 +84,10 @@ impl Cleanup for Leave {
                 }
                 c.waiters -= 1;
                 let last = c.waiters == 0;
-                if last {
-                    channels.remove(&self.channel);
+                if last && let Some(gone) = channels.remove(&self.channel) {
+                    self.notifier
+                        .queued_offers
+                        .fetch_sub(gone.offers.len(), Ordering::Relaxed);
                 }
                 last
             }
@@ -102,7 +112,54 @@ impl Notifier {
             sink: tokio::sync::Mutex::new(None),
             transport,
             task: Mutex::new(None),
+            queued_offers: AtomicUsize::new(0),
         })
+    }
+
+    /// Leaves a waiter's standing offer to be handed the lock of `channel`
+    /// (see `handoff.rs`); `None` if the waiter is not watching it.
+    pub(crate) fn offer(
+        &self,
+        channel: &str,
+        holder: &str,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Option<OfferHandle> {
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let c = channels.get_mut(channel)?;
+        let (offer, handle) = Offer::new(holder, ttl, fencing);
+        c.offers.push_back(offer);
+        self.queued_offers.fetch_add(1, Ordering::Relaxed);
+        Some(handle)
+    }
+
+    /// Whether waiters here have offers standing for the lock of `channel`
+    /// (withdrawn ones may still be queued: a hint, not a promise).
+    pub(crate) fn has_offers(&self, channel: &str) -> bool {
+        if self.queued_offers.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        channels.get(channel).is_some_and(|c| !c.offers.is_empty())
+    }
+
+    /// The first open offer for the lock of `channel`, taken, unless the
+    /// lease releasing it was handed over [`MOST_IN_A_ROW`] times in a row
+    /// (`handed_in_row`) already: then this release goes through the
+    /// server.
+    pub(crate) fn take_offer(&self, channel: &str, handed_in_row: u32) -> Option<TakenOffer> {
+        if handed_in_row >= MOST_IN_A_ROW || self.queued_offers.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let c = channels.get_mut(channel)?;
+        while let Some(offer) = c.offers.pop_front() {
+            self.queued_offers.fetch_sub(1, Ordering::Relaxed);
+            if let Some(taken) = offer.take() {
+                return Some(taken);
+            }
+        }
+        None
     }
 
     /// Wakes the waiters an announcement on `channel` may let in: the fair
@@ -158,6 +215,7 @@ impl Notifier {
                 waiters: 0,
                 notify: Arc::new(Notify::new()),
                 named: HashMap::new(),
+                offers: VecDeque::new(),
             });
             entry.waiters += 1;
             let notify = match name {

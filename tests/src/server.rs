@@ -241,6 +241,35 @@ impl RedisServer {
             })
             .collect()
     }
+
+    /// Logs every command the server runs from now on, with its arguments
+    /// (a slow log with a threshold of 0), starting from an empty log.
+    pub fn log_every_command(&self) {
+        let _: () = self.query(
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("slowlog-log-slower-than")
+                .arg(0),
+        );
+        let _: () = self.query(redis::cmd("CONFIG").arg("SET").arg("slowlog-max-len").arg(10_000));
+        let _: () = self.query(redis::cmd("SLOWLOG").arg("RESET"));
+    }
+
+    /// Every command logged since [`log_every_command`](Self::log_every_command),
+    /// with its arguments (a call's first 32), oldest first.
+    pub fn commands_logged(&self) -> Vec<Vec<String>> {
+        let entries: Vec<redis::Value> = self.query(redis::cmd("SLOWLOG").arg("GET").arg(-1));
+        let mut commands: Vec<Vec<String>> = entries
+            .into_iter()
+            .filter_map(|entry| match entry {
+                redis::Value::Array(fields) => fields.into_iter().nth(3),
+                _ => None,
+            })
+            .map(|args| redis::from_redis_value(args).expect("a logged command's arguments"))
+            .collect();
+        commands.reverse();
+        commands
+    }
 }
 
 /// The commands sent between two [`RedisServer::command_calls`] snapshots.

@@ -29,34 +29,6 @@ fn holder_of(server: &RedisServer, key: &str) -> Option<String> {
     server.query(redis::cmd("GET").arg(format!("lock:{{{key}}}")))
 }
 
-/// Every command the server ran since the slow log was last reset, with its
-/// arguments, oldest first.
-fn commands_logged(server: &RedisServer) -> Vec<Vec<String>> {
-    let entries: Vec<redis::Value> = server.query(redis::cmd("SLOWLOG").arg("GET").arg(-1));
-    let mut commands: Vec<Vec<String>> = entries
-        .into_iter()
-        .filter_map(|entry| match entry {
-            redis::Value::Array(fields) => fields.into_iter().nth(3),
-            _ => None,
-        })
-        .map(|args| redis::from_redis_value(args).expect("a logged command's arguments"))
-        .collect();
-    commands.reverse();
-    commands
-}
-
-/// Logs every command the server runs from now on, scripts' own included.
-fn log_every_command(server: &RedisServer) {
-    let _: () = server.query(
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("slowlog-log-slower-than")
-            .arg(0),
-    );
-    let _: () = server.query(redis::cmd("CONFIG").arg("SET").arg("slowlog-max-len").arg(10_000));
-    let _: () = server.query(redis::cmd("SLOWLOG").arg("RESET"));
-}
-
 /// How many ops each logged coalesced call carried (a key and a channel
 /// each; the log keeps a call's first 32 arguments, the count among them).
 fn coalesced_calls(commands: &[Vec<String>]) -> Vec<usize> {
@@ -87,7 +59,7 @@ async fn concurrent_releases_go_out_as_one_call() {
         let acquired = commands_between(&before, &server.command_calls());
         assert_eq!(acquired, [("set".to_owned(), TASKS as u64)].into());
 
-        log_every_command(&server);
+        server.log_every_command();
         // All 64 start in one poll: the first two are sent alone, the other
         // 62 queue behind them and go out as one call.
         for result in join_all(leases.into_iter().map(LockGuard::release)).await {
@@ -100,7 +72,7 @@ async fn concurrent_releases_go_out_as_one_call() {
                 "own:{i} is free again"
             );
         }
-        let mut calls = coalesced_calls(&commands_logged(&server));
+        let mut calls = coalesced_calls(&server.commands_logged());
         calls.sort_unstable();
         assert_eq!(
             calls,

@@ -64,6 +64,15 @@ impl AcquireReply {
     }
 }
 
+/// What handing a lock to a waiter found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HandOver {
+    /// The waiter holds it now, with a fencing token when one was asked for.
+    Handed { token: Option<u64> },
+    /// The lock was no longer the giver's: nothing was written.
+    NotHeld,
+}
+
 /// A backend failure, classified for the retry loop.
 #[derive(Debug)]
 pub(crate) struct Failure {

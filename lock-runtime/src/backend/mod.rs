@@ -21,7 +21,7 @@ mod tls;
 pub(crate) mod zookeeper;
 
 pub(crate) use self::redis::admin::Found;
-pub(crate) use contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+pub(crate) use contract::{AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal};
 
 /// The backend a client was built with.
 #[derive(Debug)]
@@ -100,6 +100,38 @@ impl AnyBackend {
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => ttl.min(b.lease_cap()),
             _ => ttl,
+        }
+    }
+
+    /// Whether an exclusive lock can be handed from its holder to a waiter
+    /// in one owner-checked call ([`hand_over`](Self::hand_over)): on a
+    /// Redis node, a Sentinel's master or a cluster, unless every write
+    /// must wait for replicas (a handed lock would have to wait too).
+    pub(crate) fn hands_over(&self) -> bool {
+        match self {
+            AnyBackend::Redis(b) => b.hands_over(),
+            AnyBackend::Cluster(b) => b.hands_over(),
+            AnyBackend::Sentinel(b) => b.hands_over(),
+            _ => false,
+        }
+    }
+
+    /// Gives the exclusive lock `key` from `from` to `to`, with `to`'s lease
+    /// of `ttl` (and a fencing token) starting now, if `from` still has it.
+    pub(crate) async fn hand_over(
+        &self,
+        key: &LockKey,
+        from: &str,
+        to: &str,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<HandOver, Failure> {
+        match self {
+            AnyBackend::Redis(b) => b.hand_over(key, from, to, ttl, fencing).await,
+            AnyBackend::Cluster(b) => b.hand_over(key, from, to, ttl, fencing).await,
+            AnyBackend::Sentinel(b) => b.hand_over(key, from, to, ttl, fencing).await,
+            // Never offered: `hands_over` is false here.
+            _ => Ok(HandOver::NotHeld),
         }
     }
 

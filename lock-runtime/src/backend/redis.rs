@@ -14,7 +14,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, Sl
 use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
 use super::cluster::ClusterLink;
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal};
 use super::sentinel::SentinelLink;
 use super::tls;
 use crate::config::{ClientConfig, ReplicaAcks};
@@ -50,6 +50,7 @@ static RELEASE: LazyLock<Script> = script!("release.lua");
 static RELEASE_SEGMENTS: LazyLock<Script> = script!("release_segments.lua");
 static RENEW: LazyLock<Script> = script!("renew.lua");
 static RENEW_MANY: LazyLock<Script> = script!("renew_many.lua");
+static HAND_OVER: LazyLock<Script> = script!("hand_over.lua");
 
 /// What a connection to Redis must offer: the redis crate's async
 /// connection, cheap to clone (clones share the connection), that can wait
@@ -433,6 +434,39 @@ impl<C: Connection> Backend for RedisBackend<C> {
             return self.renew_per_slot(items).await;
         }
         self.renew_batch(items).await
+    }
+}
+
+impl<C: Connection> RedisBackend<C> {
+    pub(crate) fn hands_over(&self) -> bool {
+        self.acks.is_none()
+    }
+
+    pub(crate) async fn hand_over(
+        &self,
+        key: &LockKey,
+        from: &str,
+        to: &str,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<HandOver, Failure> {
+        let reply: Value = HAND_OVER
+            .key(&key.redis_key)
+            .key(key.fence_key())
+            .arg(from)
+            .arg(to)
+            .arg(millis(ttl))
+            .arg(if fencing { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        match reply.as_sequence() {
+            Some([Value::Int(1), Value::Int(token)]) => Ok(HandOver::Handed {
+                token: fencing.then(|| u64::try_from(*token).unwrap_or(0)),
+            }),
+            Some([Value::Int(0), _]) => Ok(HandOver::NotHeld),
+            _ => Err(self.unexpected(key, "hand_over.lua", &reply)),
+        }
     }
 }
 
