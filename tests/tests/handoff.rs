@@ -33,6 +33,20 @@ async fn load_the_acquire_script(locks: &LockClient) {
     holder.release().await.expect("released");
 }
 
+/// A task of its own acquiring `key` (waiting up to 10 s), returning the
+/// guard it got.
+fn acquiring_task(locks: &LockClient, key: &str) -> tokio::task::JoinHandle<LockGuard> {
+    let (locks, key) = (locks.clone(), key.to_owned());
+    tokio::spawn(async move {
+        locks
+            .lock(key)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .expect("the task gets the lock")
+    })
+}
+
 /// A task waiting for `key` with its offer to be handed the lock standing:
 /// it has made the attempt it makes after offering (its second script
 /// call), so a release from now on finds the offer.
@@ -42,19 +56,29 @@ async fn offered_waiter(
     key: &str,
 ) -> tokio::task::JoinHandle<LockGuard> {
     let before = script_calls(server);
-    let (waiter_locks, waiter_key) = (locks.clone(), key.to_owned());
-    let waiter = tokio::spawn(async move {
-        waiter_locks
-            .lock(waiter_key)
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await
-            .expect("the waiter gets the lock")
-    });
+    let waiter = acquiring_task(locks, key);
     let offered =
         lock_tests::eventually(Duration::from_secs(10), || script_calls(server) >= before + 2).await;
     assert!(offered.is_some(), "the waiter never made its second attempt");
     waiter
+}
+
+/// A server, a client with its scripts loaded, a holder of `key` and a
+/// waiter for it with its offer standing.
+async fn held_with_a_waiter(
+    key: &str,
+) -> (
+    RedisServer,
+    LockClient,
+    LockGuard,
+    tokio::task::JoinHandle<LockGuard>,
+) {
+    let server = RedisServer::start();
+    let locks = client(&server).await;
+    load_the_acquire_script(&locks).await;
+    let holder = lock_tests::guard_from_another_task(&locks, key).await;
+    let waiter = offered_waiter(&server, &locks, key).await;
+    (server, locks, holder, waiter)
 }
 
 #[tokio::test]
@@ -95,11 +119,7 @@ async fn a_waiter_gone_while_its_handoff_was_out_does_not_keep_the_lock() {
     lock_tests::bounded(
         "a_waiter_gone_while_its_handoff_was_out_does_not_keep_the_lock",
         async {
-            let server = RedisServer::start();
-            let locks = client(&server).await;
-            load_the_acquire_script(&locks).await;
-            let holder = lock_tests::guard_from_another_task(&locks, "gone").await;
-            let waiter = offered_waiter(&server, &locks, "gone").await;
+            let (server, locks, holder, waiter) = held_with_a_waiter("gone").await;
 
             // The release takes the offer and sends the handoff while the
             // server is stopped; the waiter is cancelled before the answer.
@@ -131,11 +151,7 @@ async fn a_waiter_gone_while_its_handoff_was_out_does_not_keep_the_lock() {
 #[tokio::test]
 async fn a_waiter_gone_before_the_release_is_not_handed_the_lock() {
     lock_tests::bounded("a_waiter_gone_before_the_release_is_not_handed_the_lock", async {
-        let server = RedisServer::start();
-        let locks = client(&server).await;
-        load_the_acquire_script(&locks).await;
-        let holder = lock_tests::guard_from_another_task(&locks, "left").await;
-        let waiter = offered_waiter(&server, &locks, "left").await;
+        let (server, _locks, holder, waiter) = held_with_a_waiter("left").await;
         waiter.abort();
         assert!(waiter.await.expect_err("cancelled").is_cancelled());
 
@@ -238,26 +254,14 @@ async fn a_task_that_finds_others_waiting_here_joins_them_without_an_attempt() {
     lock_tests::bounded(
         "a_task_that_finds_others_waiting_here_joins_them_without_an_attempt",
         async {
-            let server = RedisServer::start();
-            let locks = client(&server).await;
-            load_the_acquire_script(&locks).await;
-            let holder = lock_tests::guard_from_another_task(&locks, "line").await;
-            let first = offered_waiter(&server, &locks, "line").await;
+            let (server, locks, holder, first) = held_with_a_waiter("line").await;
             // Load the handoff script, so that no call below meets NOSCRIPT.
             holder.release().await.expect("released");
             let holder = first.await.expect("first waiter");
             let first = offered_waiter(&server, &locks, "line").await;
 
             let before = server.command_calls();
-            let late_locks = locks.clone();
-            let late = tokio::spawn(async move {
-                late_locks
-                    .lock("line")
-                    .wait(Duration::from_secs(10))
-                    .acquire()
-                    .await
-                    .expect("the late task gets the lock")
-            });
+            let late = acquiring_task(&locks, "line");
             // This test's runtime runs one task at a time: once this task
             // runs again, the late one has gone as far as it can (waiting).
             for _ in 0..10 {
