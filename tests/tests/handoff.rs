@@ -148,19 +148,41 @@ async fn a_waiter_gone_while_its_handoff_was_out_does_not_keep_the_lock() {
     .await;
 }
 
+/// A waiter that stopped waiting leaves its offer behind only as withdrawn:
+/// with a live waiter queued after it (so the line, and the dead offer at
+/// its head, outlive it), the release skips it and hands the lock to the
+/// live one, in one call and with nothing given back afterwards.
 #[tokio::test]
 async fn a_waiter_gone_before_the_release_is_not_handed_the_lock() {
     lock_tests::bounded("a_waiter_gone_before_the_release_is_not_handed_the_lock", async {
-        let (server, _locks, holder, waiter) = held_with_a_waiter("left").await;
-        waiter.abort();
-        assert!(waiter.await.expect_err("cancelled").is_cancelled());
+        let (server, locks, holder, first) = held_with_a_waiter("left").await;
+        // One handoff first, so that no call below meets NOSCRIPT.
+        holder.release().await.expect("released");
+        let holder = first.await.expect("first waiter");
 
-        // Its offer was withdrawn: the release frees the lock itself.
+        let gone = offered_waiter(&server, &locks, "left").await;
+        // Finding an offer standing, it joins the line without a command:
+        // this test's runtime runs one task at a time, so once this task
+        // runs again, it waits with its offer behind the first.
+        let live = acquiring_task(&locks, "left");
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        gone.abort();
+        assert!(gone.await.expect_err("cancelled").is_cancelled());
+
         let before = server.command_calls();
         holder.release().await.expect("released");
+        let live = live.await.expect("live waiter");
+        assert!(live.is_held());
+        let mut sent = commands_between(&before, &server.command_calls());
+        sent.remove("unsubscribe");
+        // One handoff, to the live waiter; nothing handed to the gone one
+        // and given back (a DEL), no attempt by the live one.
+        let expected = [("evalsha", 1), ("get", 1), ("set", 1)];
+        assert_eq!(sent, expected.map(|(c, n)| (c.to_owned(), n)).into());
+        live.release().await.expect("released");
         assert_eq!(holder_of(&server, "left"), None);
-        let sent = commands_between(&before, &server.command_calls());
-        assert_eq!(sent.get("set"), None, "nobody was made the holder");
     })
     .await;
 }
