@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod lab;
+pub mod load;
 pub mod mariadb;
 pub mod monitor;
 pub mod proxy;

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::poll;
-use lock_runtime::{LockClient, LockGuard};
+use lock_runtime::{LockClient, LockError, LockGuard};
 use lock_tests::{RedisServer, commands_between};
 
 async fn client(server: &RedisServer) -> LockClient {
@@ -111,6 +111,44 @@ async fn a_release_hands_the_lock_to_a_waiter_here_in_one_call() {
             assert_eq!(holder_of(&server, "h"), None);
         }
     })
+    .await;
+}
+
+/// The stale-holder contract (`stale_holder.rs`) for the handoff: a holder
+/// whose lease ended unseen, and whose lock another client has taken, hands
+/// nothing to its waiter. Fails with `hand_over.lua`'s owner check removed:
+/// the waiter here would then hold the other client's lock.
+#[tokio::test]
+async fn a_stale_holder_hands_over_nothing_of_a_lock_another_client_took() {
+    lock_tests::bounded(
+        "a_stale_holder_hands_over_nothing_of_a_lock_another_client_took",
+        async {
+            let (server, _locks, holder, waiter) = held_with_a_waiter("stale").await;
+            let rival = "0123456789abcdef0123456789abcdef:424242";
+            server.query::<()>(
+                redis::cmd("SET")
+                    .arg("lock:{stale}")
+                    .arg(rival)
+                    .arg("PX")
+                    .arg(20_000),
+            );
+            let expiry: i64 = server.query(redis::cmd("PEXPIRETIME").arg("lock:{stale}"));
+            let released = holder.release().await;
+            assert!(matches!(released, Err(LockError::NotHeld { .. })), "{released:?}");
+            assert_eq!(
+                holder_of(&server, "stale").as_deref(),
+                Some(rival),
+                "the stale holder handed the other client's lock to its waiter"
+            );
+            let after: i64 = server.query(redis::cmd("PEXPIRETIME").arg("lock:{stale}"));
+            assert_eq!(after, expiry, "the other client's lease was changed");
+            assert!(
+                !waiter.is_finished(),
+                "the waiter got a lock another client holds"
+            );
+            waiter.abort();
+        },
+    )
     .await;
 }
 

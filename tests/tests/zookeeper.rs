@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LockMode, LostReason};
 use lock_tests::lab::{Board, worker_command};
+use lock_tests::load::LockingLoad;
 use lock_tests::zookeeper::{self, SESSION_TIMEOUT, ZooKeeper};
 
 /// Waits until `check` holds, polling every 5 ms for at most `within`.
@@ -367,111 +368,108 @@ async fn fencing_tokens_strictly_increase_over_a_thousand_acquisitions_from_thre
     .await
 }
 
-/// Runs bodies on `key` back to back until `stop`, each of them checking it
-/// is alone and counting itself in `runs`; returns the longest gap between
-/// two.
-async fn keep_locking(
-    locks: LockClient,
-    key: &'static str,
-    runs: Arc<AtomicUsize>,
-    stop: Arc<tokio::sync::Notify>,
-) -> Duration {
-    let inside = Arc::new(AtomicUsize::new(0));
-    let mut last = Instant::now();
-    let mut longest = Duration::ZERO;
-    let stopped = stop.notified();
-    tokio::pin!(stopped);
-    loop {
-        let attempt = locks.lock(key).wait(Duration::from_secs(30)).run(async {
-            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two bodies at once");
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            inside.fetch_sub(1, Ordering::SeqCst);
-        });
-        tokio::select! {
-            () = &mut stopped => return longest,
-            outcome = attempt => {
-                outcome.expect("a lock through the fault");
-                runs.fetch_add(1, Ordering::SeqCst);
-                longest = longest.max(last.elapsed());
-                last = Instant::now();
-            }
-        }
-    }
+/// A client of `zk` with sessions long enough to ride out an election.
+async fn patient_client(zk: &ZooKeeper) -> LockClient {
+    LockClient::builder()
+        .zookeeper_session_timeout(Duration::from_secs(6))
+        .zookeeper(&zk.connect_string())
+        .await
+        .expect("connect")
 }
 
+/// DESIGN §11: each member of a 3-member ensemble killed in turn (the
+/// followers, then the leader; so also whichever member each client is
+/// connected to) under a locking load: no call fails, no two bodies
+/// overlap, bodies go on running with each member dead, and a lock held
+/// across every fault keeps its body running. A member's death reaches the
+/// client as a reset connection or an EOF, retried like a timeout (it
+/// failed the call with `Backend { .. "Connection reset by peer" }` before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_ensemble_keeps_locking_through_a_member_and_its_leader_killed() {
+async fn an_ensemble_keeps_locking_through_each_member_killed_in_turn() {
     lock_tests::bounded(
-        "an_ensemble_keeps_locking_through_a_member_and_its_leader_killed",
+        "an_ensemble_keeps_locking_through_each_member_killed_in_turn",
         async move {
             let mut zk = ZooKeeper::ensemble();
-            // Sessions long enough to ride out an election.
-            let client = || async {
-                LockClient::builder()
-                    .zookeeper_session_timeout(Duration::from_secs(6))
-                    .zookeeper(&zk.connect_string())
-                    .await
-                    .expect("connect")
-            };
-            let (a, b) = (client().await, client().await);
-            // A long body holds a lock across both faults.
+            let (a, b, c) = (
+                patient_client(&zk).await,
+                patient_client(&zk).await,
+                patient_client(&zk).await,
+            );
+            // A body holds a lock across every fault.
+            let done = Arc::new(tokio::sync::Notify::new());
             let held = tokio::spawn({
-                let a = a.clone();
-                async move {
-                    a.lock("through")
-                        .run(async {
-                            let mut ticks = 0;
-                            while ticks < 100 {
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                                ticks += 1;
-                            }
-                        })
-                        .await
-                }
+                let (a, done) = (a.clone(), Arc::clone(&done));
+                async move { a.lock("through").run(done.notified()).await }
             });
-            let stop = Arc::new(tokio::sync::Notify::new());
-            let runs = Arc::new(AtomicUsize::new(0));
-            let busy = tokio::spawn(keep_locking(
-                b.clone(),
-                "busy",
-                Arc::clone(&runs),
-                Arc::clone(&stop),
-            ));
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            let load = LockingLoad::start(&[b.clone(), c.clone()], 2, "busy");
+            assert!(
+                load.more_bodies(10, Duration::from_secs(60)).await,
+                "no bodies ran on a healthy ensemble"
+            );
 
             let leader = zk.leader().expect("a leader");
-            let follower = (leader + 1) % zk.len();
-            let more_bodies = async |what: &str| {
-                let before = runs.load(Ordering::SeqCst);
+            let mut order: Vec<usize> = (0..zk.len()).filter(|&i| i != leader).collect();
+            order.push(leader);
+            for member in order {
+                let role = if member == leader { "leader" } else { "follower" };
+                zk.kill(member);
                 assert!(
-                    until(Duration::from_secs(60), || runs.load(Ordering::SeqCst)
-                        >= before + 10)
-                    .await,
-                    "no bodies ran {what}"
+                    load.more_bodies(10, Duration::from_secs(60)).await,
+                    "no bodies ran with the {role} (member {member}) dead"
                 );
-            };
-            // A follower dies: two of three still form the quorum.
-            zk.kill(follower);
-            more_bodies("with a follower dead").await;
-            assert_eq!(zk.leader(), Some(leader), "killing a follower changed the leader");
-            tokio::task::block_in_place(|| zk.revive(follower));
-            // The leader dies: the two left elect another.
-            zk.kill(leader);
-            more_bodies("after the leader's death").await;
-            stop.notify_one();
-            let longest_gap = busy.await.expect("join");
-            let runs = runs.load(Ordering::SeqCst);
+                // Back before the next dies: two of three form the quorum.
+                tokio::task::block_in_place(|| zk.revive(member));
+            }
+            let (runs, longest_gap) = load.finish().await;
+            done.notify_one();
             held.await
                 .expect("join")
-                .expect("the body held its lock through a follower and a leader dying");
-            assert!(runs > 10, "only {runs} bodies ran");
-            // New acquisitions work on the new leader.
+                .expect("the body held its lock through every member dying");
+            // New acquisitions work on the ensemble as it is now.
             b.lock("after")
                 .wait(Duration::from_secs(10))
                 .run(async {})
                 .await
-                .expect("a lock after the election");
-            eprintln!("ensemble: {runs} bodies, longest pause {longest_gap:?} across the leader's death");
+                .expect("a lock after the faults");
+            eprintln!("ensemble: {runs} bodies, longest pause {longest_gap:?} across the faults");
+        },
+    )
+    .await
+}
+
+/// A client made while the ensemble has no quorum (two members of three
+/// down, as during an election) waits within its call's `wait` for the
+/// ensemble to serve, rather than failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_made_while_the_ensemble_has_no_quorum_waits_for_it() {
+    lock_tests::bounded(
+        "a_call_made_while_the_ensemble_has_no_quorum_waits_for_it",
+        async move {
+            let mut zk = ZooKeeper::ensemble();
+            zk.kill(1);
+            zk.kill(2);
+            let locks = LockClient::builder()
+                .lazy()
+                .zookeeper_session_timeout(Duration::from_secs(6))
+                .zookeeper(&zk.connect_string())
+                .await
+                .expect("a lazy client connects on first use");
+            let call = tokio::spawn({
+                let locks = locks.clone();
+                async move {
+                    locks
+                        .lock("electing")
+                        .wait(Duration::from_secs(60))
+                        .run(async {})
+                        .await
+                }
+            });
+            tokio::task::block_in_place(|| zk.revive(1));
+            tokio::time::timeout(Duration::from_secs(90), call)
+                .await
+                .expect("bounded")
+                .expect("join")
+                .expect("the call waited for the quorum");
         },
     )
     .await

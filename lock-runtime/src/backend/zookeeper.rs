@@ -138,15 +138,40 @@ impl fmt::Debug for ZooKeeperBackend {
     }
 }
 
-/// What went wrong, for the retry loop: connection trouble and a session
-/// that ended are worth another attempt (a new session is opened);
-/// anything else is the request's fault.
+/// What went wrong, for the retry loop: `(transient, reconnecting)`.
+///
+/// Only the request's own fault or the ensemble's configuration is final.
+/// Everything else is a member or the connection failing (DESIGN §11: it
+/// costs time within `wait`, never an error): the client reports a reset,
+/// an EOF or a silent connection as `Custom` with the transport's error,
+/// fails the requests that were in flight with it, and moves to another
+/// member by itself. A session that ended, or hosts all refused, needs a
+/// new session.
 fn classify(e: &zk::Error) -> (bool, bool) {
     use zk::Error as E;
     match e {
-        E::ConnectionLoss | E::Timeout | E::Throttled => (true, false),
-        E::SessionExpired | E::ClientClosed | E::SessionMoved => (true, true),
-        _ => (false, false),
+        E::SessionExpired | E::ClientClosed | E::SessionMoved | E::NoHosts => (true, true),
+        E::BadArguments(_)
+        | E::NoAuth
+        | E::AuthFailed
+        | E::InvalidAcl
+        | E::QuotaExceeded
+        | E::Unimplemented
+        | E::MarshallingError
+        | E::UnmarshalError { .. }
+        | E::UnexpectedError(_)
+        | E::UnexpectedErrorCode(_)
+        | E::ReconfigDisabled
+        | E::NoChildrenForEphemerals
+        | E::BadVersion
+        | E::NodeExists
+        | E::NotEmpty
+        | E::NoNode
+        | E::NoWatcher
+        | E::RuntimeInconsistent => (false, false),
+        // `ConnectionLoss`, `Timeout`, `Throttled`, `NotReadOnly`, `Custom`
+        // (the transport's own errors) and whatever a later client adds.
+        _ => (true, false),
     }
 }
 
@@ -757,6 +782,17 @@ mod tests {
         let queue = b.queue(&key);
         assert_eq!(queue, "/distributed-locks/lock:{a%2Fb%20%25c%20%C3%BC..}");
         assert_eq!(queue.matches('/').count(), 2);
+    }
+
+    #[test]
+    fn a_dead_member_is_worth_another_attempt_and_a_bad_request_is_not() {
+        // (The client's transport errors, `Custom`, cannot be built outside
+        // it: `zookeeper.rs`'s ensemble tests meet them for real.)
+        assert_eq!(classify(&zk::Error::ConnectionLoss), (true, false));
+        assert_eq!(classify(&zk::Error::SessionExpired), (true, true));
+        assert_eq!(classify(&zk::Error::NoHosts), (true, true));
+        assert_eq!(classify(&zk::Error::NoAuth), (false, false));
+        assert_eq!(classify(&zk::Error::BadArguments(&"bad")), (false, false));
     }
 
     #[test]

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Every owner condition is proven by a named test (issue #37).
+
+Each entry below removes one owner condition from the runtime (a script, an
+SQL statement, the ZooKeeper backend) and names the test that must fail
+without it. For each, this script applies the removal, runs that one test,
+expects it to fail by an assertion (not a compile error), and puts the file
+back. Run it on demand, not in every CI run (each entry rebuilds the
+runtime):
+
+    python3 tests/owner-conditions.py            # every entry
+    python3 tests/owner-conditions.py R1 M1      # some
+
+It prints one line per entry and exits non-zero if a removal went unnoticed.
+"""
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPTS = "lock-runtime/src/scripts"
+MYSQL = "lock-runtime/src/backend/mysql.rs"
+ZOOKEEPER = "lock-runtime/src/backend/zookeeper.rs"
+
+# (id, file, the condition as written, the same line without it,
+#  test binary, test name)
+MUTANTS = [
+    ("R1", f"{SCRIPTS}/hand_over.lua",
+     "if current == ARGV[1] then", "if true then",
+     "handoff", "a_stale_holder_hands_over_nothing_of_a_lock_another_client_took"),
+    ("R2", f"{SCRIPTS}/renew_many.lua",
+     "if current == holder or current == holder .. '+w' then", "if true then",
+     "stale_holder", "on_redis::a_stale_watchdog_renewal_leaves_the_other_holders_lock"),
+    ("R3", f"{SCRIPTS}/renew.lua",
+     "if current ~= ARGV[1] and current ~= ARGV[1] .. '+w' then", "if false then",
+     "stale_holder", "on_redis::a_stale_nested_extension_leaves_the_other_holders_lock"),
+    ("R4", f"{SCRIPTS}/coalesced.lua",
+     "  if current == holder then\n    redis.call('DEL', key)",
+     "  if true then\n    redis.call('DEL', key)",
+     "stale_holder", "on_redis::a_stale_release_leaves_the_other_holders_lock"),
+    ("R5", f"{SCRIPTS}/release.lua",
+     "  if redis.pcall('GET', KEYS[1]) == ARGV[1] then\n    redis.call('DEL', KEYS[1])\n    released = 1",
+     "  if true then\n    redis.call('DEL', KEYS[1])\n    released = 1",
+     "stale_holder", "on_redis::a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock"),
+    ("R6", f"{SCRIPTS}/release_many.lua",
+     "if value == ARGV[1] or value == ARGV[1] .. '+w' then", "if true then",
+     "stale_holder", "on_redis::a_stale_release_of_several_keys_leaves_the_other_holders_lock"),
+    ("R7", f"{SCRIPTS}/release_segments.lua",
+     "if values[i] == ARGV[1] or values[i] == ARGV[1] .. '+w' then", "if true then",
+     "stale_holder", "on_redis::a_stale_release_of_a_segment_leaves_the_other_holders_lock"),
+    ("M1", MYSQL,
+     '"UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND holder = ?',
+     '"UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND (holder = ? OR TRUE)',
+     "stale_holder", "on_mysql::a_stale_watchdog_renewal_leaves_the_other_holders_lock"),
+    ("M2", MYSQL,
+     "GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \\\n                 WHERE name = ? AND holder = ?",
+     "GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \\\n                 WHERE name = ? AND (holder = ? OR TRUE)",
+     "stale_holder", "on_mysql::a_stale_nested_extension_leaves_the_other_holders_lock"),
+    ("M3", MYSQL,
+     "WHERE name = ? AND holder = ? AND fence = 0", "WHERE name = ? AND (holder = ? OR TRUE) AND fence = 0",
+     "stale_holder", "on_mysql::a_stale_unfenced_release_leaves_the_other_holders_lock"),
+    ("M4", MYSQL,
+     "expires_at = {FREED} WHERE name = ? AND holder = ?", "expires_at = {FREED} WHERE name = ? AND (holder = ? OR TRUE)",
+     "stale_holder", "on_mysql::a_stale_release_leaves_the_other_holders_lock"),
+    ("M5", MYSQL,
+     'still_held: format!("SELECT 1 FROM {t} WHERE name = ? AND holder = ? AND',
+     'still_held: format!("SELECT 1 FROM {t} WHERE name = ? AND (holder = ? OR TRUE) AND',
+     "stale_holder", "on_mysql::a_stale_watchdog_renewal_leaves_the_other_holders_lock"),
+    ("Z1", ZOOKEEPER,
+     "Ok(None) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(false),",
+     "Ok(None) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(true),",
+     "stale_holder", "on_zookeeper::a_stale_watchdog_renewal_leaves_the_other_holders_lock"),
+]
+
+
+def run(mutant):
+    ident, path, condition, removed, binary, test = mutant
+    file = ROOT / path
+    original = file.read_text()
+    if original.count(condition) != 1:
+        return f"{ident}: the condition is not found once in {path}: update this list"
+    file.write_text(original.replace(condition, removed))
+    try:
+        result = subprocess.run(
+            ["cargo", "test", "-q", "-p", "lock-tests", "--test", binary, "--", "--exact", test],
+            cwd=ROOT, capture_output=True, text=True, timeout=900,
+        )
+    finally:
+        file.write_text(original)
+    output = result.stdout + result.stderr
+    if result.returncode == 0:
+        return f"{ident}: NOT CAUGHT: {path}: `{condition.strip()}` removed, {binary}::{test} passed"
+    if "test result: FAILED" not in output:
+        return f"{ident}: the mutant did not build or run: {path}\n{output[-2000:]}"
+    return None
+
+
+def main():
+    chosen = [m for m in MUTANTS if len(sys.argv) == 1 or m[0] in sys.argv[1:]]
+    problems = 0
+    for mutant in chosen:
+        problem = run(mutant)
+        if problem:
+            problems += 1
+            print(problem, flush=True)
+        else:
+            ident, path, condition, _, binary, test = mutant
+            print(f"{ident}: caught: {path}: `{condition.strip().splitlines()[0]}` -> {binary}::{test}", flush=True)
+    print(f"{len(chosen) - problems} caught, {problems} not", flush=True)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

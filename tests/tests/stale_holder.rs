@@ -1,0 +1,394 @@
+//! The stale-holder contract (issue #37): a holder whose lease has ended and
+//! whose lock another has taken never changes that other's lock. For every
+//! backend the harness starts and every write a holder makes after its
+//! acquisition (watchdog renewal, alone and in a batch; a nested call's
+//! extension; release), each test
+//!
+//! 1. lets the holder take the lock (fenced, so the counter is watched too),
+//! 2. hands the lock to another holder behind the first one's back (a foreign
+//!    writer on the raw key or row, or an operator deleting the queue child
+//!    and another client taking the lock),
+//! 3. snapshots the other's lock (holder, expiry, fence counter),
+//! 4. performs the stale holder's write, and asserts that the stale holder is
+//!    told (`Lost` to a running body, `NotHeld` to a release) and that the
+//!    snapshot is unchanged.
+//!
+//! Each test fails, by name, when the owner condition of the write it
+//! covers is removed (README: "Owner checks"). A new backend joins the
+//! contract by adding a `Rig` variant and a line to `contract!`. The handoff
+//! of a released lock to a waiter of the same client is Redis-only and is
+//! tested beside the other handoffs (`handoff.rs`).
+
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError, LockGuard, LockRequest, LostReason};
+use lock_tests::{MariaDb, RedisServer, ZooKeeper, zookeeper};
+
+/// No test here may hang: every wait on the library is bounded.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// A holder id of this library's shape that no client in this process uses:
+/// the foreign writer of the Redis and MySQL rigs.
+const RIVAL: &str = "0123456789abcdef0123456789abcdef:424242";
+
+/// A backend the harness started, with raw access to its lock state.
+enum Rig {
+    Redis(RedisServer),
+    Mysql(MariaDb),
+    ZooKeeper(ZooKeeper),
+}
+
+/// What another holder's lock looks like from the server, compared whole
+/// before and after the stale holder's write.
+#[derive(Debug, PartialEq, Eq)]
+struct Snapshot(Vec<Option<String>>);
+
+/// What keeps the other holder's lock alive while the test runs (the
+/// ZooKeeper rival's guard; nothing for a raw write).
+type Taken = Option<LockGuard>;
+
+impl Rig {
+    fn redis() -> Rig {
+        Rig::Redis(RedisServer::start())
+    }
+
+    fn mysql() -> Rig {
+        Rig::Mysql(MariaDb::start())
+    }
+
+    fn zookeeper() -> Rig {
+        Rig::ZooKeeper(ZooKeeper::start())
+    }
+
+    /// Whether a nested call asking for a longer lease than the holder's
+    /// writes to the server. A ZooKeeper lease is the session, capped at the
+    /// session timeout whatever is asked, so the nested call is a re-entry
+    /// served from the lease, with no write to check: only the snapshot is.
+    fn extends_leases(&self) -> bool {
+        !matches!(self, Rig::ZooKeeper(_))
+    }
+
+    async fn client(&self) -> LockClient {
+        match self {
+            Rig::Redis(server) => LockClient::connect(&server.url()).await.expect("connect"),
+            Rig::Mysql(server) => LockClient::mysql(&server.url()).await.expect("connect"),
+            Rig::ZooKeeper(zk) => zookeeper::client(zk).await,
+        }
+    }
+
+    /// Another holder takes `key` for `lease` while the stale holder still
+    /// believes it holds it, as after an expiry the holder missed.
+    async fn take_over(&self, key: &str, lease: Duration) -> Taken {
+        self.take_over_name(&name(key), key, lease).await
+    }
+
+    /// [`take_over`](Self::take_over) of the lock stored as `name` (a
+    /// segment's `lock:{K}#0`); `key` is what a client asks for.
+    async fn take_over_name(&self, name: &str, key: &str, lease: Duration) -> Taken {
+        let ms = lease.as_millis();
+        match self {
+            Rig::Redis(server) => {
+                server.query::<()>(
+                    redis::cmd("SET")
+                        .arg(name)
+                        .arg(RIVAL)
+                        .arg("PX")
+                        .arg(u64::try_from(ms).expect("fits")),
+                );
+                None
+            }
+            Rig::Mysql(server) => {
+                server
+                    .sql(&format!(
+                        "UPDATE distributed_locks SET holder = '{RIVAL}', \
+                         expires_at = NOW(6) + INTERVAL {ms} * 1000 MICROSECOND \
+                         WHERE name = '{name}'"
+                    ))
+                    .await;
+                None
+            }
+            Rig::ZooKeeper(zk) => {
+                // The stale holder's child goes (its session ended, or an
+                // operator deleted it) and a client of another session
+                // queues and takes the lock.
+                let operator = zookeeper_client::Client::connect(&zk.connect_string())
+                    .await
+                    .expect("operator session");
+                let queue = format!("/distributed-locks/{name}");
+                for child in operator.list_children(&queue).await.expect("queue") {
+                    operator
+                        .delete(&format!("{queue}/{child}"), None)
+                        .await
+                        .expect("delete");
+                }
+                let rival = zookeeper::client(zk).await;
+                let guard = rival
+                    .lock(key)
+                    .fencing(true)
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await
+                    .expect("the rival takes the freed lock");
+                Some(guard)
+            }
+        }
+    }
+
+    /// The lock's state on the server: its holder, its expiry (absolute, so
+    /// that time passing changes nothing) and its fence counter; for
+    /// ZooKeeper, the queue's children with their creation and
+    /// modification zxids.
+    async fn snapshot(&self, key: &str) -> Snapshot {
+        self.snapshot_name(&name(key)).await
+    }
+
+    /// [`snapshot`](Self::snapshot) of the lock stored as `name`.
+    async fn snapshot_name(&self, name: &str) -> Snapshot {
+        match self {
+            Rig::Redis(server) => {
+                let mut conn = server.sync_connection().expect("connect");
+                let (holder, expiry, fence): (Option<String>, i64, Option<String>) = redis::pipe()
+                    .cmd("GET")
+                    .arg(name)
+                    .cmd("PEXPIRETIME")
+                    .arg(name)
+                    .cmd("GET")
+                    .arg(format!("{name}:fence"))
+                    .query(&mut conn)
+                    .expect("snapshot");
+                Snapshot(vec![holder, Some(expiry.to_string()), fence])
+            }
+            Rig::Mysql(server) => {
+                let rows = server
+                    .sql(&format!(
+                        "SELECT holder, DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), fence \
+                         FROM distributed_locks WHERE name = '{name}'"
+                    ))
+                    .await;
+                Snapshot(rows.into_iter().next().unwrap_or_default())
+            }
+            Rig::ZooKeeper(zk) => {
+                let operator = zookeeper_client::Client::connect(&zk.connect_string())
+                    .await
+                    .expect("operator session");
+                let queue = format!("/distributed-locks/{name}");
+                let mut children = operator.list_children(&queue).await.unwrap_or_default();
+                children.sort();
+                let mut state = Vec::new();
+                for child in children {
+                    let stat = operator
+                        .check_stat(&format!("{queue}/{child}"))
+                        .await
+                        .expect("stat");
+                    let zxids = stat.map(|s| format!("{} {}", s.czxid, s.mzxid));
+                    state.push(Some(child));
+                    state.push(zxids);
+                }
+                Snapshot(state)
+            }
+        }
+    }
+}
+
+/// Where the lock `key` is stored, under the default prefix.
+fn name(key: &str) -> String {
+    format!("lock:{{{key}}}")
+}
+
+fn is_taken_over(outcome: &Result<(), LockError>) -> bool {
+    matches!(
+        outcome,
+        Err(LockError::Lost {
+            reason: LostReason::TakenOver,
+            ..
+        })
+    )
+}
+
+/// The watchdog's renewal: the stale holder's body is cancelled with
+/// `TakenOver`, and the other's lease is neither extended nor cut. A
+/// second lease of the same client, renewed in the same batches, is kept:
+/// the batch tells each lease its own answer.
+async fn a_stale_watchdog_renewal_leaves_the_other_holders_lock(rig: Rig) {
+    let locks = rig.client().await;
+    let ttl = Duration::from_millis(1500);
+    let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<(Taken, Snapshot)>();
+    let stale = locks.lock("renewed").ttl(ttl).fencing(true).run(async {
+        let taken = rig.take_over("renewed", Duration::from_secs(20)).await;
+        let before = rig.snapshot("renewed").await;
+        let _ = taken_tx.send((taken, before));
+        std::future::pending::<()>().await;
+    });
+    // Beside it, a lease of the same client that nobody takes, renewed by
+    // the same watchdog (in the same batches when due together).
+    let kept = locks.lock("kept").ttl(ttl).acquire().await.expect("acquire");
+    let first_deadline = kept.valid_until();
+    let outcome = tokio::time::timeout(BOUND, stale)
+        .await
+        .expect("the body was not cancelled: the renewal did not see the other holder");
+    assert!(is_taken_over(&outcome), "{outcome:?}");
+    let (_taken, before) = taken_rx.await.expect("the body took the lock over");
+    assert_eq!(
+        rig.snapshot("renewed").await,
+        before,
+        "the stale holder's renewal changed the other holder's lock"
+    );
+    let renewed = lock_tests::eventually(BOUND, || kept.valid_until() > first_deadline).await;
+    assert!(
+        renewed.is_some(),
+        "the lease beside the stale one was not renewed"
+    );
+    assert!(kept.is_held(), "the lease beside the stale one was lost with it");
+    kept.release().await.expect("the kept lease is released");
+}
+
+/// A nested call asking for a longer lease than the holder's: the stale
+/// holder's extension is refused with `TakenOver` and the other's lease is
+/// not extended.
+async fn a_stale_nested_extension_leaves_the_other_holders_lock(rig: Rig) {
+    let locks = rig.client().await;
+    // No watchdog: only the nested call's extension talks to the server.
+    let outer = locks
+        .lock("extended")
+        .ttl(Duration::from_secs(5))
+        .renew(false)
+        .fencing(true)
+        .run(async {
+            let taken = rig.take_over("extended", Duration::from_secs(2)).await;
+            let before = rig.snapshot("extended").await;
+            let nested = locks
+                .lock("extended")
+                .ttl(Duration::from_secs(30))
+                .run(async { "the nested body ran on a lock another holds" })
+                .await;
+            (taken, before, nested)
+        });
+    let (_taken, before, nested) = tokio::time::timeout(BOUND, outer)
+        .await
+        .expect("bounded")
+        .expect("the outer lease is still trusted");
+    if rig.extends_leases() {
+        assert!(
+            matches!(
+                nested,
+                Err(LockError::Lost {
+                    reason: LostReason::TakenOver,
+                    ..
+                })
+            ),
+            "{nested:?}"
+        );
+    }
+    assert_eq!(
+        rig.snapshot("extended").await,
+        before,
+        "the stale holder's extension changed the other holder's lock"
+    );
+}
+
+/// The stale holder's release of the lock it asked for with `request`,
+/// after another holder took the lock stored as `taken` (`key` to a
+/// client): the other's lock stays. `NotHeld` when the stale holder held
+/// nothing else; a set's other locks, still its own, are released.
+async fn stale_release<R>(rig: Rig, taken: &str, key: &str, request: R)
+where
+    R: for<'c> FnOnce(&'c LockClient) -> LockRequest<'c>,
+{
+    let locks = rig.client().await;
+    let guard = request(&locks)
+        .ttl(Duration::from_secs(30))
+        .renew(false)
+        .acquire()
+        .await
+        .expect("acquire");
+    let _taken = rig.take_over_name(taken, key, Duration::from_secs(20)).await;
+    let before = rig.snapshot_name(taken).await;
+    let alone = guard.keys().count() == 1;
+    let released = tokio::time::timeout(BOUND, guard.release())
+        .await
+        .expect("bounded");
+    if alone {
+        assert!(matches!(released, Err(LockError::NotHeld { .. })), "{released:?}");
+    }
+    assert_eq!(
+        rig.snapshot_name(taken).await,
+        before,
+        "the stale holder's release changed the other holder's lock"
+    );
+}
+
+/// A fenced lock's release (a MySQL row keeps its counter: an update).
+async fn a_stale_release_leaves_the_other_holders_lock(rig: Rig) {
+    stale_release(rig, &name("released"), "released", |l| {
+        l.lock("released").fencing(true)
+    })
+    .await;
+}
+
+/// An unfenced lock's release (a MySQL row is deleted).
+async fn a_stale_unfenced_release_leaves_the_other_holders_lock(rig: Rig) {
+    stale_release(rig, &name("plain"), "plain", |l| l.lock("plain")).await;
+}
+
+/// Several keys: the one another took stays its.
+async fn a_stale_release_of_several_keys_leaves_the_other_holders_lock(rig: Rig) {
+    stale_release(rig, &name("set-a"), "set-a", |l| l.lock_all(["set-a", "set-b"])).await;
+}
+
+/// Segments: the first segment, the one a lone caller gets, is taken.
+async fn a_stale_release_of_a_segment_leaves_the_other_holders_lock(rig: Rig) {
+    let segment = format!("{}#0", name("seg"));
+    stale_release(rig, &segment, "seg", |l| l.lock("seg").segments(2)).await;
+}
+
+/// A fair lock's release.
+async fn a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock(rig: Rig) {
+    stale_release(rig, &name("fair"), "fair", |l| l.lock("fair").fair(true)).await;
+}
+
+macro_rules! contract {
+    ($($module:ident => $rig:ident: [$($test:ident),* $(,)?]),* $(,)?) => {
+        $(
+            mod $module {
+                use super::Rig;
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $test() {
+                        lock_tests::bounded(
+                            concat!(stringify!($module), "::", stringify!($test)),
+                            super::$test(Rig::$rig()),
+                        )
+                        .await
+                    }
+                )*
+            }
+        )*
+    };
+}
+
+contract! {
+    on_redis => redis: [
+        a_stale_watchdog_renewal_leaves_the_other_holders_lock,
+        a_stale_nested_extension_leaves_the_other_holders_lock,
+        a_stale_release_leaves_the_other_holders_lock,
+        a_stale_unfenced_release_leaves_the_other_holders_lock,
+        a_stale_release_of_several_keys_leaves_the_other_holders_lock,
+        a_stale_release_of_a_segment_leaves_the_other_holders_lock,
+        a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock,
+    ],
+    on_mysql => mysql: [
+        a_stale_watchdog_renewal_leaves_the_other_holders_lock,
+        a_stale_nested_extension_leaves_the_other_holders_lock,
+        a_stale_release_leaves_the_other_holders_lock,
+        a_stale_unfenced_release_leaves_the_other_holders_lock,
+        a_stale_release_of_several_keys_leaves_the_other_holders_lock,
+        a_stale_release_of_a_segment_leaves_the_other_holders_lock,
+    ],
+    on_zookeeper => zookeeper: [
+        a_stale_watchdog_renewal_leaves_the_other_holders_lock,
+        a_stale_nested_extension_leaves_the_other_holders_lock,
+        a_stale_release_leaves_the_other_holders_lock,
+        a_stale_unfenced_release_leaves_the_other_holders_lock,
+        a_stale_release_of_several_keys_leaves_the_other_holders_lock,
+    ],
+}
