@@ -22,6 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPTS = "lock-runtime/src/scripts"
 MYSQL = "lock-runtime/src/backend/mysql.rs"
 ZOOKEEPER = "lock-runtime/src/backend/zookeeper.rs"
+MEMORY = "lock-runtime/src/backend/memory.rs"
 
 # (id, file, the condition as written, the same line without it,
 #  test binary, test name)
@@ -45,10 +46,18 @@ MUTANTS = [
      "stale_holder", "on_redis::a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock"),
     ("R6", f"{SCRIPTS}/release_many.lua",
      "if value == ARGV[1] or value == ARGV[1] .. '+w' then", "if true then",
-     "stale_holder", "on_redis::a_stale_release_of_several_keys_leaves_the_other_holders_lock"),
+     "stale_holder", "on_redis::a_stale_give_back_of_several_keys_leaves_the_other_holders_lock"),
     ("R7", f"{SCRIPTS}/release_segments.lua",
      "if values[i] == ARGV[1] or values[i] == ARGV[1] .. '+w' then", "if true then",
-     "stale_holder", "on_redis::a_stale_release_of_a_segment_leaves_the_other_holders_lock"),
+     "stale_holder", "on_redis::a_stale_give_back_of_segments_leaves_the_other_holders_lock"),
+    ("R8", f"{SCRIPTS}/renew_many.lua",
+     "local ends = redis.pcall('ZSCORE', key, member)",
+     "local ends = redis.pcall('ZSCORE', key, member) or '1e300'",
+     "stale_holder", "on_redis::a_stale_reader_renewal_leaves_the_writers_lock"),
+    ("R9", f"{SCRIPTS}/renew_many.lua",
+     "local ends = redis.pcall('ZSCORE', key, member)",
+     "local ends = redis.pcall('ZSCORE', key, member) or '1e300'",
+     "stale_holder", "on_redis::a_stale_permit_renewal_leaves_the_other_permit_holder"),
     ("M1", MYSQL,
      '"UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND holder = ?',
      '"UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND (holder = ? OR TRUE)',
@@ -71,6 +80,26 @@ MUTANTS = [
      "Ok(None) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(false),",
      "Ok(None) | Err(zk::Error::NoNode | zk::Error::SessionExpired) => Ok(true),",
      "stale_holder", "on_zookeeper::a_stale_watchdog_renewal_leaves_the_other_holders_lock"),
+    ("A1", f"{SCRIPTS}/acquire.lua",
+     "if current == holder or current == holder .. '+w' then", "if true then",
+     "behaviour", "redis::mutual_exclusion"),
+    ("A2", f"{SCRIPTS}/acquire_fair.lua",
+     "if current == holder then\n  -- An earlier attempt", "if current then\n  -- An earlier attempt",
+     "fair", "in_process_waiters_are_served_one_by_one"),
+    ("A3", f"{SCRIPTS}/acquire_many.lua",
+     "if value == holder or value == holder .. '+w' then", "if value then",
+     "several_keys", "redis::a_set_is_taken_whole_or_not_at_all"),
+    ("A4", f"{SCRIPTS}/acquire_segment.lua",
+     "if values[i] == holder or values[i] == holder .. '+w' then", "if values[i] then",
+     "kinds", "redis::segments_exclude_like_locks"),
+    ("M6", MYSQL,
+     "holder = IF(expires_at <= NOW(6) OR holder = ?, ?, holder)",
+     "holder = IF(expires_at <= NOW(6) OR (holder = ? OR TRUE), ?, holder)",
+     "behaviour", "mysql::mutual_exclusion"),
+    ("I1", MEMORY,
+     "let owned = lease.holder == holder && lease.expires > now;",
+     "let owned = lease.expires > now;",
+     "stale_holder", "on_memory::a_stale_release_leaves_the_other_holders_lock"),
 ]
 
 

@@ -59,6 +59,8 @@ pub struct Workload {
     pub long_body_percent: u32,
     /// The client's `replica_acks`, when any.
     pub replica_acks: Option<u32>,
+    /// Each call's `wait`, when not the worker's 3 s.
+    pub wait: Option<Duration>,
 }
 
 /// What workers did: counted by each task, summed per process (printed as
@@ -71,8 +73,10 @@ pub struct Tally {
     pub lost: u64,
     /// Acquisitions that waited out their wait.
     pub timeouts: u64,
-    /// Acquisitions or releases that failed otherwise (during faults).
+    /// Acquisitions (or `run()` calls) that failed otherwise (during faults).
     pub errors: u64,
+    /// Releases that failed (the server was down: the lease ends by its ttl).
+    pub release_errors: u64,
     /// The first such error's message.
     pub first_error: Option<String>,
     /// The worst lateness an assumption monitor saw.
@@ -86,6 +90,7 @@ impl Tally {
         self.lost += other.lost;
         self.timeouts += other.timeouts;
         self.errors += other.errors;
+        self.release_errors += other.release_errors;
         self.first_error = self.first_error.take().or(other.first_error);
         self.worst_late = self.worst_late.max(other.worst_late);
     }
@@ -97,6 +102,7 @@ impl Tally {
             "lost": self.lost,
             "timeouts": self.timeouts,
             "errors": self.errors,
+            "release_errors": self.release_errors,
             "first_error": self.first_error,
             "worst_late_us": u64::try_from(self.worst_late.as_micros()).unwrap_or(u64::MAX),
         })
@@ -112,6 +118,7 @@ impl Tally {
             lost: n("lost"),
             timeouts: n("timeouts"),
             errors: n("errors"),
+            release_errors: n("release_errors"),
             first_error: v["first_error"].as_str().map(str::to_owned),
             worst_late: Duration::from_micros(n("worst_late_us")),
         }
@@ -179,6 +186,9 @@ impl Workers {
                 }
                 if let Some(acks) = workload.replica_acks {
                     command.env("LOCK_WORKER_REPLICA_ACKS", acks.to_string());
+                }
+                if let Some(wait) = workload.wait {
+                    command.env("LOCK_WORKER_WAIT_MS", wait.as_millis().to_string());
                 }
                 crate::server::spawn_owned(command).expect("spawn worker")
             })

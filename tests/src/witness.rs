@@ -76,6 +76,8 @@ pub const FAULTS: &[&str] = &[
     "eviction",
     "kill-restart-empty",
     "master-sigkill",
+    "server-kill-restart",
+    "member-kill-restart",
 ];
 
 /// The raw `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process

@@ -48,6 +48,7 @@ fn workload(target: String, keys: &[&str], duration: Duration, max_body: Duratio
         command_timeout: Some(COMMAND_TIMEOUT),
         long_body_percent: 0,
         replica_acks: None,
+        wait: None,
     }
 }
 
@@ -57,6 +58,7 @@ fn campaign_workload(target: String, length: Duration) -> Workload {
     Workload {
         long_body_percent: 1,
         replica_acks: None,
+        wait: None,
         ..workload(target, &["x:a", "x:b", "x:c"], length, Duration::from_millis(20))
     }
 }

@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockGuard, LockRequest, LostReason};
+use lock_runtime::{LockClient, LockError, LockGuard, LockMode, LockRequest, LostReason};
 use lock_tests::{MariaDb, RedisServer, ZooKeeper, zookeeper};
 
 /// No test here may hang: every wait on the library is bounded.
@@ -147,16 +147,29 @@ impl Rig {
         match self {
             Rig::Redis(server) => {
                 let mut conn = server.sync_connection().expect("connect");
-                let (holder, expiry, fence): (Option<String>, i64, Option<String>) = redis::pipe()
-                    .cmd("GET")
-                    .arg(name)
+                let kind: String = redis::cmd("TYPE").arg(name).query(&mut conn).expect("TYPE");
+                // A shared lock is a sorted set of holders, scored by when
+                // their leases end.
+                let holders: Option<String> = if kind == "zset" {
+                    let members: Vec<String> = redis::cmd("ZRANGE")
+                        .arg(name)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES")
+                        .query(&mut conn)
+                        .expect("ZRANGE");
+                    Some(members.join(" "))
+                } else {
+                    redis::cmd("GET").arg(name).query(&mut conn).expect("GET")
+                };
+                let (expiry, fence): (i64, Option<String>) = redis::pipe()
                     .cmd("PEXPIRETIME")
                     .arg(name)
                     .cmd("GET")
                     .arg(format!("{name}:fence"))
                     .query(&mut conn)
                     .expect("snapshot");
-                Snapshot(vec![holder, Some(expiry.to_string()), fence])
+                Snapshot(vec![Some(kind), holders, Some(expiry.to_string()), fence])
             }
             Rig::Mysql(server) => {
                 let rows = server
@@ -346,6 +359,158 @@ async fn a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock(rig: Rig) 
     stale_release(rig, &name("fair"), "fair", |l| l.lock("fair").fair(true)).await;
 }
 
+/// A shared holder (a reader, a permit holder) whose lease ended and whose
+/// place another took: its renewal must not put it back beside the other
+/// (Redis: a member of the lock's sorted set). The foreign writer replaces
+/// the set with one member of its own, `rival`, for 20 s.
+async fn stale_shared_renewal<R>(rig: Rig, key: &str, rival: &str, request: R)
+where
+    R: for<'c> FnOnce(&'c LockClient) -> LockRequest<'c>,
+{
+    let Rig::Redis(server) = &rig else {
+        unreachable!("the shared-kind renewal tests run on Redis");
+    };
+    let locks = rig.client().await;
+    let taken_name = name(key);
+    let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<Snapshot>();
+    let stale = request(&locks).ttl(Duration::from_millis(1500)).run(async {
+        let now_ms: i64 = {
+            let (seconds, micros): (i64, i64) = server.query(&mut redis::cmd("TIME"));
+            seconds * 1000 + micros / 1000
+        };
+        let mut conn = server.sync_connection().expect("connect");
+        redis::pipe()
+            .atomic()
+            .cmd("DEL")
+            .arg(&taken_name)
+            .ignore()
+            .cmd("ZADD")
+            .arg(&taken_name)
+            .arg(now_ms + 20_000)
+            .arg(rival)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&taken_name)
+            .arg(20_000)
+            .ignore()
+            .query::<()>(&mut conn)
+            .expect("the foreign writer takes the lock");
+        let _ = taken_tx.send(rig.snapshot_name(&taken_name).await);
+        std::future::pending::<()>().await;
+    });
+    let outcome = tokio::time::timeout(BOUND, stale)
+        .await
+        .expect("the body was not cancelled: the renewal did not see the other holder");
+    assert!(matches!(outcome, Err(LockError::Lost { .. })), "{outcome:?}");
+    let before = taken_rx.await.expect("the body took the lock over");
+    assert_eq!(
+        rig.snapshot_name(&taken_name).await,
+        before,
+        "the stale holder's renewal changed the other holder's lock"
+    );
+}
+
+/// A reader whose lease ended, while a writer took the lock.
+async fn a_stale_reader_renewal_leaves_the_writers_lock(rig: Rig) {
+    let writer = format!("w:{RIVAL}");
+    stale_shared_renewal(rig, "rw", &writer, |l| l.lock("rw").mode(LockMode::Read)).await;
+}
+
+/// A permit holder whose lease ended, while another took the one permit.
+async fn a_stale_permit_renewal_leaves_the_other_permit_holder(rig: Rig) {
+    let other = format!("p:{RIVAL}");
+    stale_shared_renewal(rig, "permit", &other, |l| l.lock("permit").permits(1)).await;
+}
+
+/// An attempt whose reply was lost leaves the lock "in doubt", and the
+/// client gives back whatever the attempt may have taken under the holder
+/// id it used. If the give-back arrives after that lease ran out and
+/// another took the lock, it leaves the other's lock. A proxy loses the
+/// attempt's reply (the request is applied) and holds the give-back until
+/// the other holder has the lock. Redis only: elsewhere the give-back is
+/// the release already covered above.
+async fn stale_give_back<R>(rig: Rig, taken: &str, key: &str, request: R)
+where
+    R: for<'c> Fn(&'c LockClient) -> LockRequest<'c>,
+{
+    let Rig::Redis(server) = &rig else {
+        unreachable!("the give-back tests run on Redis");
+    };
+    let proxy = lock_tests::Proxy::start(server.port()).await;
+    let locks = LockClient::builder()
+        .command_timeout(Duration::from_millis(300))
+        .connect(&proxy.url())
+        .await
+        .expect("connect through the proxy");
+    // The same shape once through a healthy link, so that its script is
+    // loaded and the attempt below is applied at its first send.
+    request(&locks)
+        .acquire()
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    let holder_at = |name: &str| server.query::<Option<String>>(redis::cmd("GET").arg(name));
+    proxy.half_open();
+    let attempt = {
+        let locks = locks.clone();
+        let request = &request;
+        let attempt = request(&locks)
+            .ttl(Duration::from_millis(400))
+            .wait(Duration::ZERO)
+            .acquire();
+        tokio::time::timeout(BOUND, async {
+            let applied = async {
+                lock_tests::eventually(BOUND, || holder_at(taken).is_some()).await;
+                // From now on the give-back waits in the proxy.
+                proxy.blackhole();
+            };
+            let (outcome, ()) = tokio::join!(attempt, applied);
+            outcome.map(drop)
+        })
+        .await
+        .expect("bounded")
+    };
+    assert!(attempt.is_err(), "the attempt's reply was lost, so it failed");
+    // Its lease runs out; another holder takes the lock.
+    let expired = lock_tests::eventually(BOUND, || holder_at(taken).is_none()).await;
+    assert!(expired.is_some(), "the attempt's lease never ran out");
+    let _taken = rig.take_over_name(taken, key, Duration::from_secs(20)).await;
+    let before = rig.snapshot_name(taken).await;
+    let scripts = || {
+        let calls = server.command_calls();
+        calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0)
+    };
+    let scripts_before = scripts();
+    proxy.pass();
+    let given_back = lock_tests::eventually(BOUND, || scripts() > scripts_before).await;
+    assert!(
+        given_back.is_some(),
+        "the held give-back never reached the server"
+    );
+    assert_eq!(
+        rig.snapshot_name(taken).await,
+        before,
+        "the stale give-back changed the other holder's lock"
+    );
+}
+
+/// Several keys' give-back (`release_many.lua`).
+async fn a_stale_give_back_of_several_keys_leaves_the_other_holders_lock(rig: Rig) {
+    stale_give_back(rig, &name("back-a"), "back-a", |l| {
+        l.lock_all(["back-a", "back-b"])
+    })
+    .await;
+}
+
+/// A segmented lock's give-back (`release_segments.lua`): any segment the
+/// attempt may hold, so the segment another took too.
+async fn a_stale_give_back_of_segments_leaves_the_other_holders_lock(rig: Rig) {
+    let segment = format!("{}#0", name("back-seg"));
+    stale_give_back(rig, &segment, "back-seg", |l| l.lock("back-seg").segments(2)).await;
+}
+
 macro_rules! contract {
     ($($module:ident => $rig:ident: [$($test:ident),* $(,)?]),* $(,)?) => {
         $(
@@ -375,6 +540,10 @@ contract! {
         a_stale_release_of_several_keys_leaves_the_other_holders_lock,
         a_stale_release_of_a_segment_leaves_the_other_holders_lock,
         a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock,
+        a_stale_give_back_of_several_keys_leaves_the_other_holders_lock,
+        a_stale_give_back_of_segments_leaves_the_other_holders_lock,
+        a_stale_reader_renewal_leaves_the_writers_lock,
+        a_stale_permit_renewal_leaves_the_other_permit_holder,
     ],
     on_mysql => mysql: [
         a_stale_watchdog_renewal_leaves_the_other_holders_lock,
@@ -391,4 +560,44 @@ contract! {
         a_stale_unfenced_release_leaves_the_other_holders_lock,
         a_stale_release_of_several_keys_leaves_the_other_holders_lock,
     ],
+}
+
+/// The in-process backend has no foreign writer and no way to stop its
+/// holder's clock, so its stale holder is one whose fixed lease ran out
+/// while it kept its guard; another task then took the lock.
+mod on_memory {
+    use std::time::Duration;
+
+    use lock_runtime::{LockClient, LockError};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_release_leaves_the_other_holders_lock() {
+        lock_tests::bounded(
+            "on_memory::a_stale_release_leaves_the_other_holders_lock",
+            async {
+                let locks = LockClient::in_memory();
+                let stale = lock_tests::guard_with(&locks, "released", |l| {
+                    l.ttl(Duration::from_millis(100)).renew(false)
+                })
+                .await;
+                let ran_out = lock_tests::eventually(super::BOUND, || !stale.is_held()).await;
+                assert!(ran_out.is_some(), "the fixed lease never ran out");
+                let other = lock_tests::guard_with(&locks, "released", |l| {
+                    l.ttl(Duration::from_secs(30)).wait(Duration::from_secs(5))
+                })
+                .await;
+                let released = stale.release().await;
+                assert!(matches!(released, Err(LockError::NotHeld { .. })), "{released:?}");
+                assert!(
+                    lock_tests::refused_elsewhere(&locks, "released", |l| l).await,
+                    "the stale holder's release freed the other holder's lock"
+                );
+                other
+                    .release()
+                    .await
+                    .expect("the other holder still held its lock");
+            },
+        )
+        .await
+    }
 }

@@ -44,7 +44,8 @@
 //!   Prints one JSON line of counts, errors and the worst lateness of this
 //!   process's assumption monitor. `LOCK_WORKER_COMMAND_TIMEOUT_MS` sets the
 //!   client's command timeout, `LOCK_WORKER_REPLICA_ACKS` its
-//!   `replica_acks`; `LOCK_WORKER_LONG_BODY_PERCENT` makes that
+//!   `replica_acks`, `LOCK_WORKER_WAIT_MS` each call's `wait` (3 s unless
+//!   set); `LOCK_WORKER_LONG_BODY_PERCENT` makes that
 //!   share of the library's bodies last 0.5–2.5 s instead.
 //! - `lock-worker fence <url> <key> <n>`: `n` times, take the lock with a
 //!   fencing token and, under the lock, append the token to the list
@@ -364,6 +365,15 @@ impl Kind {
     }
 }
 
+/// Each call's `wait`: 3 s, or `LOCK_WORKER_WAIT_MS` (the server-death
+/// scenarios give their calls longer than a restart takes).
+fn call_wait() -> Duration {
+    std::env::var("LOCK_WORKER_WAIT_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(Duration::from_secs(3), Duration::from_millis)
+}
+
 async fn connect(target: &str) -> Result<LockClient, LockError> {
     let mut builder = LockClient::builder();
     if let Some(ms) = std::env::var("LOCK_WORKER_COMMAND_TIMEOUT_MS")
@@ -496,7 +506,7 @@ async fn library_task(
         let guard = match request
             .ttl(run.ttl)
             .fencing(fencing)
-            .wait(Duration::from_secs(3))
+            .wait(call_wait())
             .acquire()
             .await
         {
@@ -553,7 +563,9 @@ async fn library_task(
         if let Err(e) = guard.release().await
             && !matches!(e, LockError::Lost { .. } | LockError::NotHeld { .. })
         {
-            tally.errors += 1;
+            // A release the server could not take (it was down): the lease
+            // ends by its ttl (README: "Guarantees").
+            tally.release_errors += 1;
             tally.first_error.get_or_insert_with(|| e.to_string());
         }
     }
@@ -662,7 +674,7 @@ async fn run_body_task(
             .ttl(run.ttl)
             .renew(mode.renewed)
             .fencing(fencing)
-            .wait(Duration::from_secs(3))
+            .wait(call_wait())
             .run(body)
             .await;
         match outcome {

@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use lock_runtime::{LockClient, LockError};
 use lock_tests::lab::{self, Board, Stall, Workload};
 use lock_tests::monitor::{self, Monitor};
-use lock_tests::report::{self, spread_ms};
+use lock_tests::report::{self, Verdict, spread_ms};
 use lock_tests::witness::analyze;
 use lock_tests::{Proxy, RedisServer, eventually};
 use serde_json::json;
 
+mod deaths;
 mod holders;
 mod kinds;
 mod links;
@@ -28,6 +29,15 @@ mod stalls;
 mod zookeeper;
 
 pub(crate) const T: Duration = Duration::from_millis(1500);
+
+/// Taken by every scenario for its whole run: scenarios run one at a time
+/// whatever the test harness's thread count. Two at once on a 2-core machine
+/// starve each other's processes past the assumption monitor's bound, and
+/// the runs say nothing (the INVALID runs of #31).
+pub(crate) async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ONE.lock().await
+}
 
 pub(crate) fn broken_or_library(target: &str, keys: &[&str], lock: &str, duration: Duration) -> Workload {
     Workload {
@@ -41,6 +51,7 @@ pub(crate) fn broken_or_library(target: &str, keys: &[&str], lock: &str, duratio
         command_timeout: None,
         long_body_percent: 0,
         replica_acks: None,
+        wait: None,
     }
 }
 
@@ -94,8 +105,8 @@ pub(crate) struct Baseline {
 
 /// S0's shape on `target`: two processes of four tasks on three keys for
 /// 10 s; with the library's lock, no overlap, no lost update, no token
-/// going back. A run in which the assumption monitor saw a process starved
-/// beyond δ/2 is invalid and re-run (up to three runs).
+/// going back. A run with a violation in which the assumption monitor saw
+/// a process starved beyond δ/2 is invalid and re-run (up to three runs).
 pub(crate) fn run_s0(target: &str, run: Baseline) {
     let keys = ["s0:a", "s0:b", "s0:c"];
     let bound = monitor::bound(T);
@@ -112,24 +123,30 @@ pub(crate) fn run_s0(target: &str, run: Baseline) {
         let online_overlaps: u64 = seen.iter().map(|s| s.overlaps).sum();
         let violations =
             online_overlaps + logged.overlaps.len() as u64 + logged.token_regressions + lost_updates;
-        let valid = worst_late <= bound;
-        if !valid {
-            invalid_runs += 1;
-            eprintln!(
-                "{} run {attempt} INVALID: a process was {worst_late:?} late (bound {bound:?}); {violations} violations not counted",
-                run.id
-            );
-            if attempt < 3 {
-                continue;
+        let starved = worst_late > bound;
+        // Too little traffic proves nothing: a starved run is re-run for
+        // it, a healthy one fails.
+        let thin = logged.entries <= run.min_entries;
+        let verdict = Verdict::judge(violations > 0 || (thin && starved), starved);
+        match verdict {
+            Verdict::Fail => panic!("{}: {violations} violations: {logged:?} {seen:?}", run.id),
+            Verdict::Invalid => {
+                invalid_runs += 1;
+                eprintln!(
+                    "{} run {attempt} INVALID: a process was {worst_late:?} late (bound {bound:?}); {violations} violations, {} bodies not counted",
+                    run.id, logged.entries
+                );
+                if attempt < 3 {
+                    continue;
+                }
             }
-        } else {
-            assert_eq!(violations, 0, "{}: {logged:?} {seen:?}", run.id);
-            assert_eq!(tally.lost, 0, "leases lost on a healthy server");
-            assert_eq!(logged.unmatched, 0, "a body entered and never left: {logged:?}");
-            assert!(
-                logged.entries > run.min_entries,
-                "too little traffic to mean anything: {tally:?}"
-            );
+            Verdict::Pass => {
+                if !starved {
+                    assert_eq!(tally.lost, 0, "leases lost on a healthy server");
+                }
+                assert_eq!(logged.unmatched, 0, "a body entered and never left: {logged:?}");
+                assert!(!thin, "too little traffic to mean anything: {tally:?}");
+            }
         }
         let key_figure = match &run.controls {
             Some(_) => format!("{} acquisitions, controls caught 15/15", logged.entries),
@@ -139,7 +156,8 @@ pub(crate) fn run_s0(target: &str, run: Baseline) {
             run.id,
             json!({
                 "scenario": run.scenario,
-                "verdict": if valid { "PASS" } else { "INVALID" },
+                "verdict": verdict.as_str(),
+                "starved": starved,
                 "parameters": {"processes": 2, "tasks": 4, "keys": 3, "seconds": 10, "ttl_ms": T.as_millis(), "max_body_ms": 2},
                 "acquisitions": logged.entries,
                 "faults": 0,

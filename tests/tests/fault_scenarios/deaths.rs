@@ -1,0 +1,311 @@
+//! DESIGN §11 under the checker: servers and ensemble members that die and
+//! come back, and servers stopped past every lease, under S0's
+//! witness-checked load, on MariaDB and ZooKeeper, with each kind the
+//! backend offers (exclusive and several keys on both; fencing tokens
+//! checked by the fenced register). Each call may wait 20 s, longer than
+//! any restart here takes, so a death must cost time and never an error:
+//! the verdict counts acquisition errors beside overlaps, lost updates and
+//! token regressions, and asks that bodies ran after every fault. Releases
+//! the dead server never got are counted apart (their leases end by ttl).
+//! Holder pauses past the lease are S2my (here) and S2zk; connection cuts
+//! are S4my and S4zk.
+
+use super::holders::run_s2;
+use super::*;
+use lock_tests::MariaDb;
+use lock_tests::lab::Workers;
+use lock_tests::zookeeper::{self, ZooKeeper};
+
+/// Each call's `wait` in these scenarios.
+const CALL_WAIT: Duration = Duration::from_secs(20);
+
+/// One scenario: what to lock, and how often the fault strikes.
+struct Deaths {
+    id: &'static str,
+    name: &'static str,
+    /// `library` (exclusive, fenced) or `library-transfer` (two keys at once).
+    lock: &'static str,
+    keys: &'static [&'static str],
+    /// The witness log's name for the fault.
+    fault: &'static str,
+    faults: u32,
+    /// Percent of bodies that last 0.5–2.5 s (renewed across the faults).
+    long_body_percent: u32,
+    /// Load before the first fault and between faults.
+    spacing: Duration,
+    /// How long the workers run: past the last fault by a few seconds.
+    seconds: u64,
+}
+
+/// Runs `d`'s load against `target`, calling `fault(round)` (which takes
+/// the server down and brings it back) `d.faults` times, and judges it.
+async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
+    let started = Instant::now();
+    let bound = monitor::bound(T);
+    let mut invalid_runs = 0;
+    for attempt in 1..=3 {
+        let board = Board::new();
+        let controller = Monitor::start();
+        let mut workload = broken_or_library(target, d.keys, d.lock, Duration::from_secs(d.seconds));
+        workload.max_body = Duration::from_millis(5);
+        workload.wait = Some(CALL_WAIT);
+        workload.long_body_percent = d.long_body_percent;
+        let workers = Workers::spawn(&board, &workload, 2);
+        for round in 0..d.faults {
+            tokio::time::sleep(d.spacing).await;
+            board.witness.fault(d.fault);
+            tokio::task::block_in_place(|| fault(round));
+            board.witness.heal(d.fault);
+        }
+        let tally = tokio::task::block_in_place(|| workers.finish());
+        let worst_late = tally.worst_late.max(controller.worst());
+        let logged = analyze(board.path(), d.keys).expect("analyze");
+        let seen: Vec<_> = d.keys.iter().map(|k| board.witness.seen(k)).collect();
+        let lost_updates: u64 = seen.iter().map(|s| s.entries - s.counter.min(s.entries)).sum();
+        let online_overlaps: u64 = seen.iter().map(|s| s.overlaps).sum();
+        let overlaps = online_overlaps.max(logged.overlaps.len() as u64);
+        let violations = overlaps + logged.token_regressions + lost_updates;
+        // Bodies ran after every fault healed.
+        let progressed = logged.heal_to_entry_ns.len() == d.faults as usize;
+        // A failed call is DESIGN §11's failure, starved or not: a 20 s
+        // wait outlasts any starvation the monitor sees.
+        assert_eq!(
+            tally.errors, 0,
+            "{}: {} calls failed through the faults (first: {:?})",
+            d.id, tally.errors, tally.first_error
+        );
+        let starved = worst_late > bound;
+        let verdict = Verdict::judge(violations > 0 || !progressed, starved);
+        match verdict {
+            Verdict::Fail => panic!(
+                "{}: {overlaps} overlaps, {lost_updates} lost updates, {} token regressions, bodies after {} of {} faults: {logged:?}",
+                d.id,
+                logged.token_regressions,
+                logged.heal_to_entry_ns.len(),
+                d.faults
+            ),
+            Verdict::Invalid => {
+                invalid_runs += 1;
+                eprintln!(
+                    "{} run {attempt} INVALID: a process was {worst_late:?} late (bound {bound:?}); {violations} violations not counted",
+                    d.id
+                );
+                if attempt < 3 {
+                    continue;
+                }
+            }
+            Verdict::Pass => {}
+        }
+        let heal_to_entry: Vec<Duration> = logged
+            .heal_to_entry_ns
+            .iter()
+            .map(|ns| Duration::from_nanos(*ns))
+            .collect();
+        let slowest = heal_to_entry.iter().max().copied().unwrap_or_default();
+        report::write(
+            d.id,
+            json!({
+                "scenario": d.name,
+                "verdict": verdict.as_str(),
+                "starved": starved,
+                "parameters": {"processes": 2, "tasks": 4, "keys": d.keys.len(), "seconds": d.seconds,
+                    "ttl_ms": T.as_millis(), "max_body_ms": 5, "long_body_percent": d.long_body_percent, "lock": d.lock, "wait_ms": CALL_WAIT.as_millis(),
+                    "fault": d.fault},
+                "acquisitions": logged.entries,
+                "faults": d.faults,
+                "overlaps": overlaps,
+                "token_regressions": logged.token_regressions,
+                "lost_updates": lost_updates,
+                "lost": tally.lost,
+                "timeouts": tally.timeouts,
+                "errors": tally.errors,
+                "release_errors": tally.release_errors,
+                "heal_to_entry_ms": spread_ms(heal_to_entry),
+                "invalid_runs": invalid_runs,
+                "worst_lateness_ms": (worst_late.as_secs_f64() * 1e5).round() / 100.0,
+                "key_figure": format!(
+                    "{} acquisitions through {} faults ({}), 0 overlaps, 0 failed calls, first body {:.0} ms after the slowest fault",
+                    logged.entries,
+                    d.faults,
+                    d.fault,
+                    slowest.as_secs_f64() * 1e3
+                ),
+                "seconds": started.elapsed().as_secs_f64(),
+            }),
+        );
+        return;
+    }
+}
+
+/// MariaDB SIGKILLed and restarted on its port and data.
+fn kill_and_restart(server: &mut MariaDb) {
+    server.kill();
+    server.revive();
+}
+
+/// The members of `zk` in the order they die: followers, then the leader
+/// (so whichever member a worker is connected to dies too).
+fn followers_then_leader(zk: &ZooKeeper) -> Vec<usize> {
+    let leader = zk.leader().expect("a leader");
+    let mut order: Vec<usize> = (0..zk.len()).filter(|&i| i != leader).collect();
+    order.push(leader);
+    order
+}
+
+/// S3my: 2 processes × 4 tasks on 3 keys, fenced, while MariaDB is
+/// SIGKILLed and restarted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3my_mariadb_killed_and_restarted_under_load() {
+    let _alone = alone().await;
+    lock_tests::bounded("s3my_mariadb_killed_and_restarted_under_load", async move {
+        let mut server = MariaDb::start();
+        let deaths = Deaths {
+            id: "S3my",
+            name: "S3 MariaDB SIGKILLed and restarted under load",
+            lock: "library",
+            keys: &["s3:a", "s3:b", "s3:c"],
+            fault: "server-kill-restart",
+            faults: 2,
+            long_body_percent: 1,
+            spacing: Duration::from_secs(3),
+            seconds: 12,
+        };
+        run_deaths(&server.url(), deaths, |_| kill_and_restart(&mut server)).await;
+    })
+    .await
+}
+
+/// S3tmy: two-key transfers (`lock_all`, one transaction) while MariaDB is
+/// SIGKILLed and restarted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3tmy_transfers_through_mariadb_restarts() {
+    let _alone = alone().await;
+    lock_tests::bounded("s3tmy_transfers_through_mariadb_restarts", async move {
+        let mut server = MariaDb::start();
+        let deaths = Deaths {
+            id: "S3tmy",
+            name: "S3 with two-key transfers (lock_all) on MariaDB, SIGKILLed and restarted",
+            lock: "library-transfer",
+            keys: &["t:a", "t:b", "t:c", "t:d"],
+            fault: "server-kill-restart",
+            faults: 2,
+            long_body_percent: 1,
+            spacing: Duration::from_secs(3),
+            seconds: 12,
+        };
+        run_deaths(&server.url(), deaths, |_| kill_and_restart(&mut server)).await;
+    })
+    .await
+}
+
+/// S6my: MariaDB stopped (SIGSTOP) past every lease three times: the
+/// holders' renewals go unanswered, their bodies stop before their
+/// deadlines, and nobody enters a lock whose row is still live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s6my_mariadb_stopped_past_the_leases_under_load() {
+    let _alone = alone().await;
+    lock_tests::bounded("s6my_mariadb_stopped_past_the_leases_under_load", async move {
+        let server = MariaDb::start();
+        let deaths = Deaths {
+            id: "S6my",
+            name: "S6 MariaDB stopped (SIGSTOP) past every lease under load",
+            lock: "library",
+            keys: &["s6:a", "s6:b", "s6:c"],
+            fault: "server-sigstop",
+            faults: 3,
+            long_body_percent: 1,
+            spacing: Duration::from_secs(2),
+            seconds: 14,
+        };
+        run_deaths(&server.url(), deaths, |_| {
+            server.pause();
+            // The stop outlasts every lease (T): no lease survives it by
+            // renewal, so each holder must have stopped by its deadline.
+            std::thread::sleep(T + Duration::from_millis(500));
+            server.resume();
+        })
+        .await;
+    })
+    .await
+}
+
+/// S3zk: each member of a 3-member ensemble SIGKILLed in turn (followers,
+/// then the leader) and started again, under load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3zk_each_ensemble_member_killed_in_turn_under_load() {
+    let _alone = alone().await;
+    lock_tests::bounded(
+        "s3zk_each_ensemble_member_killed_in_turn_under_load",
+        async move {
+            let mut zk = tokio::task::block_in_place(ZooKeeper::ensemble);
+            let order = followers_then_leader(&zk);
+            let deaths = Deaths {
+                id: "S3zk",
+                name: "S3 each member of a 3-member ZooKeeper ensemble SIGKILLed in turn under load",
+                lock: "library",
+                keys: &["s3:a", "s3:b", "s3:c"],
+                fault: "member-kill-restart",
+                faults: 3,
+                long_body_percent: 1,
+                spacing: Duration::from_secs(2),
+                seconds: 22,
+            };
+            run_deaths(&zookeeper::target(&zk), deaths, |round| {
+                let member = order[round as usize];
+                zk.kill(member);
+                zk.revive(member);
+            })
+            .await;
+        },
+    )
+    .await
+}
+
+/// S3tzk: two-key transfers (two queues, taken in one order) while each
+/// ensemble member is killed in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3tzk_transfers_through_ensemble_member_deaths() {
+    let _alone = alone().await;
+    lock_tests::bounded("s3tzk_transfers_through_ensemble_member_deaths", async move {
+        let mut zk = tokio::task::block_in_place(ZooKeeper::ensemble);
+        let order = followers_then_leader(&zk);
+        let deaths = Deaths {
+            id: "S3tzk",
+            name: "S3 with two-key transfers (lock_all) on a ZooKeeper ensemble, each member killed in turn",
+            lock: "library-transfer",
+            keys: &["t:a", "t:b", "t:c", "t:d"],
+            fault: "member-kill-restart",
+            faults: 3,
+            long_body_percent: 1,
+            spacing: Duration::from_secs(2),
+            seconds: 22,
+        };
+        run_deaths(&zookeeper::target(&zk), deaths, |round| {
+            let member = order[round as usize];
+            zk.kill(member);
+            zk.revive(member);
+        })
+        .await;
+    })
+    .await
+}
+
+/// S2my: a holder stops itself (SIGSTOP) past its lease; another holder
+/// takes the row and writes; the stopped holder's late write carries the
+/// smaller token and is refused by the fenced register.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s2my_a_paused_holder_is_stopped_by_fencing() {
+    let _alone = alone().await;
+    lock_tests::bounded("s2my_a_paused_holder_is_stopped_by_fencing", async move {
+        let server = MariaDb::start();
+        let locks = LockClient::mysql(&server.url()).await.expect("connect");
+        run_s2(
+            &server.url(),
+            &locks,
+            "S2my",
+            "S2 holder paused past its lease on MariaDB (self-SIGSTOP failpoint)",
+        )
+        .await;
+    })
+    .await
+}
