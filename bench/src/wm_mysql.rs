@@ -6,7 +6,7 @@ use mysql_async::prelude::Queryable;
 
 use super::*;
 
-/// The backend's acquire statement (unfenced), as `backend/mysql.rs` sends
+/// The backend's acquire statement (unfenced), as `backend/mysql/` sends
 /// it; the floor sends it by hand.
 const ACQUIRE: &str = "INSERT INTO distributed_locks (name, holder, expires_at, fence) \
      VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND, LAST_INSERT_ID(0)) \

@@ -15,6 +15,16 @@ pub(crate) struct ReplicaAcks {
 /// The default time a write waits for its replicas' acknowledgements.
 pub(crate) const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// Where ZooKeeper locks live unless the builder names another root.
+#[cfg(feature = "zookeeper")]
+pub(crate) const DEFAULT_ROOT: &str = "/distributed-locks";
+
+/// The ZooKeeper session timeout asked of the ensemble unless the builder
+/// says otherwise; the server may grant a different one (between 2 and 20
+/// of its ticks).
+#[cfg(feature = "zookeeper")]
+pub(crate) const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What every lock call of one client shares.
 #[derive(Debug, Clone)]
 pub(crate) struct ClientConfig {
@@ -71,9 +81,9 @@ impl Default for ClientConfig {
             #[cfg(feature = "mysql")]
             table: "distributed_locks".into(),
             #[cfg(feature = "zookeeper")]
-            zookeeper_root: crate::backend::zookeeper::DEFAULT_ROOT.into(),
+            zookeeper_root: DEFAULT_ROOT.into(),
             #[cfg(feature = "zookeeper")]
-            session_timeout: crate::backend::zookeeper::DEFAULT_SESSION_TIMEOUT,
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
         }
     }
 }

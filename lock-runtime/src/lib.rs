@@ -25,10 +25,14 @@
 //! See the README for the guarantees and what is not guaranteed.
 
 // Layers, bottom up: each module imports only from the lines above it.
-// Errors, settings and lease arithmetic; the drop guard; metrics.
+// Errors (and the secrets kept out of them), settings and lease
+// arithmetic; the drop guard; metrics.
+mod error;
+mod redact;
+// (rustfmt sorts a run of `mod` lines: a blank line keeps the layers.)
+
 mod config;
 mod drop_guard;
-mod error;
 mod telemetry;
 mod timing;
 // Keys and what a call asks for (data only).
@@ -36,11 +40,12 @@ mod key;
 mod spec;
 // Where locks live.
 mod backend;
-// Release notifications and handoffs, guard bookkeeping, and one lease's
-// state.
+// One lease's state; guard bookkeeping, handoffs and release
+// notifications.
+mod lease_state;
+
 mod guards;
 mod handoff;
-mod lease_state;
 mod waiter;
 // One renewal scheduler per client.
 mod watchdog;
@@ -54,11 +59,12 @@ mod holder;
 mod acquire;
 mod entry;
 mod with_lock;
-// The programmatic API, the public client, the operator's view, the
+// The operator's view, the programmatic API, the public client, the
 // attribute's entry point.
 mod admin;
-mod client;
 mod guard;
+
+mod client;
 mod private;
 
 pub use admin::{HeldKind, LockAdmin, LockHolder, LockInfo};

@@ -18,8 +18,8 @@ use futures_util::stream::BoxStream;
 use redis::RedisResult;
 use tokio::sync::Notify;
 
-use crate::backend::cluster::cluster_builder;
 use crate::backend::redis::Topology;
+use crate::backend::redis::cluster::cluster_builder;
 use crate::drop_guard::{Cleanup, DropGuard};
 use crate::error::LockError;
 use crate::handoff::{MOST_IN_A_ROW, Offer, OfferHandle, TakenOffer};

@@ -265,7 +265,8 @@ async fn the_acquire_script_validates_before_writing() {
 
 /// A script as the client builds it: the shared prelude, then the script.
 fn script(name: &str) -> String {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../lock-runtime/src/scripts");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../lock-runtime/src/backend/redis/scripts");
     let read = |file: &str| std::fs::read_to_string(dir.join(file)).expect("read the script");
     read("prelude.lua") + &read(name)
 }

@@ -94,10 +94,24 @@ macro_rules! on_redis_and_cluster {
 }
 
 on_redis_and_cluster!(
+    a_held_fair_lock_is_refused_to_everyone_else,
     waiters_get_the_lock_in_arrival_order,
     a_waiter_whose_wait_runs_out_leaves_the_line,
     a_foreign_value_at_a_fair_locks_key_is_a_conflict_left_alone,
 );
+
+/// While one task holds a fair lock, another's try is refused: the
+/// script's "already mine" answer (an earlier attempt of the same
+/// acquisition applied, its reply lost) is for the holder's own id only.
+async fn a_held_fair_lock_is_refused_to_everyone_else(f: Fixture) {
+    let held = lock_tests::guard_with(&f.locks, "q1", |l| l.fair(true)).await;
+    assert!(
+        lock_tests::refused_elsewhere(&f.locks, "q1", |l| l.fair(true)).await,
+        "a second holder got a held fair lock"
+    );
+    held.release().await.expect("release");
+    assert!(!lock_tests::refused_elsewhere(&f.locks, "q1", |l| l.fair(true)).await);
+}
 
 /// A value this library did not write and that never expires sits at the
 /// key: a fair lock names it as a conflict at once instead of waiting for a

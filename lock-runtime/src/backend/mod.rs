@@ -8,19 +8,19 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
 
-pub(crate) mod cluster;
 mod contract;
 pub(crate) mod memory;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 pub(crate) mod redis;
-pub(crate) mod redlock;
-pub(crate) mod sentinel;
 mod tls;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;
 
 pub(crate) use self::redis::admin::Found;
+use self::redis::cluster::ClusterLink;
+use self::redis::redlock::{self, RedlockBackend};
+use self::redis::sentinel::SentinelLink;
 pub(crate) use contract::{AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal};
 
 /// The backend a client was built with.
@@ -28,9 +28,9 @@ pub(crate) use contract::{AcquireReply, AcquireRequest, Backend, Failure, HandOv
 pub(crate) enum AnyBackend {
     Redis(redis::RedisBackend),
     Memory(memory::MemoryBackend),
-    Redlock(redlock::RedlockBackend),
-    Cluster(redis::RedisBackend<cluster::ClusterLink>),
-    Sentinel(redis::RedisBackend<sentinel::SentinelLink>),
+    Redlock(RedlockBackend),
+    Cluster(redis::RedisBackend<ClusterLink>),
+    Sentinel(redis::RedisBackend<SentinelLink>),
     #[cfg(feature = "mysql")]
     Mysql(mysql::MysqlBackend),
     #[cfg(feature = "zookeeper")]

@@ -34,25 +34,3 @@ pub(crate) fn tls_certificates(root_pem: &[u8]) -> redis::TlsCertificates {
         root_cert: Some(root_pem.to_vec()),
     }
 }
-
-/// Built only without the feature: `cargo test -p lock-runtime --lib`
-/// (`.ci/run` runs it; the workspace build turns `tls` on for the tests).
-#[cfg(all(test, not(feature = "tls")))]
-mod without_the_feature {
-    use crate::backend::redis::open_url;
-    use crate::error::LockError;
-
-    #[test]
-    fn a_rediss_url_says_to_enable_the_feature_without_its_password() {
-        match open_url("rediss://app:Zq7secretWv3@127.0.0.1:6380/", None) {
-            Err(LockError::InvalidConfig { node, reason }) => {
-                assert!(reason.contains("`tls` feature"), "{reason}");
-                assert!(
-                    !format!("{node} {reason}").contains("Zq7secretWv3"),
-                    "{node} {reason}"
-                );
-            }
-            other => panic!("expected InvalidConfig, got {other:?}"),
-        }
-    }
-}

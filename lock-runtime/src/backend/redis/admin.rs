@@ -6,8 +6,8 @@
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{RedisResult, Value};
 
+use super::cluster::ClusterLink;
 use super::{Connection, RedisBackend};
-use crate::backend::cluster::ClusterLink;
 use crate::error::LockError;
 use crate::key::LockKey;
 

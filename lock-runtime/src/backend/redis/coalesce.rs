@@ -34,12 +34,7 @@ use super::Connection;
 
 /// Without the prelude the other scripts share: it needs none of it, and
 /// defining it would cost every call.
-static COALESCED: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(include_str!(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/src/scripts/coalesced.lua"
-    )))
-});
+static COALESCED: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/coalesced.lua")));
 
 /// Calls are coalesced on one node (or a Sentinel's master) only, where
 /// releases are announced with PUBLISH.

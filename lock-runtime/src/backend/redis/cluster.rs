@@ -76,9 +76,9 @@ pub(crate) fn cluster_builder(
         .response_timeout(timeout);
     #[cfg(feature = "tls")]
     if seeds.iter().any(|s| s.starts_with("rediss://")) {
-        super::tls::install_tls_provider();
+        crate::backend::tls::install_tls_provider();
         if let Some(pem) = tls_root {
-            return builder.certs(super::tls::tls_certificates(pem));
+            return builder.certs(crate::backend::tls::tls_certificates(pem));
         }
     }
     let _ = tls_root;

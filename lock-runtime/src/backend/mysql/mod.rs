@@ -26,9 +26,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, TxOpts};
 
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
-use super::redis::{redact_secrets, redact_url};
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::redact::{redact_secrets, redact_url};
 use crate::spec::Kind;
 
 /// The longest full lock name (prefix, key, segment suffix) the table's

@@ -43,14 +43,6 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
 
-/// Where locks live unless the builder names another root.
-pub(crate) const DEFAULT_ROOT: &str = "/distributed-locks";
-
-/// The session timeout asked of the ensemble unless the builder says
-/// otherwise; the server may grant a different one (between 2 and 20 of its
-/// ticks).
-pub(crate) const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Characters a lock name keeps in its node's name; everything else
 /// (`/`, `%`, spaces, non-ASCII) is percent-encoded, so any key is one
 /// valid node name.
@@ -759,6 +751,7 @@ impl Backend for ZooKeeperBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT};
 
     #[test]
     fn roots_are_absolute_paths() {

@@ -14,8 +14,8 @@ use futures_util::StreamExt;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
-use super::redis::RedisBackend;
+use super::RedisBackend;
+use crate::backend::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
