@@ -102,6 +102,13 @@ pub(crate) async fn acquire_all(
 }
 
 /// Takes `key` and, all at once, the locks of `also` (on the same node).
+///
+/// One acquisition is a small state machine: it attempts (or takes what a
+/// handoff granted), and the answer names what comes next ([`Next`]): the
+/// lease, giving up, another attempt at once, subscribing to the lock in the
+/// way, waiting in line, or waiting for a release (or a handoff, or the
+/// poll), or backing off when nothing can wake it. Each transition is made
+/// in one place, [`Acquisition::decide`].
 async fn acquire_within_wait(
     client: &Arc<ClientInner>,
     key: LockKey,
@@ -109,214 +116,280 @@ async fn acquire_within_wait(
     holder: String,
     opts: &LockOptions,
 ) -> Result<(Lease, Vec<Lease>), LockError> {
-    if opts.fencing && !client.backend.supports_fencing() {
-        return Err(LockError::Unsupported {
-            key: key.name,
-            feature: "fencing tokens (a Redlock cannot keep a counter that only grows when masters fail)"
-                .into(),
-        });
-    }
-    if let Some(feature) = client.backend.unsupported(opts.kind) {
-        return Err(LockError::Unsupported {
-            key: key.name,
-            feature: feature.into(),
-        });
-    }
+    refuse_unsupported(client, &key, opts)?;
     // A lease no longer than the backend can vouch for (ZooKeeper: its
     // session timeout); renewals and deadlines follow from it.
     let capped = LockOptions {
         ttl: client.backend.lease_for(opts.ttl),
         ..*opts
     };
-    let opts = &capped;
-    let started = Instant::now();
-    let give_up_at = started + opts.wait;
-    let mut pending = DropGuard::new(Pending {
-        client: Arc::clone(client),
-        key,
-        also,
-        holder,
-        kind: opts.kind,
-        in_doubt: false,
-    });
-    let config = &client.config;
-    let mut backoff = config.retry_min;
-    let mut attempts = 0u32;
-    // The latest attempt that failed for a reason of its own, kept to
-    // explain a give-up whose last attempt only ran out of time.
-    let mut last_failure: Option<LockError> = None;
-    // What the latest attempt that got an answer found in the way (its
-    // lease left, and which lock of a set), to explain a give-up whose last
-    // attempt only ran out of time.
-    let mut last_held: Option<(Option<Duration>, usize)> = None;
-    // Subscribed to the release channel of the lock in the way (of a set,
-    // the one the last attempt found held) once an attempt finds it held
-    // and there is time left to wait.
-    let mut watch: Option<(usize, Watch)> = None;
-    // A single exclusive lock can be handed to us by a release in this
-    // process (`handoff.rs`): our standing offer while we wait, and what a
-    // handoff granted (the lease counted from when it was sent, a token).
-    let hands_over = opts.kind == Kind::Exclusive && pending.also.is_empty() && client.backend.hands_over();
-    let mut offer: Option<OfferHandle> = None;
-    let mut handed: Option<Granted> = None;
-    // Handoffs in a row that brought the lock to us (0: taken from the server).
-    let mut handed_in_row;
-    // Others here already wait for this lock with offers standing: it is
-    // held, and will be handed on or announced. Join them without a first
-    // attempt, which could only find it held and would cost the server and
-    // this client a call per newcomer. A lock that freed unannounced (its
-    // lease ran out) is found by the waiters that were told its remaining
-    // lease, and by us after at most `POLL`.
-    if hands_over
-        && !opts.wait.is_zero()
-        && client.notifier.has_offers(&pending.key.channel)
-        && !client.guards.held_by_this_task(&pending.key)
-    {
-        let watching = client.notifier.watch(&pending.key.channel).await;
-        let released = Arc::clone(&watching.notify);
-        let released = released.notified();
-        let mut released = std::pin::pin!(released);
-        released.as_mut().enable();
-        offer = client
-            .notifier
-            .offer(&pending.key.channel, &pending.holder, opts.ttl, opts.fencing);
-        watch = Some((0, watching));
-        handed = wait_for_turn(&mut offer, released, opts.wait.min(POLL), &mut pending.in_doubt).await;
-    }
-
+    let mut run = Acquisition::new(client, key, also, holder, &capped);
+    run.join_the_waiters_here().await;
     loop {
-        attempts += 1;
-        // Registered before the attempt, so that a release between its reply
-        // and our sleep still wakes us.
-        let released = watch.as_ref().map(|(_, w)| w.notify.clone());
+        // Registered before the attempt, so that a release between its
+        // reply and our sleep still wakes us.
+        let released = run.watch.as_ref().map(|(_, w)| Arc::clone(&w.notify));
         let released = released.as_deref().map(Notify::notified);
         let mut released = std::pin::pin!(released);
         if let Some(r) = released.as_mut().as_pin_mut() {
             r.enable();
         }
-        let doubt_before = pending.in_doubt;
-        let (sent, attempt) = match handed.take() {
-            Some(granted) => {
-                handed_in_row = granted.in_row;
-                (granted.sent, Ok(AcquireReply::acquired(granted.token)))
-            }
-            None => {
-                handed_in_row = 0;
-                // In doubt from the moment the request may be on the wire: if the
-                // caller drops us now, the drop guard gives back what it may have
-                // taken.
-                pending.in_doubt = true;
-                let sent = Instant::now();
-                let request = AcquireRequest {
-                    key: &pending.key,
-                    holder: &pending.holder,
-                    kind: opts.kind,
-                    also: &pending.also,
-                    ttl: opts.ttl,
-                    waiter_timeout: config.fair_waiter_timeout,
-                    fencing: opts.fencing,
-                    first: attempts == 1,
-                    waiting: sent < give_up_at,
-                    renew: opts.renew,
-                };
-                // Later attempts get what is left of `wait` (but at least a floor a
-                // healthy round trip fits in), so a stalled server cannot carry the
-                // call a whole command timeout past the wait the caller asked for.
-                let budget = if attempts == 1 {
-                    config.command_timeout
-                } else {
-                    config
-                        .command_timeout
-                        .min(give_up_at.saturating_duration_since(sent).max(LATE_ATTEMPT_FLOOR))
-                };
-                let attempt = match tokio::time::timeout(budget, client.backend.acquire(&request)).await {
-                    Ok(attempt) => attempt,
-                    // Cut short by what was left of `wait`: that says nothing about
-                    // the server, so an earlier attempt's failure (a Redlock's
-                    // per-master causes, say) is the better account.
-                    Err(_) if budget < config.command_timeout => match (last_failure.take(), last_held) {
-                        (Some(error), _) => Err(Failure {
-                            error,
-                            transient: true,
-                            reconnecting: false,
-                        }),
-                        // The lock was held at the last look, and the look after it
-                        // ran out of wait: the caller waited the whole `wait` for a
-                        // held lock. Still in doubt: the cut attempt may have been
-                        // applied, so it counts as a claim to give back.
-                        (None, Some((pttl, blocked_by))) => Ok(AcquireReply::Held {
-                            pttl,
-                            claimed: true,
-                            blocked_by,
-                        }),
-                        (None, None) => Err(client.timed_out(&pending.key, "acquire", budget)),
-                    },
-                    Err(_) => Err(client.timed_out(&pending.key, "acquire", budget)),
-                };
-                (sent, attempt)
-            }
-        };
+        let (sent, answer) = run.attempt().await;
+        match run.decide(sent, answer).await? {
+            Next::Granted { token, segment } => return Ok(run.grant(sent, token, segment)),
+            Next::Attempt => {}
+            Next::Subscribe { blocker } => run.subscribe(blocker).await,
+            Next::WaitInLine { blocker, pause } => run.wait_in_line(blocker, pause).await,
+            Next::WaitForRelease { blocker, pause } => match released.as_pin_mut() {
+                Some(released) => run.wait_for_release(released, blocker, pause).await,
+                None => run.back_off(pause).await,
+            },
+        }
+    }
+}
 
+/// A kind this backend cannot take, or fencing it cannot keep: refused
+/// before any I/O.
+fn refuse_unsupported(client: &ClientInner, key: &LockKey, opts: &LockOptions) -> Result<(), LockError> {
+    if opts.fencing && !client.backend.supports_fencing() {
+        return Err(LockError::Unsupported {
+            key: key.name.clone(),
+            feature: "fencing tokens (a Redlock cannot keep a counter that only grows when masters fail)"
+                .into(),
+        });
+    }
+    if let Some(feature) = client.backend.unsupported(opts.kind) {
+        return Err(LockError::Unsupported {
+            key: key.name.clone(),
+            feature: feature.into(),
+        });
+    }
+    Ok(())
+}
+
+/// What an acquisition does after an attempt's answer.
+enum Next {
+    /// The lock is ours: make the leases.
+    Granted {
+        token: Option<u64>,
+        segment: Option<u32>,
+    },
+    /// Attempt again at once.
+    Attempt,
+    /// Subscribe to the release channel of lock `blocker` (of a set), then
+    /// look again: a release may have come while we subscribed.
+    Subscribe { blocker: usize },
+    /// In the backend's queue: wait for the one ahead to go, at most `pause`.
+    WaitInLine { blocker: usize, pause: Duration },
+    /// Wait at most `pause` for lock `blocker`'s release (or a handoff, or
+    /// the poll); without a subscription, back off instead.
+    WaitForRelease { blocker: usize, pause: Duration },
+}
+
+/// One acquisition between its attempts: what the state machine carries
+/// from one step to the next.
+struct Acquisition<'a> {
+    client: &'a Arc<ClientInner>,
+    opts: &'a LockOptions,
+    started: Instant,
+    give_up_at: Instant,
+    pending: DropGuard<Pending>,
+    backoff: Duration,
+    attempts: u32,
+    /// Whether the acquisition was in doubt before the latest attempt.
+    doubt_before: bool,
+    /// The latest attempt that failed for a reason of its own, kept to
+    /// explain a give-up whose last attempt only ran out of time.
+    last_failure: Option<LockError>,
+    /// What the latest attempt that got an answer found in the way (its
+    /// lease left, and which lock of a set), for the same purpose.
+    last_held: Option<(Option<Duration>, usize)>,
+    /// Subscribed to the release channel of the lock in the way (of a set,
+    /// the one the last attempt found held) once an attempt finds it held
+    /// and there is time left to wait.
+    watch: Option<(usize, Watch)>,
+    /// A single exclusive lock can be handed to us by a release in this
+    /// process (`handoff.rs`): our standing offer while we wait, and what a
+    /// handoff granted (the lease counted from when it was sent, a token).
+    hands_over: bool,
+    offer: Option<OfferHandle>,
+    handed: Option<Granted>,
+    /// Handoffs in a row that brought the lock to us (0: taken from the
+    /// server).
+    handed_in_row: u32,
+}
+
+impl<'a> Acquisition<'a> {
+    fn new(
+        client: &'a Arc<ClientInner>,
+        key: LockKey,
+        also: Vec<LockKey>,
+        holder: String,
+        opts: &'a LockOptions,
+    ) -> Self {
+        let started = Instant::now();
+        let hands_over = opts.kind == Kind::Exclusive && also.is_empty() && client.backend.hands_over();
+        Acquisition {
+            client,
+            opts,
+            started,
+            give_up_at: started + opts.wait,
+            pending: DropGuard::new(Pending {
+                client: Arc::clone(client),
+                key,
+                also,
+                holder,
+                kind: opts.kind,
+                in_doubt: false,
+            }),
+            backoff: client.config.retry_min,
+            attempts: 0,
+            doubt_before: false,
+            last_failure: None,
+            last_held: None,
+            watch: None,
+            hands_over,
+            offer: None,
+            handed: None,
+            handed_in_row: 0,
+        }
+    }
+
+    /// Others here already wait for this lock with offers standing: it is
+    /// held, and will be handed on or announced. Join them without a first
+    /// attempt, which could only find it held and would cost the server and
+    /// this client a call per newcomer. A lock that freed unannounced (its
+    /// lease ran out) is found by the waiters that were told its remaining
+    /// lease, and by us after at most `POLL`.
+    async fn join_the_waiters_here(&mut self) {
+        let (client, opts) = (self.client, self.opts);
+        let others_wait_here = self.hands_over
+            && !opts.wait.is_zero()
+            && client.notifier.has_offers(&self.pending.key.channel)
+            && !client.guards.held_by_this_task(&self.pending.key);
+        if !others_wait_here {
+            return;
+        }
+        let watching = client.notifier.watch(&self.pending.key.channel).await;
+        let released = Arc::clone(&watching.notify);
+        let released = released.notified();
+        let mut released = std::pin::pin!(released);
+        released.as_mut().enable();
+        self.offer = client.notifier.offer(
+            &self.pending.key.channel,
+            &self.pending.holder,
+            opts.ttl,
+            opts.fencing,
+        );
+        self.watch = Some((0, watching));
+        self.handed = wait_for_turn(
+            &mut self.offer,
+            released,
+            opts.wait.min(POLL),
+            &mut self.pending.in_doubt,
+        )
+        .await;
+    }
+
+    /// One attempt: what a handoff granted, or a request to the backend
+    /// within what is left of `wait`. Returns when it was sent (the lease
+    /// counts from then) and the answer.
+    async fn attempt(&mut self) -> (Instant, Result<AcquireReply, Failure>) {
+        self.attempts += 1;
+        self.doubt_before = self.pending.in_doubt;
+        if let Some(granted) = self.handed.take() {
+            self.handed_in_row = granted.in_row;
+            return (granted.sent, Ok(AcquireReply::acquired(granted.token)));
+        }
+        self.handed_in_row = 0;
+        let (client, opts) = (self.client, self.opts);
+        let config = &client.config;
+        // In doubt from the moment the request may be on the wire: if the
+        // caller drops us now, the drop guard gives back what it may have
+        // taken.
+        self.pending.in_doubt = true;
+        let sent = Instant::now();
+        let request = AcquireRequest {
+            key: &self.pending.key,
+            holder: &self.pending.holder,
+            kind: opts.kind,
+            also: &self.pending.also,
+            ttl: opts.ttl,
+            waiter_timeout: config.fair_waiter_timeout,
+            fencing: opts.fencing,
+            first: self.attempts == 1,
+            waiting: sent < self.give_up_at,
+            renew: opts.renew,
+        };
+        // Later attempts get what is left of `wait` (but at least a floor a
+        // healthy round trip fits in), so a stalled server cannot carry the
+        // call a whole command timeout past the wait the caller asked for.
+        let budget = if self.attempts == 1 {
+            config.command_timeout
+        } else {
+            config.command_timeout.min(
+                self.give_up_at
+                    .saturating_duration_since(sent)
+                    .max(LATE_ATTEMPT_FLOOR),
+            )
+        };
+        let answer = match tokio::time::timeout(budget, client.backend.acquire(&request)).await {
+            Ok(answer) => answer,
+            // Cut short by what was left of `wait`: that says nothing about
+            // the server, so an earlier attempt's failure (a Redlock's
+            // per-master causes, say) is the better account.
+            Err(_) if budget < config.command_timeout => match (self.last_failure.take(), self.last_held) {
+                (Some(error), _) => Err(Failure {
+                    error,
+                    transient: true,
+                    reconnecting: false,
+                }),
+                // The lock was held at the last look, and the look after it
+                // ran out of wait: the caller waited the whole `wait` for a
+                // held lock. Still in doubt: the cut attempt may have been
+                // applied, so it counts as a claim to give back.
+                (None, Some((pttl, blocked_by))) => Ok(AcquireReply::Held {
+                    pttl,
+                    claimed: true,
+                    blocked_by,
+                }),
+                (None, None) => Err(client.timed_out(&self.pending.key, "acquire", budget)),
+            },
+            Err(_) => Err(client.timed_out(&self.pending.key, "acquire", budget)),
+        };
+        (sent, answer)
+    }
+
+    /// Every transition after an attempt: granted, given up (the error), or
+    /// how to wait for the next attempt.
+    async fn decide(
+        &mut self,
+        sent: Instant,
+        answer: Result<AcquireReply, Failure>,
+    ) -> Result<Next, LockError> {
+        let (client, opts) = (self.client, self.opts);
         let mut sleep_cap = None;
         let mut blocker = 0;
         let mut retry_now = false;
-        let outcome = match attempt {
+        let outcome = match answer {
             Ok(AcquireReply::Acquired { token, segment }) => {
                 // A handoff to us may be under way: the lock it hands over
                 // is this one (the same holder id), so it is ours either way.
-                if let Some(offer) = offer.take() {
-                    handed_in_row = handed_in_row.max(offer.settle().await);
+                if let Some(offer) = self.offer.take() {
+                    self.handed_in_row = self.handed_in_row.max(offer.settle().await);
                 }
                 let cutoff = validity_deadline(sent, opts.ttl) - stop_margin(opts.ttl);
-                let granted = Instant::now();
-                if granted < cutoff {
-                    let waited = granted - started;
-                    // Handed over to the lease: nothing is left in doubt.
-                    let Pending {
-                        key,
-                        also,
-                        holder,
-                        kind,
-                        ..
-                    } = pending.into_inner();
-                    tracing::debug!(key = %key.name, waited_ms = millis(waited), attempts, segment, "lock acquired");
-                    let lease = |key: LockKey, holder: String, token: Option<u64>| {
-                        let grant = Grant {
-                            key,
-                            holder,
-                            kind,
-                            token,
-                            segment,
-                            name: opts.name,
-                            waited,
-                            handed_in_row,
-                        };
-                        let state = Arc::new(LeaseState::new(grant, opts.ttl, opts.renew, sent));
-                        if opts.renew {
-                            client.watchdog.watch(&state);
-                        }
-                        Lease::new(Arc::clone(client), state)
-                    };
-                    // The set's other locks share the holder id; the first
-                    // takes the original, so a single lock copies nothing.
-                    let more = also
-                        .into_iter()
-                        .map(|key| lease(key, holder.clone(), None))
-                        .collect();
-                    let key = match segment {
-                        Some(i) => key.segment(i),
-                        None => key,
-                    };
-                    return Ok((lease(key, holder, token), more));
+                if Instant::now() < cutoff {
+                    return Ok(Next::Granted { token, segment });
                 }
                 // The reply came back after the lease could already have
                 // expired on the server, so the lock is useless: give it back
                 // before the next attempt, which reuses this holder id and
                 // would otherwise find the lock "already mine".
-                pending.settle().await;
+                self.pending.settle().await;
                 Outcome::Failed(LockError::backend(
                     &client.node,
-                    Some(&pending.key.name),
+                    Some(&self.pending.key.name),
                     format!(
                         "the server granted the lock after {}ms, past the {}ms lease; retrying",
                         millis(sent.elapsed()),
@@ -330,12 +403,12 @@ async fn acquire_within_wait(
                 blocked_by,
             }) => {
                 blocker = blocked_by;
-                last_held = Some((pttl, blocked_by));
+                self.last_held = Some((pttl, blocked_by));
                 // Attempts are applied in the order sent, and a later one would
                 // have found an earlier success ("already mine"): so no attempt
                 // holds the lock. A writer's claim is withdrawn like a lock
                 // if we stop waiting.
-                pending.in_doubt = claimed;
+                self.pending.in_doubt = claimed;
                 sleep_cap = pttl;
                 Outcome::Held {
                     no_expiry: pttl.is_none(),
@@ -344,110 +417,167 @@ async fn acquire_within_wait(
             Err(failure) if failure.transient => {
                 // A first attempt that met a broken connection is not a real
                 // try: the client reconnects on that error, so try again now.
-                retry_now = attempts == 1 && failure.reconnecting;
+                retry_now = self.attempts == 1 && failure.reconnecting;
                 Outcome::Failed(failure.error)
             }
             Err(failure) => {
                 // Refused outright (a foreign value, a bad argument): this
                 // attempt wrote nothing, but an earlier one may have, in which
                 // case Drop gives it back.
-                pending.in_doubt = doubt_before;
-                tracing::debug!(key = %pending.key.name, error = %failure.error, "lock not acquired");
+                self.pending.in_doubt = self.doubt_before;
+                tracing::debug!(key = %self.pending.key.name, error = %failure.error, "lock not acquired");
                 return Err(failure.error);
             }
         };
 
         let now = Instant::now();
-        if now >= give_up_at && !retry_now {
+        if now >= self.give_up_at && !retry_now {
             // Anything still in doubt is given back by Drop from a spawned
             // task: its release is queued behind our attempts on the same
             // connection, and waiting for it would overrun `wait`.
             let error = match outcome {
                 Outcome::Held { no_expiry } => LockError::Timeout {
-                    key: pending.lock(blocker).name.clone(),
+                    key: self.pending.lock(blocker).name.clone(),
                     wait: opts.wait,
                     no_expiry,
                 },
                 Outcome::Failed(error) => error,
             };
-            tracing::debug!(key = %pending.key.name, waited_ms = millis(now - started), error = %error, "lock not acquired");
+            tracing::debug!(key = %self.pending.key.name, waited_ms = millis(now - self.started), error = %error, "lock not acquired");
             return Err(error);
         }
-
         let held = match outcome {
             Outcome::Held { .. } => true,
             Outcome::Failed(error) => {
-                last_failure = Some(error);
+                self.last_failure = Some(error);
                 false
             }
         };
         if retry_now {
-            continue;
+            return Ok(Next::Attempt);
         }
         // About to wait: not for a guard this very task holds, which would
         // never be released while it waits.
-        if held && watch.is_none() && client.guards.held_by_this_task(pending.lock(blocker)) {
+        if held && self.watch.is_none() && client.guards.held_by_this_task(self.pending.lock(blocker)) {
             return Err(LockError::WouldDeadlock {
-                key: pending.lock(blocker).name.clone(),
+                key: self.pending.lock(blocker).name.clone(),
             });
         }
-        let mut pause = give_up_at.saturating_duration_since(now);
+        let mut pause = self.give_up_at.saturating_duration_since(now);
         if let Some(pttl) = sleep_cap {
             pause = pause.min(pttl.max(Duration::from_millis(1)));
         }
-        if held && client.backend.queues_waiters() {
-            // In line: the backend watches the one ahead of us alone, so a
-            // release wakes one waiter, whichever process it is in.
-            tokio::select! {
-                () = client.backend.turn(pending.lock(blocker), &pending.holder) => {}
-                () = tokio::time::sleep(pause) => {}
-            }
-            continue;
-        }
-        if held && watch.as_ref().is_none_or(|(watched, _)| *watched != blocker) {
-            let channel = &pending.lock(blocker).channel;
-            // A fair waiter is woken by name, when it is first in line.
-            let watching = match opts.kind {
-                Kind::Fair => client.notifier.watch_as(channel, &pending.holder).await,
-                _ => client.notifier.watch(channel).await,
+        Ok(if held && client.backend.queues_waiters() {
+            Next::WaitInLine { blocker, pause }
+        } else if held && self.watch.as_ref().is_none_or(|(watched, _)| *watched != blocker) {
+            Next::Subscribe { blocker }
+        } else {
+            Next::WaitForRelease { blocker, pause }
+        })
+    }
+
+    /// The leases of a granted acquisition: nothing is left in doubt.
+    fn grant(self, sent: Instant, token: Option<u64>, segment: Option<u32>) -> (Lease, Vec<Lease>) {
+        let (client, opts) = (self.client, self.opts);
+        let waited = Instant::now() - self.started;
+        let (attempts, handed_in_row) = (self.attempts, self.handed_in_row);
+        let Pending {
+            key,
+            also,
+            holder,
+            kind,
+            ..
+        } = self.pending.into_inner();
+        tracing::debug!(key = %key.name, waited_ms = millis(waited), attempts, segment, "lock acquired");
+        let lease = |key: LockKey, holder: String, token: Option<u64>| {
+            let grant = Grant {
+                key,
+                holder,
+                kind,
+                token,
+                segment,
+                name: opts.name,
+                waited,
+                handed_in_row,
             };
-            watch = Some((blocker, watching));
-            // Offered before the look below, so that a release here after
-            // it hands the lock to us.
-            if hands_over {
-                offer = client
-                    .notifier
-                    .offer(channel, &pending.holder, opts.ttl, opts.fencing);
+            let state = Arc::new(LeaseState::new(grant, opts.ttl, opts.renew, sent));
+            if opts.renew {
+                client.watchdog.watch(&state);
             }
-            // The release may have come while we subscribed: look again now.
-            continue;
+            Lease::new(Arc::clone(client), state)
+        };
+        // The set's other locks share the holder id; the first takes the
+        // original, so a single lock copies nothing.
+        let more = also
+            .into_iter()
+            .map(|key| lease(key, holder.clone(), None))
+            .collect();
+        let key = match segment {
+            Some(i) => key.segment(i),
+            None => key,
+        };
+        (lease(key, holder, token), more)
+    }
+
+    /// Subscribes to lock `blocker`'s releases; a fair waiter is woken by
+    /// name, when it is first in line.
+    async fn subscribe(&mut self, blocker: usize) {
+        let (client, opts) = (self.client, self.opts);
+        let channel = &self.pending.lock(blocker).channel;
+        let watching = match opts.kind {
+            Kind::Fair => client.notifier.watch_as(channel, &self.pending.holder).await,
+            _ => client.notifier.watch(channel).await,
+        };
+        self.watch = Some((blocker, watching));
+        // Offered before the look that follows, so that a release here
+        // after it hands the lock to us.
+        if self.hands_over {
+            self.offer = client
+                .notifier
+                .offer(channel, &self.pending.holder, opts.ttl, opts.fencing);
         }
-        match released.as_pin_mut() {
-            // Subscribed: a release wakes us; the poll only covers lost
-            // messages.
-            Some(released) => {
-                // Without announcements from other processes, the poll is
-                // how their releases are seen: jittered, so that waiters
-                // that started together do not query in lockstep.
-                let poll = if client.backend.polls_for_releases() {
-                    jitter(config.poll_interval)
-                } else {
-                    POLL
-                };
-                let poll = pause.min(poll);
-                if hands_over && offer.is_none() {
-                    let channel = &pending.lock(blocker).channel;
-                    offer = client
-                        .notifier
-                        .offer(channel, &pending.holder, opts.ttl, opts.fencing);
-                }
-                handed = wait_for_turn(&mut offer, released, poll, &mut pending.in_doubt).await;
-            }
-            None => {
-                tokio::time::sleep(jitter(backoff).min(pause)).await;
-                backoff = (backoff * 2).min(config.retry_max);
-            }
+    }
+
+    /// In line: the backend watches the one ahead of us alone, so a release
+    /// wakes one waiter, whichever process it is in.
+    async fn wait_in_line(&self, blocker: usize, pause: Duration) {
+        tokio::select! {
+            () = self.client.backend.turn(self.pending.lock(blocker), &self.pending.holder) => {}
+            () = tokio::time::sleep(pause) => {}
         }
+    }
+
+    /// Subscribed: a release (or a handoff) wakes us; the poll only covers
+    /// lost messages.
+    async fn wait_for_release(
+        &mut self,
+        released: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        blocker: usize,
+        pause: Duration,
+    ) {
+        let (client, opts) = (self.client, self.opts);
+        // Without announcements from other processes, the poll is how their
+        // releases are seen: jittered, so that waiters that started together
+        // do not query in lockstep.
+        let poll = if client.backend.polls_for_releases() {
+            jitter(client.config.poll_interval)
+        } else {
+            POLL
+        };
+        let poll = pause.min(poll);
+        if self.hands_over && self.offer.is_none() {
+            let channel = &self.pending.lock(blocker).channel;
+            self.offer = client
+                .notifier
+                .offer(channel, &self.pending.holder, opts.ttl, opts.fencing);
+        }
+        self.handed = wait_for_turn(&mut self.offer, released, poll, &mut self.pending.in_doubt).await;
+    }
+
+    /// Nothing can wake us (no subscription): a growing, jittered pause.
+    async fn back_off(&mut self, pause: Duration) {
+        tokio::time::sleep(jitter(self.backoff).min(pause)).await;
+        self.backoff = (self.backoff * 2).min(self.client.config.retry_max);
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LostReason, fencing_token};
+use lock_tests::monitor::{self, Monitor};
 use lock_tests::{MariaDb, RedisServer, ZooKeeper};
 
 /// A client and whatever it needs kept alive.
@@ -369,19 +370,35 @@ async fn a_fixed_lease_expires(f: Fixture) {
 }
 
 async fn a_renewed_lease_outlives_its_ttl(f: Fixture) {
-    let ttl = Duration::from_millis(150);
-    f.locks
-        .lock("renewed")
-        .ttl(ttl)
-        .run(async {
-            for _ in 0..3 {
-                tokio::time::sleep(ttl).await;
-                assert!(
-                    held_elsewhere(&f.locks, "renewed").await,
-                    "lost its lock while running"
-                );
+    // Renewed every ttl/3 for three ttls. A process starved past the lease's
+    // drift allowance can lose it (the lease says so rather than trust a
+    // renewal it did not see): such a run says nothing and is run again.
+    let ttl = Duration::from_millis(300);
+    for run in 1..=3 {
+        let monitor = Monitor::start();
+        let outcome = f
+            .locks
+            .lock("renewed")
+            .ttl(ttl)
+            .run(async {
+                for _ in 0..3 {
+                    tokio::time::sleep(ttl).await;
+                    assert!(
+                        held_elsewhere(&f.locks, "renewed").await,
+                        "the lease it still trusts was taken"
+                    );
+                }
+            })
+            .await;
+        match outcome {
+            Ok(()) => return,
+            Err(e) if monitor.worst() > monitor::bound(ttl) && run < 3 => {
+                eprintln!("run {run} INVALID: starved {:?}: {e}", monitor.worst());
             }
-        })
-        .await
-        .expect("never lost");
+            Err(e) => panic!(
+                "lost a renewed lease: {e} (starved at most {:?})",
+                monitor.worst()
+            ),
+        }
+    }
 }
