@@ -23,6 +23,24 @@
 //! server.
 //!
 //! See the README for the guarantees and what is not guaranteed.
+//!
+//! # Features
+//!
+//! - `metrics` (default): records the `distributed_lock_*` counters,
+//!   histograms and gauge through the [`metrics`](https://docs.rs/metrics)
+//!   facade; the application installs the exporter.
+//! - `mysql`: `LockClient::mysql` and `LockClientBuilder::mysql`, locks
+//!   as rows of a MySQL 8 / MariaDB 10.6+ table, through `mysql_async`.
+//! - `zookeeper`: `LockClient::zookeeper` and
+//!   `LockClientBuilder::zookeeper`, locks as queues of ephemeral
+//!   sequential nodes on a ZooKeeper 3.5+ ensemble, through
+//!   `zookeeper-client`.
+//! - `tls`: `rediss://` URLs, through rustls with its `ring` provider
+//!   (installed when a TLS connection is opened, unless the application
+//!   installed one first).
+//!
+//! Redis (one node, Cluster, Sentinel, Redlock) and the in-process backend
+//! need no feature.
 
 // Layers, bottom up: each module imports only from the lines above it.
 // Errors (and the secrets kept out of them), settings and lease

@@ -410,6 +410,61 @@ where
     );
 }
 
+/// A reader whose lease ended, while a writer took the lock, asks in a
+/// nested call for a longer lease: the extension (`renew.lua`) must not put
+/// it back beside the writer.
+async fn a_stale_reader_extension_leaves_the_writers_lock(rig: Rig) {
+    let Rig::Redis(server) = &rig else {
+        unreachable!("the shared-kind tests run on Redis");
+    };
+    let locks = rig.client().await;
+    let taken_name = name("rw-ext");
+    let writer = format!("w:{RIVAL}");
+    let outer = locks
+        .lock("rw-ext")
+        .mode(LockMode::Read)
+        .ttl(Duration::from_secs(5))
+        .renew(false)
+        .run(async {
+            let (seconds, micros): (i64, i64) = server.query(&mut redis::cmd("TIME"));
+            let mut conn = server.sync_connection().expect("connect");
+            redis::pipe()
+                .atomic()
+                .cmd("DEL")
+                .arg(&taken_name)
+                .ignore()
+                .cmd("ZADD")
+                .arg(&taken_name)
+                .arg(seconds * 1000 + micros / 1000 + 2_000)
+                .arg(&writer)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(&taken_name)
+                .arg(2_000)
+                .ignore()
+                .query::<()>(&mut conn)
+                .expect("the foreign writer takes the lock");
+            let before = rig.snapshot_name(&taken_name).await;
+            let nested = locks
+                .lock("rw-ext")
+                .mode(LockMode::Read)
+                .ttl(Duration::from_secs(30))
+                .run(async {})
+                .await;
+            (before, nested)
+        });
+    let (before, nested) = tokio::time::timeout(BOUND, outer)
+        .await
+        .expect("bounded")
+        .expect("the outer lease is still trusted");
+    assert!(matches!(nested, Err(LockError::Lost { .. })), "{nested:?}");
+    assert_eq!(
+        rig.snapshot_name(&taken_name).await,
+        before,
+        "the stale reader's extension changed the writer's lock"
+    );
+}
+
 /// A reader whose lease ended, while a writer took the lock.
 async fn a_stale_reader_renewal_leaves_the_writers_lock(rig: Rig) {
     let writer = format!("w:{RIVAL}");
@@ -559,6 +614,7 @@ contract! {
         a_stale_give_back_of_several_keys_leaves_the_other_holders_lock,
         a_stale_give_back_of_segments_leaves_the_other_holders_lock,
         a_stale_reader_renewal_leaves_the_writers_lock,
+        a_stale_reader_extension_leaves_the_writers_lock,
         a_stale_permit_renewal_leaves_the_other_permit_holder,
     ],
     on_mysql => mysql: [
