@@ -108,3 +108,24 @@ pub mod __private {
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// Compiles every example in the reference pages under `docs/`.
+#[cfg(doctest)]
+pub mod docs_doctests {
+    #[doc = include_str!("../../docs/attribute.md")]
+    pub struct Attribute;
+    #[doc = include_str!("../../docs/backends.md")]
+    pub struct Backends;
+    #[doc = include_str!("../../docs/api.md")]
+    pub struct Api;
+    #[doc = include_str!("../../docs/guarantees.md")]
+    pub struct Guarantees;
+    #[doc = include_str!("../../docs/operations.md")]
+    pub struct Operations;
+    #[doc = include_str!("../../docs/fault-suite.md")]
+    pub struct FaultSuite;
+    #[doc = include_str!("../../docs/benchmarks.md")]
+    pub struct Benchmarks;
+    #[doc = include_str!("../../docs/contributing.md")]
+    pub struct Contributing;
+}
