@@ -359,6 +359,30 @@ async fn a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock(rig: Rig) 
     stale_release(rig, &name("fair"), "fair", |l| l.lock("fair").fair(true)).await;
 }
 
+/// A foreign writer replaces the shared lock stored as `name` (a sorted
+/// set of holders scored by when their leases end, by the server's clock)
+/// with one holder, `member`, for `lease_ms`.
+fn shared_lock_of(server: &RedisServer, name: &str, member: &str, lease_ms: i64) {
+    let (seconds, micros): (i64, i64) = server.query(&mut redis::cmd("TIME"));
+    let mut conn = server.sync_connection().expect("connect");
+    redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg(name)
+        .ignore()
+        .cmd("ZADD")
+        .arg(name)
+        .arg(seconds * 1000 + micros / 1000 + lease_ms)
+        .arg(member)
+        .ignore()
+        .cmd("PEXPIRE")
+        .arg(name)
+        .arg(lease_ms)
+        .ignore()
+        .query::<()>(&mut conn)
+        .expect("the foreign writer takes the lock");
+}
+
 /// A shared holder (a reader, a permit holder) whose lease ended and whose
 /// place another took: its renewal must not put it back beside the other
 /// (Redis: a member of the lock's sorted set). The foreign writer replaces
@@ -374,27 +398,7 @@ where
     let taken_name = name(key);
     let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<Snapshot>();
     let stale = request(&locks).ttl(Duration::from_millis(1500)).run(async {
-        let now_ms: i64 = {
-            let (seconds, micros): (i64, i64) = server.query(&mut redis::cmd("TIME"));
-            seconds * 1000 + micros / 1000
-        };
-        let mut conn = server.sync_connection().expect("connect");
-        redis::pipe()
-            .atomic()
-            .cmd("DEL")
-            .arg(&taken_name)
-            .ignore()
-            .cmd("ZADD")
-            .arg(&taken_name)
-            .arg(now_ms + 20_000)
-            .arg(rival)
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&taken_name)
-            .arg(20_000)
-            .ignore()
-            .query::<()>(&mut conn)
-            .expect("the foreign writer takes the lock");
+        shared_lock_of(server, &taken_name, rival, 20_000);
         let _ = taken_tx.send(rig.snapshot_name(&taken_name).await);
         std::future::pending::<()>().await;
     });
@@ -426,24 +430,7 @@ async fn a_stale_reader_extension_leaves_the_writers_lock(rig: Rig) {
         .ttl(Duration::from_secs(5))
         .renew(false)
         .run(async {
-            let (seconds, micros): (i64, i64) = server.query(&mut redis::cmd("TIME"));
-            let mut conn = server.sync_connection().expect("connect");
-            redis::pipe()
-                .atomic()
-                .cmd("DEL")
-                .arg(&taken_name)
-                .ignore()
-                .cmd("ZADD")
-                .arg(&taken_name)
-                .arg(seconds * 1000 + micros / 1000 + 2_000)
-                .arg(&writer)
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(&taken_name)
-                .arg(2_000)
-                .ignore()
-                .query::<()>(&mut conn)
-                .expect("the foreign writer takes the lock");
+            shared_lock_of(server, &taken_name, &writer, 2_000);
             let before = rig.snapshot_name(&taken_name).await;
             let nested = locks
                 .lock("rw-ext")

@@ -137,19 +137,63 @@ async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
     }
 }
 
-/// MariaDB SIGKILLed and restarted on its port and data.
-fn kill_and_restart(server: &mut MariaDb) {
-    server.kill();
-    server.revive();
+/// `lock` on `keys` while MariaDB is SIGKILLed and restarted on its port
+/// and data, twice.
+async fn through_mariadb_restarts(
+    id: &'static str,
+    name: &'static str,
+    lock: &'static str,
+    keys: &'static [&'static str],
+) {
+    let mut server = MariaDb::start();
+    let deaths = Deaths {
+        id,
+        name,
+        lock,
+        keys,
+        fault: "server-kill-restart",
+        faults: 2,
+        long_body_percent: 1,
+        spacing: Duration::from_secs(3),
+        seconds: 12,
+    };
+    run_deaths(&server.url(), deaths, |_| {
+        server.kill();
+        server.revive();
+    })
+    .await;
 }
 
-/// The members of `zk` in the order they die: followers, then the leader
-/// (so whichever member a worker is connected to dies too).
-fn followers_then_leader(zk: &ZooKeeper) -> Vec<usize> {
+/// `lock` on `keys` while each member of a 3-member ensemble is SIGKILLed
+/// and started again in turn: the followers, then the leader (so also
+/// whichever member a worker is connected to).
+async fn through_ensemble_member_deaths(
+    id: &'static str,
+    name: &'static str,
+    lock: &'static str,
+    keys: &'static [&'static str],
+) {
+    let mut zk = tokio::task::block_in_place(ZooKeeper::ensemble);
     let leader = zk.leader().expect("a leader");
     let mut order: Vec<usize> = (0..zk.len()).filter(|&i| i != leader).collect();
     order.push(leader);
-    order
+    let deaths = Deaths {
+        id,
+        name,
+        lock,
+        keys,
+        fault: "member-kill-restart",
+        faults: 3,
+        long_body_percent: 1,
+        spacing: Duration::from_secs(2),
+        seconds: 22,
+    };
+    run_deaths(&zookeeper::target(&zk), deaths, |round| {
+        let member = order[round as usize];
+        zk.kill(member);
+        zk.revive(member);
+    })
+    .await;
 }
 
 /// S3my: 2 processes × 4 tasks on 3 keys, fenced, while MariaDB is
@@ -157,21 +201,15 @@ fn followers_then_leader(zk: &ZooKeeper) -> Vec<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3my_mariadb_killed_and_restarted_under_load() {
     let _alone = alone().await;
-    lock_tests::bounded("s3my_mariadb_killed_and_restarted_under_load", async move {
-        let mut server = MariaDb::start();
-        let deaths = Deaths {
-            id: "S3my",
-            name: "S3 MariaDB SIGKILLed and restarted under load",
-            lock: "library",
-            keys: &["s3:a", "s3:b", "s3:c"],
-            fault: "server-kill-restart",
-            faults: 2,
-            long_body_percent: 1,
-            spacing: Duration::from_secs(3),
-            seconds: 12,
-        };
-        run_deaths(&server.url(), deaths, |_| kill_and_restart(&mut server)).await;
-    })
+    lock_tests::bounded(
+        "s3my_mariadb_killed_and_restarted_under_load",
+        through_mariadb_restarts(
+            "S3my",
+            "S3 MariaDB SIGKILLed and restarted under load",
+            "library",
+            &["s3:a", "s3:b", "s3:c"],
+        ),
+    )
     .await
 }
 
@@ -180,21 +218,15 @@ async fn s3my_mariadb_killed_and_restarted_under_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3tmy_transfers_through_mariadb_restarts() {
     let _alone = alone().await;
-    lock_tests::bounded("s3tmy_transfers_through_mariadb_restarts", async move {
-        let mut server = MariaDb::start();
-        let deaths = Deaths {
-            id: "S3tmy",
-            name: "S3 with two-key transfers (lock_all) on MariaDB, SIGKILLed and restarted",
-            lock: "library-transfer",
-            keys: &["t:a", "t:b", "t:c", "t:d"],
-            fault: "server-kill-restart",
-            faults: 2,
-            long_body_percent: 1,
-            spacing: Duration::from_secs(3),
-            seconds: 12,
-        };
-        run_deaths(&server.url(), deaths, |_| kill_and_restart(&mut server)).await;
-    })
+    lock_tests::bounded(
+        "s3tmy_transfers_through_mariadb_restarts",
+        through_mariadb_restarts(
+            "S3tmy",
+            "S3 with two-key transfers (lock_all) on MariaDB, SIGKILLed and restarted",
+            "library-transfer",
+            &["t:a", "t:b", "t:c", "t:d"],
+        ),
+    )
     .await
 }
 
@@ -236,27 +268,12 @@ async fn s3zk_each_ensemble_member_killed_in_turn_under_load() {
     let _alone = alone().await;
     lock_tests::bounded(
         "s3zk_each_ensemble_member_killed_in_turn_under_load",
-        async move {
-            let mut zk = tokio::task::block_in_place(ZooKeeper::ensemble);
-            let order = followers_then_leader(&zk);
-            let deaths = Deaths {
-                id: "S3zk",
-                name: "S3 each member of a 3-member ZooKeeper ensemble SIGKILLed in turn under load",
-                lock: "library",
-                keys: &["s3:a", "s3:b", "s3:c"],
-                fault: "member-kill-restart",
-                faults: 3,
-                long_body_percent: 1,
-                spacing: Duration::from_secs(2),
-                seconds: 22,
-            };
-            run_deaths(&zookeeper::target(&zk), deaths, |round| {
-                let member = order[round as usize];
-                zk.kill(member);
-                zk.revive(member);
-            })
-            .await;
-        },
+        through_ensemble_member_deaths(
+            "S3zk",
+            "S3 each member of a 3-member ZooKeeper ensemble SIGKILLed in turn under load",
+            "library",
+            &["s3:a", "s3:b", "s3:c"],
+        ),
     )
     .await
 }
@@ -266,27 +283,15 @@ async fn s3zk_each_ensemble_member_killed_in_turn_under_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3tzk_transfers_through_ensemble_member_deaths() {
     let _alone = alone().await;
-    lock_tests::bounded("s3tzk_transfers_through_ensemble_member_deaths", async move {
-        let mut zk = tokio::task::block_in_place(ZooKeeper::ensemble);
-        let order = followers_then_leader(&zk);
-        let deaths = Deaths {
-            id: "S3tzk",
-            name: "S3 with two-key transfers (lock_all) on a ZooKeeper ensemble, each member killed in turn",
-            lock: "library-transfer",
-            keys: &["t:a", "t:b", "t:c", "t:d"],
-            fault: "member-kill-restart",
-            faults: 3,
-            long_body_percent: 1,
-            spacing: Duration::from_secs(2),
-            seconds: 22,
-        };
-        run_deaths(&zookeeper::target(&zk), deaths, |round| {
-            let member = order[round as usize];
-            zk.kill(member);
-            zk.revive(member);
-        })
-        .await;
-    })
+    lock_tests::bounded(
+        "s3tzk_transfers_through_ensemble_member_deaths",
+        through_ensemble_member_deaths(
+            "S3tzk",
+            "S3 with two-key transfers (lock_all) on a ZooKeeper ensemble, each member killed in turn",
+            "library-transfer",
+            &["t:a", "t:b", "t:c", "t:d"],
+        ),
+    )
     .await
 }
 
