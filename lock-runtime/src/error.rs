@@ -116,7 +116,7 @@ pub enum LockError {
 
     /// The backend failed: connection refused or dropped, a protocol error, a
     /// timeout, or a server error.
-    #[error("redis node `{node}` failed{}: {source}", key_note(key.as_deref()))]
+    #[error("lock server `{node}` failed{}: {source}", key_note(key.as_deref()))]
     Backend {
         /// The node (host:port or socket path), with any password redacted.
         node: String,
