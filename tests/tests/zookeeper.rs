@@ -368,10 +368,11 @@ async fn fencing_tokens_strictly_increase_over_a_thousand_acquisitions_from_thre
     .await
 }
 
-/// A client of `zk` with sessions long enough to ride out an election.
-async fn patient_client(zk: &ZooKeeper) -> LockClient {
+/// A client of `zk` whose session outlasts `session` without an answer
+/// (the ensemble grants up to 20 s).
+async fn patient_client(zk: &ZooKeeper, session: Duration) -> LockClient {
     LockClient::builder()
-        .zookeeper_session_timeout(Duration::from_secs(6))
+        .zookeeper_session_timeout(session)
         .zookeeper(&zk.connect_string())
         .await
         .expect("connect")
@@ -390,10 +391,15 @@ async fn an_ensemble_keeps_locking_through_each_member_killed_in_turn() {
         "an_ensemble_keeps_locking_through_each_member_killed_in_turn",
         async move {
             let mut zk = ZooKeeper::ensemble();
-            let (a, b, c) = (
-                patient_client(&zk).await,
-                patient_client(&zk).await,
-                patient_client(&zk).await,
+            // The holder's session rides out three member deaths, one of
+            // them the leader's: an election and a reconnection each, which
+            // took more than 6 s once on this 2-core machine (the lease, capped
+            // at the session, then ran out: `Lost`, as it must). The load's
+            // calls wait 30 s and need no more than 6.
+            let a = patient_client(&zk, Duration::from_secs(15)).await;
+            let (b, c) = (
+                patient_client(&zk, Duration::from_secs(6)).await,
+                patient_client(&zk, Duration::from_secs(6)).await,
             );
             // A body holds a lock across every fault.
             let done = Arc::new(tokio::sync::Notify::new());
