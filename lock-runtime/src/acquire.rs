@@ -136,7 +136,11 @@ async fn acquire_within_wait(
         }
         let (sent, answer) = run.attempt().await;
         match run.decide(sent, answer).await? {
-            Next::Granted { token, segment } => return Ok(run.grant(sent, token, segment)),
+            Next::Granted {
+                granted,
+                token,
+                segment,
+            } => return Ok(run.grant(sent, granted, token, segment)),
             Next::Attempt => {}
             Next::Subscribe { blocker } => run.subscribe(blocker).await,
             Next::WaitInLine { blocker, pause } => run.wait_in_line(blocker, pause).await,
@@ -169,8 +173,9 @@ fn refuse_unsupported(client: &ClientInner, key: &LockKey, opts: &LockOptions) -
 
 /// What an acquisition does after an attempt's answer.
 enum Next {
-    /// The lock is ours: make the leases.
+    /// The lock is ours (the answer came at `granted`): make the leases.
     Granted {
+        granted: Instant,
         token: Option<u64>,
         segment: Option<u32>,
     },
@@ -379,8 +384,13 @@ impl<'a> Acquisition<'a> {
                     self.handed_in_row = self.handed_in_row.max(offer.settle().await);
                 }
                 let cutoff = validity_deadline(sent, opts.ttl) - stop_margin(opts.ttl);
-                if Instant::now() < cutoff {
-                    return Ok(Next::Granted { token, segment });
+                let granted = Instant::now();
+                if granted < cutoff {
+                    return Ok(Next::Granted {
+                        granted,
+                        token,
+                        segment,
+                    });
                 }
                 // The reply came back after the lease could already have
                 // expired on the server, so the lock is useless: give it back
@@ -477,9 +487,16 @@ impl<'a> Acquisition<'a> {
     }
 
     /// The leases of a granted acquisition: nothing is left in doubt.
-    fn grant(self, sent: Instant, token: Option<u64>, segment: Option<u32>) -> (Lease, Vec<Lease>) {
+    fn grant(
+        self,
+        sent: Instant,
+        granted: Instant,
+        token: Option<u64>,
+        segment: Option<u32>,
+    ) -> (Lease, Vec<Lease>) {
         let (client, opts) = (self.client, self.opts);
-        let waited = Instant::now() - self.started;
+        // The clock read that judged the grant in time: no second read.
+        let waited = granted - self.started;
         let (attempts, handed_in_row) = (self.attempts, self.handed_in_row);
         let Pending {
             key,

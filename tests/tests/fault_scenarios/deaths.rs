@@ -200,8 +200,7 @@ async fn through_ensemble_member_deaths(
 /// SIGKILLed and restarted twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3my_mariadb_killed_and_restarted_under_load() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "s3my_mariadb_killed_and_restarted_under_load",
         through_mariadb_restarts(
             "S3my",
@@ -217,8 +216,7 @@ async fn s3my_mariadb_killed_and_restarted_under_load() {
 /// SIGKILLed and restarted twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3tmy_transfers_through_mariadb_restarts() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "s3tmy_transfers_through_mariadb_restarts",
         through_mariadb_restarts(
             "S3tmy",
@@ -235,8 +233,7 @@ async fn s3tmy_transfers_through_mariadb_restarts() {
 /// deadlines, and nobody enters a lock whose row is still live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s6my_mariadb_stopped_past_the_leases_under_load() {
-    let _alone = alone().await;
-    lock_tests::bounded("s6my_mariadb_stopped_past_the_leases_under_load", async move {
+    scenario("s6my_mariadb_stopped_past_the_leases_under_load", async move {
         let server = MariaDb::start();
         let deaths = Deaths {
             id: "S6my",
@@ -265,8 +262,7 @@ async fn s6my_mariadb_stopped_past_the_leases_under_load() {
 /// then the leader) and started again, under load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3zk_each_ensemble_member_killed_in_turn_under_load() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "s3zk_each_ensemble_member_killed_in_turn_under_load",
         through_ensemble_member_deaths(
             "S3zk",
@@ -282,8 +278,7 @@ async fn s3zk_each_ensemble_member_killed_in_turn_under_load() {
 /// ensemble member is killed in turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3tzk_transfers_through_ensemble_member_deaths() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "s3tzk_transfers_through_ensemble_member_deaths",
         through_ensemble_member_deaths(
             "S3tzk",
@@ -300,8 +295,7 @@ async fn s3tzk_transfers_through_ensemble_member_deaths() {
 /// smaller token and is refused by the fenced register.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s2my_a_paused_holder_is_stopped_by_fencing() {
-    let _alone = alone().await;
-    lock_tests::bounded("s2my_a_paused_holder_is_stopped_by_fencing", async move {
+    scenario("s2my_a_paused_holder_is_stopped_by_fencing", async move {
         let server = MariaDb::start();
         let locks = LockClient::mysql(&server.url()).await.expect("connect");
         run_s2(

@@ -10,8 +10,7 @@ use super::*;
 /// δ/2 is invalid and re-run (up to three runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0_baseline_after_its_controls_are_caught() {
-    let _alone = alone().await;
-    lock_tests::bounded("s0_baseline_after_its_controls_are_caught", async move {
+    scenario("s0_baseline_after_its_controls_are_caught", async move {
         let server = RedisServer::start();
         let started = Instant::now();
         let controls = tokio::task::block_in_place(|| controls(&server));
@@ -33,8 +32,7 @@ async fn s0_baseline_after_its_controls_are_caught() {
 /// lock within the ttl (plus the waiter's poll) of its death.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s1_a_killed_holder_frees_the_lock_within_its_ttl() {
-    let _alone = alone().await;
-    lock_tests::bounded("s1_a_killed_holder_frees_the_lock_within_its_ttl", async move {
+    scenario("s1_a_killed_holder_frees_the_lock_within_its_ttl", async move {
         let server = RedisServer::start();
         let locks = LockClient::connect(&server.url()).await.expect("connect");
         run_s1(&server.url(), &locks, "S1", "S1 holder crash (SIGKILL)").await;
@@ -48,8 +46,7 @@ async fn s1_a_killed_holder_frees_the_lock_within_its_ttl() {
 /// accepted by an unfenced one (the control, which must be caught every time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s2_a_paused_holder_is_stopped_by_fencing_alone() {
-    let _alone = alone().await;
-    lock_tests::bounded("s2_a_paused_holder_is_stopped_by_fencing_alone", async move {
+    scenario("s2_a_paused_holder_is_stopped_by_fencing_alone", async move {
         let server = RedisServer::start();
         let locks = LockClient::connect(&server.url()).await.expect("connect");
         run_s2(
@@ -138,8 +135,7 @@ pub(crate) async fn run_s2(target: &str, locks: &LockClient, id: &str, scenario:
 /// key left, and no renewal after the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s15_every_exit_path_releases_promptly() {
-    let _alone = alone().await;
-    lock_tests::bounded("s15_every_exit_path_releases_promptly", async move {
+    scenario("s15_every_exit_path_releases_promptly", async move {
         let server = RedisServer::start();
         let locks = LockClient::connect(&server.url()).await.expect("connect");
         let mut observer = server.sync_connection().expect("observer");
@@ -266,8 +262,7 @@ async fn s15_every_exit_path_releases_promptly() {
 /// parent's holder and times out naming the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s16_reentry_is_structural_and_identity_is_per_acquisition() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "s16_reentry_is_structural_and_identity_is_per_acquisition",
         async move {
             let server = RedisServer::start();

@@ -139,8 +139,7 @@ async fn run_kind_scenario(scenario: KindScenario) {
 /// S0rw: one writer in four, the rest readers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0rw_no_writer_beside_anyone_through_server_stops() {
-    let _alone = alone().await;
-    lock_tests::bounded("s0rw_no_writer_beside_anyone_through_server_stops", async move {
+    scenario("s0rw_no_writer_beside_anyone_through_server_stops", async move {
         run_kind_scenario(KindScenario {
             id: "S0rw",
             name: "S0 with read-write locks, server stopped past the leases",
@@ -158,8 +157,7 @@ async fn s0rw_no_writer_beside_anyone_through_server_stops() {
 /// keys shows as an overlap on the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0t_transfers_hold_both_keys_through_server_stops() {
-    let _alone = alone().await;
-    lock_tests::bounded("s0t_transfers_hold_both_keys_through_server_stops", async move {
+    scenario("s0t_transfers_hold_both_keys_through_server_stops", async move {
         run_kind_scenario(KindScenario {
             id: "S0t",
             name: "S0 with two-key transfers (lock_all), server stopped past the leases",
@@ -175,8 +173,7 @@ async fn s0t_transfers_hold_both_keys_through_server_stops() {
 /// S0p: two permits per key, for eight tasks over three keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0p_never_more_than_n_permit_holders_through_server_stops() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "s0p_never_more_than_n_permit_holders_through_server_stops",
         async move {
             run_kind_scenario(KindScenario {
@@ -199,8 +196,7 @@ async fn s0p_never_more_than_n_permit_holders_through_server_stops() {
 /// runner that ignored the lost lease would) and must be caught.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0run_run_bodies_are_dropped_when_their_lease_is_lost() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "s0run_run_bodies_are_dropped_when_their_lease_is_lost",
         async move {
             run_kind_scenario(KindScenario {
@@ -222,8 +218,7 @@ async fn s0run_run_bodies_are_dropped_when_their_lease_is_lost() {
 /// the run proved nothing. A run with a starved process is re-run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_bodies_that_outlive_a_fixed_lease_are_dropped_in_time() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "run_bodies_that_outlive_a_fixed_lease_are_dropped_in_time",
         async move {
             let server = RedisServer::start();

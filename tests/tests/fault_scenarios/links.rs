@@ -8,8 +8,7 @@ use super::*;
 /// rival on a healthy link may enter only after that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s4_a_holder_cut_off_stops_before_its_deadline() {
-    let _alone = alone().await;
-    lock_tests::bounded("s4_a_holder_cut_off_stops_before_its_deadline", async move {
+    scenario("s4_a_holder_cut_off_stops_before_its_deadline", async move {
         let server = RedisServer::start();
         let rival = LockClient::connect(&server.url()).await.expect("connect");
         let through = async |proxy: &Proxy| {
@@ -29,8 +28,7 @@ async fn s4_a_holder_cut_off_stops_before_its_deadline() {
 /// at once instead of leaving it until its ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s5_a_half_open_acquire_leaves_no_orphan() {
-    let _alone = alone().await;
-    lock_tests::bounded("s5_a_half_open_acquire_leaves_no_orphan", async move {
+    scenario("s5_a_half_open_acquire_leaves_no_orphan", async move {
         let server = RedisServer::start();
         let proxy = Proxy::start(server.port()).await;
         let locks = LockClient::builder()

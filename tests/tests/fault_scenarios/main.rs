@@ -30,13 +30,15 @@ mod zookeeper;
 
 pub(crate) const T: Duration = Duration::from_millis(1500);
 
-/// Taken by every scenario for its whole run: scenarios run one at a time
-/// whatever the test harness's thread count. Two at once on a 2-core machine
-/// starve each other's processes past the assumption monitor's bound, and
-/// the runs say nothing (the INVALID runs of #31).
-pub(crate) async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+/// Runs one scenario's `body` under the suite's time limit
+/// ([`lock_tests::bounded`]), and alone: scenarios run one at a time
+/// whatever the test harness's thread count. Two at once on a 2-core
+/// machine starve each other's processes past the assumption monitor's
+/// bound, and the runs say nothing (the INVALID runs of #31).
+pub(crate) async fn scenario<F: std::future::Future>(name: &str, body: F) -> F::Output {
     static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    ONE.lock().await
+    let _alone = ONE.lock().await;
+    lock_tests::bounded(name, body).await
 }
 
 pub(crate) fn broken_or_library(target: &str, keys: &[&str], lock: &str, duration: Duration) -> Workload {

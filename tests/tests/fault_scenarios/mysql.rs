@@ -11,8 +11,7 @@ use lock_tests::MariaDb;
 /// the checker: no overlap, no lost update, no token regression.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0my_baseline_on_mariadb() {
-    let _alone = alone().await;
-    lock_tests::bounded("s0my_baseline_on_mariadb", async move {
+    scenario("s0my_baseline_on_mariadb", async move {
         let server = MariaDb::start();
         run_s0(
             &server.url(),
@@ -32,8 +31,7 @@ async fn s0my_baseline_on_mariadb() {
 /// cycle frees the lock within its ttl plus a waiter's poll (50 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s1my_a_killed_holder_frees_the_lock_within_its_ttl() {
-    let _alone = alone().await;
-    lock_tests::bounded("s1my_a_killed_holder_frees_the_lock_within_its_ttl", async move {
+    scenario("s1my_a_killed_holder_frees_the_lock_within_its_ttl", async move {
         let server = MariaDb::start();
         let locks = LockClient::mysql(&server.url()).await.expect("connect");
         run_s1(
@@ -52,8 +50,7 @@ async fn s1my_a_killed_holder_frees_the_lock_within_its_ttl() {
 /// enters only after that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s4my_a_holder_cut_off_stops_before_its_deadline() {
-    let _alone = alone().await;
-    lock_tests::bounded("s4my_a_holder_cut_off_stops_before_its_deadline", async move {
+    scenario("s4my_a_holder_cut_off_stops_before_its_deadline", async move {
         let server = MariaDb::start();
         let rival = LockClient::mysql(&server.url()).await.expect("connect");
         let through = async |proxy: &Proxy| {

@@ -13,8 +13,7 @@ use super::*;
 /// overlap in any trial (P1 without acknowledgement overlaps in every one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p1m_acknowledged_grants_survive_the_promotion_of_their_replica() {
-    let _alone = alone().await;
-    lock_tests::bounded("p1m_acknowledged_grants_survive_the_promotion_of_their_replica", async move {
+    scenario("p1m_acknowledged_grants_survive_the_promotion_of_their_replica", async move {
     let board = Board::new();
     let trials = 10u32;
     let (mut refused, mut survived, mut overlapped) = (0, 0, 0);
@@ -96,8 +95,7 @@ async fn p1m_acknowledged_grants_survive_the_promotion_of_their_replica() {
 /// within a second of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p2s_sentinel_failover_under_load() {
-    let _alone = alone().await;
-    lock_tests::bounded("p2s_sentinel_failover_under_load", async move {
+    scenario("p2s_sentinel_failover_under_load", async move {
     let started = Instant::now();
     let mut group = tokio::task::block_in_place(|| lock_tests::Replicated::start(2));
     let keys = ["p2s:a", "p2s:b", "p2s:c"];
@@ -215,8 +213,7 @@ async fn p2s_sentinel_failover_under_load() {
 /// its key; once the replica resumes, acquisitions are acknowledged again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p3r_a_stopped_replica_refuses_acquisitions_and_leaves_nothing() {
-    let _alone = alone().await;
-    lock_tests::bounded("p3r_a_stopped_replica_refuses_acquisitions_and_leaves_nothing", async move {
+    scenario("p3r_a_stopped_replica_refuses_acquisitions_and_leaves_nothing", async move {
     const ACK_TIMEOUT: Duration = Duration::from_millis(100);
     let started = Instant::now();
     let group = tokio::task::block_in_place(|| lock_tests::Replicated::start_without_sentinels(1));

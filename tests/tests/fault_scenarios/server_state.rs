@@ -9,8 +9,7 @@ use super::*;
 /// nobody overlaps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s9_restarts_lose_locks_unless_the_server_persists_them() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "s9_restarts_lose_locks_unless_the_server_persists_them",
         async move {
             let board = Board::new();
@@ -96,8 +95,7 @@ async fn s9_restarts_lose_locks_unless_the_server_persists_them() {
 /// S10: `SCRIPT FLUSH` every 200 ms under load: no caller ever sees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s10_script_flushes_under_load_are_invisible() {
-    let _alone = alone().await;
-    lock_tests::bounded("s10_script_flushes_under_load_are_invisible", async move {
+    scenario("s10_script_flushes_under_load_are_invisible", async move {
         let server = RedisServer::start();
         let board = Board::new();
         let locks = LockClient::connect(&server.url()).await.expect("connect");
@@ -203,8 +201,7 @@ async fn with_captured_logs<F: Future>(future: F) -> (F::Output, String) {
 /// once, while renewing and releasing a held lock keep working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s11_eviction_is_caught_and_oom_fails_closed() {
-    let _alone = alone().await;
-    lock_tests::bounded("s11_eviction_is_caught_and_oom_fails_closed", async move {
+    scenario("s11_eviction_is_caught_and_oom_fails_closed", async move {
     let board = Board::new();
     // (a) volatile-lru.
     let server = RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "volatile-lru"]);
@@ -332,8 +329,7 @@ async fn s11_eviction_is_caught_and_oom_fails_closed() {
 /// it cannot look (`CONFIG` renamed away, as managed services do).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_eviction_check_names_the_master_and_warns_when_it_cannot_look() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "the_eviction_check_names_the_master_and_warns_when_it_cannot_look",
         async move {
             let evicting = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
@@ -361,8 +357,7 @@ async fn the_eviction_check_names_the_master_and_warns_when_it_cannot_look() {
 /// S17: a foreign value at the lock key fails fast and stays untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s17_a_foreign_value_is_a_conflict_not_a_wait() {
-    let _alone = alone().await;
-    lock_tests::bounded("s17_a_foreign_value_is_a_conflict_not_a_wait", async move {
+    scenario("s17_a_foreign_value_is_a_conflict_not_a_wait", async move {
     let server = RedisServer::start();
     let locks = LockClient::connect(&server.url()).await.expect("connect");
     server.query::<()>(redis::cmd("SET").arg("lock:{s17}").arg("not a lock"));

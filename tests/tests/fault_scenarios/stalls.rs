@@ -141,8 +141,7 @@ fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::
 /// S6: the server is SIGSTOPped for 0.4 s, then for 3 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s6_a_stopped_server_costs_a_lock_only_when_it_outlasts_the_lease() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "s6_a_stopped_server_costs_a_lock_only_when_it_outlasts_the_lease",
         async move {
             let server = RedisServer::start();
@@ -167,8 +166,7 @@ async fn s6_a_stopped_server_costs_a_lock_only_when_it_outlasts_the_lease() {
 /// and no call outlives its wait by more than 50 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s7_a_sleeping_server_is_a_stall_with_bounded_calls() {
-    let _alone = alone().await;
-    lock_tests::bounded("s7_a_sleeping_server_is_a_stall_with_bounded_calls", async move {
+    scenario("s7_a_sleeping_server_is_a_stall_with_bounded_calls", async move {
         let server = RedisServer::start();
         let figures = short_and_long_stall(&server, Stall::DebugSleep, "s7").await;
         // A call made during a long sleep ends by its wait, not by the server.
@@ -215,8 +213,7 @@ async fn s7_a_sleeping_server_is_a_stall_with_bounded_calls() {
 /// less a renewal interval: nothing is lost and nobody sees an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s8_a_client_pause_is_a_stall_not_a_loss() {
-    let _alone = alone().await;
-    lock_tests::bounded("s8_a_client_pause_is_a_stall_not_a_loss", async move {
+    scenario("s8_a_client_pause_is_a_stall_not_a_loss", async move {
         let server = RedisServer::start();
         let board = Board::new();
         let mut outcomes = Vec::new();

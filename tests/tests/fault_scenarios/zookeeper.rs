@@ -13,8 +13,7 @@ use lock_tests::zookeeper::{self, SESSION_TIMEOUT, ZooKeeper};
 /// regression.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s0zk_baseline_on_a_zookeeper_ensemble() {
-    let _alone = alone().await;
-    lock_tests::bounded("s0zk_baseline_on_a_zookeeper_ensemble", async move {
+    scenario("s0zk_baseline_on_a_zookeeper_ensemble", async move {
         let zk = ZooKeeper::ensemble();
         run_s0(
             &zookeeper::target(&zk),
@@ -35,8 +34,7 @@ async fn s0zk_baseline_on_a_zookeeper_ensemble() {
 /// refused by the fenced register (the creation zxid is the token).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s2zk_a_paused_holder_is_stopped_by_fencing() {
-    let _alone = alone().await;
-    lock_tests::bounded("s2zk_a_paused_holder_is_stopped_by_fencing", async move {
+    scenario("s2zk_a_paused_holder_is_stopped_by_fencing", async move {
         let zk = ZooKeeper::start();
         let locks = zookeeper::client(&zk).await;
         run_s2(
@@ -56,8 +54,7 @@ async fn s2zk_a_paused_holder_is_stopped_by_fencing() {
 /// ensemble expired the holder's session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s4zk_a_holder_cut_off_stops_before_its_session_can_expire() {
-    let _alone = alone().await;
-    lock_tests::bounded(
+    scenario(
         "s4zk_a_holder_cut_off_stops_before_its_session_can_expire",
         async move {
             let zk = ZooKeeper::start();
