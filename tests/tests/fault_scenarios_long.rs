@@ -38,6 +38,16 @@ fn campaign_length() -> Duration {
     Duration::from_secs(secs)
 }
 
+/// Tasks per worker process in the death campaign: more tasks put more
+/// acquisitions between deaths (a long body parks only its own task).
+fn campaign_tasks() -> usize {
+    std::env::var("LOCK_FAULTS_CAMPAIGN_TASKS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(8)
+}
+
 fn workload(target: String, keys: &[&str], duration: Duration, max_body: Duration) -> Workload {
     Workload {
         target,
@@ -350,10 +360,11 @@ async fn deaths_campaign(
     let board = Board::new();
     // Many keys: a long body holds one of them for seconds, and the tasks
     // that pick it wait; on a few keys that would be most of them.
-    let keys: Vec<String> = (0..32).map(|i| format!("x3:{i}")).collect();
+    let tasks = campaign_tasks();
+    let keys: Vec<String> = (0..4 * tasks).map(|i| format!("x3:{i}")).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let mut load = workload(target, &key_refs, length, Duration::from_millis(1));
-    load.tasks = 8;
+    load.tasks = tasks;
     load.long_body_percent = 1;
     load.command_timeout = None;
     // Longer than any restart or election here: a death costs time only.
@@ -418,7 +429,8 @@ async fn deaths_campaign(
 /// always`), MariaDB and a 3-member ZooKeeper ensemble, each for
 /// `LOCK_FAULTS_CAMPAIGN_SECS`. Every 4–8 s the server (or, on ZooKeeper, a
 /// member drawn at random) is SIGKILLed and restarted, or stopped past every
-/// lease. 2 processes × 8 tasks on 32 keys, bodies up to 1 ms (1% last
+/// lease. 2 processes × `LOCK_FAULTS_CAMPAIGN_TASKS` tasks (8 unless set)
+/// on four keys per task, bodies up to 1 ms (1% last
 /// 0.5–2.5 s), fenced, 20 s waits: no overlap, no lost update, no token regression,
 /// no failed call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -500,7 +512,7 @@ async fn x3_server_deaths_across_backends() {
             "scenario": "X3 server deaths across backends: Redis, MariaDB, a ZooKeeper ensemble",
             "verdict": verdict,
             "seed": seed,
-            "parameters": {"seconds_per_backend": length.as_secs(), "processes": 2, "tasks": 8, "keys": 32,
+            "parameters": {"seconds_per_backend": length.as_secs(), "processes": 2, "tasks": campaign_tasks(), "keys": 4 * campaign_tasks(),
                 "ttl_ms": T.as_millis(), "bodies": "99% up to 1 ms, 1% 0.5-2.5 s", "wait_ms": 20_000},
             "acquisitions": total("acquisitions"),
             "faults": total("faults"),
