@@ -23,6 +23,7 @@ SCRIPTS = "lock-runtime/src/backend/redis/scripts"
 MYSQL = "lock-runtime/src/backend/mysql/mod.rs"
 ZOOKEEPER = "lock-runtime/src/backend/zookeeper/mod.rs"
 MEMORY = "lock-runtime/src/backend/memory/mod.rs"
+MYSQL_SHARED = "lock-runtime/src/backend/mysql/shared.rs"
 
 # (id, file, the condition as written, the same line without it,
 #  test binary, test name)
@@ -104,6 +105,20 @@ MUTANTS = [
      "holder = IF(expires_at <= NOW(6) OR holder = ?, ?, holder)",
      "holder = IF(expires_at <= NOW(6) OR (holder = ? OR TRUE), ?, holder)",
      "behaviour", "mysql::mutual_exclusion"),
+    ("M7", MYSQL_SHARED,
+     'renew: format!(\n                "UPDATE {m} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND member = ?',
+     'renew: format!(\n                "UPDATE {m} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND (member = ? OR TRUE)',
+     "stale_holder", "on_mysql::a_stale_reader_renewal_leaves_the_writers_lock"),
+    ("M8", MYSQL_SHARED,
+     'still_held: format!("SELECT 1 FROM {m} WHERE name = ? AND member = ?',
+     'still_held: format!("SELECT 1 FROM {m} WHERE name = ? AND (member = ? OR TRUE)',
+     "stale_holder", "on_mysql::a_stale_reader_extension_leaves_the_writers_lock"),
+    ("M9", MYSQL_SHARED,
+     '!other.starts_with("r:")\n        } else {', 'false\n        } else {',
+     "kinds", "read_write::mysql::a_writer_never_overlaps_anyone"),
+    ("M10", MYSQL_SHARED,
+     "let full = members.len() >= ", "let full = false && members.len() >= ",
+     "kinds", "permits::mysql::permits_are_counted_across_clients"),
     ("I1", MEMORY,
      "let owned = lease.holder == holder && lease.expires > now;",
      "let owned = lease.expires > now;",

@@ -277,8 +277,9 @@ impl LockClientBuilder {
         self
     }
 
-    /// The MySQL backend's table (default `distributed_locks`): 1 to 64
-    /// ASCII letters, digits or `_`.
+    /// The MySQL backend's table (default `distributed_locks`): 1 to 56
+    /// ASCII letters, digits or `_`. Shared locks (read-write, permits)
+    /// also use `<table>_members`.
     #[cfg(feature = "mysql")]
     pub fn mysql_table(mut self, table: impl Into<String>) -> Self {
         self.config.table = table.into();

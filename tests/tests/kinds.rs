@@ -1,7 +1,8 @@
 //! Lock kinds (read-write locks, permits, segments), one body of code over
 //! every backend that claims them: the in-process backend, one
-//! `redis-server`, a Redis Cluster and a Redlock of three masters (read-write
-//! only; it refuses permits and segments), through the public API.
+//! `redis-server`, a Redis Cluster, a Redlock of three masters (read-write
+//! only; it refuses permits and segments) and MariaDB, through the public
+//! API. A backend joins a kind's suite by being added to its list.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -10,27 +11,27 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LockMode, LostReason, segment};
 use lock_tests::monitor::Monitor;
-use lock_tests::{Cluster, RedisServer, start_masters};
+use lock_tests::{Cluster, MariaDb, RedisServer, start_masters};
 use tokio::sync::Barrier;
 
 /// A client and the servers it needs kept alive.
 struct Fixture {
     locks: LockClient,
-    _servers: Servers,
+    servers: Servers,
 }
 
-#[allow(dead_code, reason = "held only to keep the servers running")]
 enum Servers {
     None,
     One(RedisServer),
     Cluster(Cluster),
     Masters(Vec<RedisServer>),
+    Mysql(MariaDb),
 }
 
 async fn in_memory() -> Fixture {
     Fixture {
         locks: LockClient::in_memory(),
-        _servers: Servers::None,
+        servers: Servers::None,
     }
 }
 
@@ -38,7 +39,7 @@ async fn redis() -> Fixture {
     let server = RedisServer::start();
     Fixture {
         locks: LockClient::connect(&server.url()).await.expect("connect"),
-        _servers: Servers::One(server),
+        servers: Servers::One(server),
     }
 }
 
@@ -46,7 +47,7 @@ async fn cluster() -> Fixture {
     let cluster = Cluster::start(3, 0);
     Fixture {
         locks: LockClient::cluster(cluster.urls()).await.expect("cluster client"),
-        _servers: Servers::Cluster(cluster),
+        servers: Servers::Cluster(cluster),
     }
 }
 
@@ -55,7 +56,32 @@ async fn redlock() -> Fixture {
     let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
     Fixture {
         locks: LockClient::redlock(&urls).await.expect("redlock client"),
-        _servers: Servers::Masters(masters),
+        servers: Servers::Masters(masters),
+    }
+}
+
+async fn mysql() -> Fixture {
+    let server = MariaDb::start();
+    Fixture {
+        locks: LockClient::mysql(&server.url()).await.expect("mysql client"),
+        servers: Servers::Mysql(server),
+    }
+}
+
+impl Fixture {
+    /// A second client of the same servers: another process, as far as
+    /// the servers can tell (in process, the same store).
+    async fn another(&self) -> LockClient {
+        match &self.servers {
+            Servers::None => self.locks.clone(),
+            Servers::One(server) => LockClient::connect(&server.url()).await.expect("connect"),
+            Servers::Cluster(cluster) => LockClient::cluster(cluster.urls()).await.expect("cluster client"),
+            Servers::Masters(masters) => {
+                let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+                LockClient::redlock(&urls).await.expect("redlock client")
+            }
+            Servers::Mysql(server) => LockClient::mysql(&server.url()).await.expect("mysql client"),
+        }
     }
 }
 
@@ -85,7 +111,7 @@ macro_rules! on_backend {
 mod read_write {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, redlock] => [
+        [in_memory, redis, cluster, redlock, mysql] => [
             readers_overlap,
             a_writer_never_overlaps_anyone,
             upgrade_is_refused_at_once,
@@ -98,8 +124,9 @@ mod read_write {
 mod permits {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster] => [
+        [in_memory, redis, cluster, mysql] => [
             never_more_than_n_holders,
+            permits_are_counted_across_clients,
             a_vanished_holders_permit_frees_at_its_ttl_not_before,
             a_nested_call_reenters_its_permit,
         ]
@@ -109,7 +136,7 @@ mod permits {
 mod segments {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster] => [
+        [in_memory, redis, cluster, mysql] => [
             n_holders_on_distinct_segments_and_the_next_takes_the_first_freed,
             segments_exclude_like_locks,
         ]
@@ -119,7 +146,7 @@ mod segments {
 mod checks {
     use super::*;
     on_backends!(
-        [in_memory, redis] => [
+        [in_memory, redis, mysql] => [
             bad_kinds_are_refused_before_any_io,
             one_key_is_one_kind,
         ]
@@ -129,7 +156,7 @@ mod checks {
 mod fencing {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster] => [
+        [in_memory, redis, cluster, mysql] => [
             writers_and_segments_get_growing_fencing_tokens,
         ]
     );
@@ -412,6 +439,34 @@ async fn never_more_than_n_holders(f: Fixture) {
             .expect("task")
             .expect("permit");
     }
+}
+
+/// A try (no wait) for one of 2 permits.
+fn try_permit(request: lock_runtime::LockRequest<'_>) -> lock_runtime::LockRequest<'_> {
+    request.permits(2).wait(Duration::ZERO)
+}
+
+/// The count is the server's: permits held through one client are refused
+/// to another, which cannot see the first one's holders, until one is
+/// released.
+async fn permits_are_counted_across_clients(f: Fixture) {
+    let other = f.another().await;
+    let first = lock_tests::guard_with(&f.locks, "pool2", |l| l.permits(2)).await;
+    let second = lock_tests::guard_with(&other, "pool2", |l| l.permits(2)).await;
+    assert!(
+        lock_tests::refused_elsewhere(&other, "pool2", try_permit).await,
+        "a third holder of 2 permits, through the second client"
+    );
+    assert!(
+        lock_tests::refused_elsewhere(&f.locks, "pool2", try_permit).await,
+        "a third holder of 2 permits, through the first client"
+    );
+    first.release().await.expect("release");
+    assert!(
+        !lock_tests::refused_elsewhere(&other, "pool2", try_permit).await,
+        "the released permit is free for the other client"
+    );
+    second.release().await.expect("release");
 }
 
 /// A holder that vanishes (no release, no renewal: what a killed process

@@ -172,13 +172,22 @@ impl Rig {
                 Snapshot(vec![Some(kind), holders, Some(expiry.to_string()), fence])
             }
             Rig::Mysql(server) => {
-                let rows = server
+                let mut rows = server
                     .sql(&format!(
                         "SELECT holder, DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), fence \
                          FROM distributed_locks WHERE name = '{name}'"
                     ))
                     .await;
-                Snapshot(rows.into_iter().next().unwrap_or_default())
+                // A shared lock's holders: one row each, with its lease.
+                rows.extend(
+                    server
+                        .sql(&format!(
+                            "SELECT member, DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f') \
+                             FROM distributed_locks_members WHERE name = '{name}' ORDER BY member"
+                        ))
+                        .await,
+                );
+                Snapshot(rows.into_iter().flatten().collect())
             }
             Rig::ZooKeeper(zk) => {
                 let operator = zookeeper_client::Client::connect(&zk.connect_string())
@@ -383,6 +392,31 @@ fn shared_lock_of(server: &RedisServer, name: &str, member: &str, lease_ms: i64)
         .expect("the foreign writer takes the lock");
 }
 
+impl Rig {
+    /// A foreign holder `member` replaces every holder of the shared lock
+    /// stored as `name`, for `lease_ms` (Redis: the sorted set; MySQL: the
+    /// lock's rows in the members table).
+    async fn take_over_shared(&self, name: &str, member: &str, lease_ms: i64) {
+        match self {
+            Rig::Redis(server) => shared_lock_of(server, name, member, lease_ms),
+            Rig::Mysql(server) => {
+                server
+                    .sql(&format!(
+                        "DELETE FROM distributed_locks_members WHERE name = '{name}'"
+                    ))
+                    .await;
+                server
+                    .sql(&format!(
+                        "INSERT INTO distributed_locks_members (name, member, expires_at) \
+                         VALUES ('{name}', '{member}', NOW(6) + INTERVAL {lease_ms} * 1000 MICROSECOND)"
+                    ))
+                    .await;
+            }
+            Rig::ZooKeeper(_) => unreachable!("ZooKeeper has no shared kinds"),
+        }
+    }
+}
+
 /// A shared holder (a reader, a permit holder) whose lease ended and whose
 /// place another took: its renewal must not put it back beside the other
 /// (Redis: a member of the lock's sorted set). The foreign writer replaces
@@ -391,14 +425,11 @@ async fn stale_shared_renewal<R>(rig: Rig, key: &str, rival: &str, request: R)
 where
     R: for<'c> FnOnce(&'c LockClient) -> LockRequest<'c>,
 {
-    let Rig::Redis(server) = &rig else {
-        unreachable!("the shared-kind renewal tests run on Redis");
-    };
     let locks = rig.client().await;
     let taken_name = name(key);
     let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<Snapshot>();
     let stale = request(&locks).ttl(Duration::from_millis(1500)).run(async {
-        shared_lock_of(server, &taken_name, rival, 20_000);
+        rig.take_over_shared(&taken_name, rival, 20_000).await;
         let _ = taken_tx.send(rig.snapshot_name(&taken_name).await);
         std::future::pending::<()>().await;
     });
@@ -418,9 +449,6 @@ where
 /// nested call for a longer lease: the extension (`renew.lua`) must not put
 /// it back beside the writer.
 async fn a_stale_reader_extension_leaves_the_writers_lock(rig: Rig) {
-    let Rig::Redis(server) = &rig else {
-        unreachable!("the shared-kind tests run on Redis");
-    };
     let locks = rig.client().await;
     let taken_name = name("rw-ext");
     let writer = format!("w:{RIVAL}");
@@ -430,7 +458,7 @@ async fn a_stale_reader_extension_leaves_the_writers_lock(rig: Rig) {
         .ttl(Duration::from_secs(5))
         .renew(false)
         .run(async {
-            shared_lock_of(server, &taken_name, &writer, 2_000);
+            rig.take_over_shared(&taken_name, &writer, 2_000).await;
             let before = rig.snapshot_name(&taken_name).await;
             let nested = locks
                 .lock("rw-ext")
@@ -611,6 +639,9 @@ contract! {
         a_stale_unfenced_release_leaves_the_other_holders_lock,
         a_stale_release_of_several_keys_leaves_the_other_holders_lock,
         a_stale_release_of_a_segment_leaves_the_other_holders_lock,
+        a_stale_reader_renewal_leaves_the_writers_lock,
+        a_stale_reader_extension_leaves_the_writers_lock,
+        a_stale_permit_renewal_leaves_the_other_permit_holder,
     ],
     on_zookeeper => zookeeper: [
         a_stale_watchdog_renewal_leaves_the_other_holders_lock,

@@ -1,7 +1,7 @@
 //! Lock kinds under faults: the S0 shape (two processes of four tasks, here
 //! on six keys) with read-write locks (S0rw), with permits (S0p) and with
-//! two-key transfers (S0t), while
-//! the server is stopped (SIGSTOP) past every lease three times. The
+//! two-key transfers (S0t), on Redis and on MariaDB (S0rwmy, S0pmy, S0tmy),
+//! while the server is stopped (SIGSTOP) past every lease three times. The
 //! long bodies (one in a hundred lasts 0.5–2.5 s) lose their leases mid-body
 //! and must stop before their deadline. The checker's board is told each
 //! body's share: no writer beside anyone, no
@@ -10,12 +10,55 @@
 //! after its control, a lock that lies to the checker, was caught.
 
 use super::*;
+use lock_tests::MariaDb;
 use lock_tests::lab::Workers;
 use lock_tests::report::Verdict;
+
+/// The server a kind's scenario runs on.
+#[derive(Clone, Copy)]
+enum On {
+    Redis,
+    Mariadb,
+}
+
+/// A started server of either backend, stopped the same way.
+enum Started {
+    Redis(RedisServer),
+    Mariadb(MariaDb),
+}
+
+impl Started {
+    fn start(on: On) -> Self {
+        match on {
+            On::Redis => Started::Redis(RedisServer::start()),
+            On::Mariadb => Started::Mariadb(MariaDb::start()),
+        }
+    }
+
+    fn target(&self) -> String {
+        match self {
+            Started::Redis(server) => server.url(),
+            Started::Mariadb(server) => server.url(),
+        }
+    }
+
+    /// Stops the server (SIGSTOP) for `how_long`, then resumes it.
+    async fn stop_for(&self, how_long: Duration) {
+        match self {
+            Started::Redis(server) => Stall::Stop.apply(&[server], how_long).await,
+            Started::Mariadb(server) => {
+                server.pause();
+                tokio::time::sleep(how_long).await;
+                server.resume();
+            }
+        }
+    }
+}
 
 /// What one kind's scenario runs, and the control that must be caught.
 struct KindScenario {
     id: &'static str,
+    on: On,
     name: &'static str,
     lock: &'static str,
     control: &'static str,
@@ -59,11 +102,16 @@ fn control_is_caught(server: &RedisServer, control: &str, outlives_leases: bool)
 }
 
 async fn run_kind_scenario(scenario: KindScenario) {
-    let server = RedisServer::start();
     let started = Instant::now();
-    let caught = tokio::task::block_in_place(|| {
-        control_is_caught(&server, scenario.control, scenario.control_outlives_leases)
-    });
+    // The controls are broken locks written with Redis commands: they are
+    // proven on a Redis server whatever the scenario's backend.
+    let caught = {
+        let redis = RedisServer::start();
+        tokio::task::block_in_place(|| {
+            control_is_caught(&redis, scenario.control, scenario.control_outlives_leases)
+        })
+    };
+    let server = Started::start(scenario.on);
     // Six keys, not S0's three: a long body stalls every task that picks
     // its key (a transfer holds two), and with three keys that was most of
     // them, so the traffic fell as low as 92 bodies in a run.
@@ -74,7 +122,7 @@ async fn run_kind_scenario(scenario: KindScenario) {
     for attempt in 1..=3 {
         let board = Board::new();
         let controller = Monitor::start();
-        let mut workload = broken_or_library(&server.url(), &keys, scenario.lock, Duration::from_secs(12));
+        let mut workload = broken_or_library(&server.target(), &keys, scenario.lock, Duration::from_secs(12));
         workload.max_body = Duration::from_millis(5);
         // Some bodies outlast a stop, so that leases are lost mid-body.
         workload.long_body_percent = 1;
@@ -82,7 +130,7 @@ async fn run_kind_scenario(scenario: KindScenario) {
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_secs(2)).await;
             board.witness.fault(Stall::Stop.fault());
-            Stall::Stop.apply(&[&server], stop).await;
+            server.stop_for(stop).await;
             board.witness.heal(Stall::Stop.fault());
         }
         let tally = tokio::task::block_in_place(|| workers.finish());
@@ -142,6 +190,7 @@ async fn s0rw_no_writer_beside_anyone_through_server_stops() {
     scenario("s0rw_no_writer_beside_anyone_through_server_stops", async move {
         run_kind_scenario(KindScenario {
             id: "S0rw",
+            on: On::Redis,
             name: "S0 with read-write locks, server stopped past the leases",
             lock: "library-rw",
             control: "library-rw-writers-read",
@@ -160,6 +209,7 @@ async fn s0t_transfers_hold_both_keys_through_server_stops() {
     scenario("s0t_transfers_hold_both_keys_through_server_stops", async move {
         run_kind_scenario(KindScenario {
             id: "S0t",
+            on: On::Redis,
             name: "S0 with two-key transfers (lock_all), server stopped past the leases",
             lock: "library-transfer",
             control: "library-transfer-first-only",
@@ -178,7 +228,48 @@ async fn s0p_never_more_than_n_permit_holders_through_server_stops() {
         async move {
             run_kind_scenario(KindScenario {
                 id: "S0p",
+                on: On::Redis,
                 name: "S0 with 2 permits per key, server stopped past the leases",
+                lock: "library-permits-2",
+                control: "library-permits-3-checked-2",
+                control_outlives_leases: false,
+            })
+            .await;
+        },
+    )
+    .await
+}
+
+/// S0rwmy: S0rw on MariaDB (the members table, admission under the gate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0rwmy_no_writer_beside_anyone_on_mariadb_through_server_stops() {
+    scenario(
+        "s0rwmy_no_writer_beside_anyone_on_mariadb_through_server_stops",
+        async move {
+            run_kind_scenario(KindScenario {
+                id: "S0rwmy",
+                on: On::Mariadb,
+                name: "S0 with read-write locks on MariaDB, server stopped past the leases",
+                lock: "library-rw",
+                control: "library-rw-writers-read",
+                control_outlives_leases: false,
+            })
+            .await;
+        },
+    )
+    .await
+}
+
+/// S0pmy: S0p on MariaDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0pmy_never_more_than_n_permit_holders_on_mariadb_through_server_stops() {
+    scenario(
+        "s0pmy_never_more_than_n_permit_holders_on_mariadb_through_server_stops",
+        async move {
+            run_kind_scenario(KindScenario {
+                id: "S0pmy",
+                on: On::Mariadb,
+                name: "S0 with 2 permits per key on MariaDB, server stopped past the leases",
                 lock: "library-permits-2",
                 control: "library-permits-3-checked-2",
                 control_outlives_leases: false,
@@ -201,6 +292,7 @@ async fn s0run_run_bodies_are_dropped_when_their_lease_is_lost() {
         async move {
             run_kind_scenario(KindScenario {
                 id: "S0run",
+                on: On::Redis,
                 name: "S0 with run() bodies, server stopped past the leases",
                 lock: "library-run",
                 control: "library-run-detached",

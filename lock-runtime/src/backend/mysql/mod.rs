@@ -25,11 +25,14 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, TxOpts};
 
+use self::shared::{GATE_LEFT, SharedStatements, is_member};
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::redact::{redact_secrets, redact_url};
 use crate::spec::Kind;
+
+mod shared;
 
 /// The longest full lock name (prefix, key, segment suffix) the table's
 /// `name` column holds, in bytes.
@@ -42,9 +45,7 @@ const FREED: &str = "'2000-01-01 00:00:00'";
 /// Why this backend cannot take a lock of `kind`, if it cannot.
 pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
     match kind {
-        Kind::Exclusive | Kind::Segments(_) => None,
-        Kind::Read | Kind::Write => Some("read-write locks (`read`/`write`) on the MySQL backend"),
-        Kind::Permits(_) => Some("`permits` on the MySQL backend"),
+        Kind::Exclusive | Kind::Segments(_) | Kind::Read | Kind::Write | Kind::Permits(_) => None,
         Kind::Fair => Some("`fair` on the MySQL backend"),
     }
 }
@@ -118,6 +119,9 @@ impl Statements {
 pub(crate) struct MysqlBackend {
     pool: Pool,
     sql: Statements,
+    /// Boxed: read only by shared locks, and it would double the size of
+    /// every client's backend.
+    shared: Box<SharedStatements>,
     table: String,
     /// `host:port/db`, no credentials: what messages name.
     node: String,
@@ -138,9 +142,10 @@ impl fmt::Debug for MysqlBackend {
 
 /// Whether `name` can name a table without quoting trouble.
 pub(crate) fn table_problem(name: &str) -> Option<String> {
+    // 56: the members table's name, `<name>_members`, must fit MySQL's 64.
     let ok =
-        !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    (!ok).then(|| format!("the MySQL table name `{name}` must be 1 to 64 ASCII letters, digits or `_`"))
+        !name.is_empty() && name.len() <= 56 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    (!ok).then(|| format!("the MySQL table name `{name}` must be 1 to 56 ASCII letters, digits or `_`"))
 }
 
 impl MysqlBackend {
@@ -193,6 +198,7 @@ impl MysqlBackend {
         Ok(MysqlBackend {
             pool: Pool::new(opts),
             sql: Statements::new(table),
+            shared: Box::new(SharedStatements::new(table)),
             table: table.to_owned(),
             node,
             url: url.to_owned(),
@@ -209,7 +215,7 @@ impl MysqlBackend {
     pub(crate) async fn verify(&self) -> Result<(), LockError> {
         let result = tokio::time::timeout(self.timeout, async {
             let mut conn = self.pool.get_conn().await?;
-            conn.query_drop(&self.sql.create).await
+            self.create_tables(&mut conn).await
         })
         .await;
         match result {
@@ -289,7 +295,7 @@ impl MysqlBackend {
         let attempt = async {
             match work().await {
                 Err(mysql_async::Error::Server(s)) if s.code == 1146 => {
-                    self.pool.get_conn().await?.query_drop(&self.sql.create).await?;
+                    self.create_tables(&mut self.pool.get_conn().await?).await?;
                     work().await
                 }
                 other => other,
@@ -298,6 +304,28 @@ impl MysqlBackend {
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(result) => result.map_err(|e| self.failure(Some(key), e)),
             Err(_) => Err(self.timed_out(key, what)),
+        }
+    }
+
+    /// The lock table and the shared locks' members table, if missing.
+    async fn create_tables(&self, conn: &mut mysql_async::Conn) -> Result<(), mysql_async::Error> {
+        conn.query_drop(&self.sql.create).await?;
+        conn.query_drop(&self.shared.create).await
+    }
+
+    /// A lock found held by a shared lock's gate is another kind of lock:
+    /// a conflict, not something to wait for.
+    async fn unless_gate(&self, key: &LockKey, reply: AcquireReply) -> Result<AcquireReply, Failure> {
+        match reply {
+            AcquireReply::Held { pttl: Some(left), .. } if left >= GATE_LEFT => {
+                let found = self.gate_found(key).await?;
+                Err(Failure::permanent(LockError::KeyConflict {
+                    key: key.name.clone(),
+                    redis_key: key.redis_key.clone(),
+                    found_type: found.into(),
+                }))
+            }
+            other => Ok(other),
         }
     }
 
@@ -459,14 +487,25 @@ fn micros(left: u64) -> Duration {
 
 impl Backend for MysqlBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
-        match req.kind {
-            Kind::Segments(n) => self.acquire_segment(req, n).await,
-            _ if !req.also.is_empty() => self.acquire_set(req).await,
-            _ => self.acquire_one(req).await,
-        }
+        let reply = match req.kind {
+            Kind::Read | Kind::Write => return self.acquire_shared(req, 0).await,
+            Kind::Permits(n) => return self.acquire_shared(req, n).await,
+            Kind::Segments(n) => self.acquire_segment(req, n).await?,
+            _ if !req.also.is_empty() => self.acquire_set(req).await?,
+            _ => self.acquire_one(req).await?,
+        };
+        let blocked = match reply {
+            AcquireReply::Held { blocked_by, .. } => blocked_by,
+            AcquireReply::Acquired { .. } => 0,
+        };
+        let key = blocked.checked_sub(1).map_or(req.key, |i| &req.also[i]);
+        self.unless_gate(key, reply).await
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        if is_member(holder) {
+            return self.release_member(key, holder).await;
+        }
         self.release_names(key, &[key.redis_key.as_str()], holder).await
     }
 
@@ -491,6 +530,9 @@ impl Backend for MysqlBackend {
         ttl: Duration,
         extend_only: bool,
     ) -> Result<bool, Failure> {
+        if is_member(holder) {
+            return self.renew_member(key, holder, ttl, extend_only).await;
+        }
         let statement = if extend_only {
             &self.sql.extend
         } else {
