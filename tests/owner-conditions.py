@@ -24,6 +24,7 @@ MYSQL = "lock-runtime/src/backend/mysql/mod.rs"
 ZOOKEEPER = "lock-runtime/src/backend/zookeeper/mod.rs"
 MEMORY = "lock-runtime/src/backend/memory/mod.rs"
 MYSQL_SHARED = "lock-runtime/src/backend/mysql/shared.rs"
+MYSQL_FAIR = "lock-runtime/src/backend/mysql/fair.rs"
 
 # (id, file, the condition as written, the same line without it,
 #  test binary, test name)
@@ -119,6 +120,12 @@ MUTANTS = [
     ("M10", MYSQL_SHARED,
      "let full = members.len() >= ", "let full = false && members.len() >= ",
      "kinds", "permits::mysql::permits_are_counted_across_clients"),
+    ("M11", MYSQL_FAIR,
+     "let free = left == 0;", "let free = true;",
+     "fair", "mysql::a_held_fair_lock_is_refused_to_everyone_else"),
+    ("M12", MYSQL_FAIR,
+     "let my_turn = first", "let my_turn = true || first",
+     "fair", "mysql::waiters_get_the_lock_in_arrival_order"),
     ("I1", MEMORY,
      "let owned = lease.holder == holder && lease.expires > now;",
      "let owned = lease.expires > now;",

@@ -2,7 +2,8 @@
 //! started waiting, on one `redis-server` and on a Redis Cluster (where the
 //! line is read from the server to know each waiter is in it), a dead
 //! waiter is skipped within the configured bound, and a waiter whose wait
-//! runs out leaves the line. The in-process backend hands out in order too;
+//! runs out leaves the line; the same on MariaDB, where the line is rows of
+//! the members table. The in-process backend hands out in order too;
 //! a Redlock refuses fair locks.
 
 use std::sync::{Arc, Mutex};
@@ -10,13 +11,15 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
 use lock_tests::monitor::Monitor;
-use lock_tests::{Cluster, RedisServer, eventually, start_masters};
+use lock_tests::{Cluster, MariaDb, RedisServer, eventually, start_masters};
 
 /// A client, and a way to read the fair lock's line on the server.
 struct Fixture {
     locks: LockClient,
-    /// The server that holds key `k`'s lock and line.
+    /// The Redis server that holds key `k`'s lock and line.
     server_of: Box<dyn Fn(&str) -> ::redis::Connection + Send>,
+    /// The MariaDB whose table holds the locks, on that backend.
+    mariadb: Option<MariaDb>,
     _servers: Vec<Box<dyn std::any::Any + Send>>,
 }
 
@@ -34,7 +37,18 @@ async fn redis_with(builder: lock_runtime::LockClientBuilder) -> Fixture {
                 .and_then(|c| c.get_connection())
                 .expect("admin connection")
         }),
+        mariadb: None,
         _servers: vec![Box::new(server)],
+    }
+}
+
+async fn mysql() -> Fixture {
+    let server = MariaDb::start();
+    Fixture {
+        locks: LockClient::mysql(&server.url()).await.expect("mysql client"),
+        server_of: Box::new(|_| unreachable!("no Redis server on MariaDB")),
+        mariadb: Some(server),
+        _servers: Vec::new(),
     }
 }
 
@@ -53,12 +67,23 @@ async fn cluster() -> Fixture {
                 .and_then(|c| c.get_connection())
                 .expect("admin connection")
         }),
+        mariadb: None,
         _servers: vec![Box::new(cluster)],
     }
 }
 
 /// How many waiters stand in the line of fair lock `key`.
 fn line_length(f: &Fixture, key: &str) -> i64 {
+    if let Some(mariadb) = &f.mariadb {
+        let rows = mariadb.block_on_sql(&format!(
+            "SELECT COUNT(*) FROM distributed_locks_members WHERE name = 'lock:{{{key}}}'"
+        ));
+        let count = rows
+            .into_iter()
+            .next()
+            .and_then(|r| r.into_iter().next().flatten());
+        return count.and_then(|c| c.parse().ok()).expect("a count");
+    }
     let mut conn = (f.server_of)(key);
     ::redis::cmd("ZCARD")
         .arg(format!("lock:{{{key}}}:line"))
@@ -99,6 +124,57 @@ on_redis_and_cluster!(
     a_waiter_whose_wait_runs_out_leaves_the_line,
     a_foreign_value_at_a_fair_locks_key_is_a_conflict_left_alone,
 );
+
+/// The fair-lock behaviours that read no Redis key, on MariaDB.
+mod mysql {
+    macro_rules! on_mysql {
+        ($($behaviour:ident),+ $(,)?) => {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::mysql().await).await;
+                    })
+                    .await
+                }
+            )+
+        };
+    }
+    on_mysql!(
+        a_held_fair_lock_is_refused_to_everyone_else,
+        waiters_get_the_lock_in_arrival_order,
+        a_waiter_whose_wait_runs_out_leaves_the_line,
+    );
+
+    /// A waiter whose process died (a place in line that no attempt
+    /// renews, queued before everyone) delays the next waiter by at most
+    /// the configured bound plus a poll. A starved trial runs again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_waiter_is_skipped_within_the_bound() {
+        lock_tests::bounded("mysql::a_dead_waiter_is_skipped_within_the_bound", async move {
+            const BOUND: std::time::Duration = std::time::Duration::from_millis(500);
+            let server = lock_tests::MariaDb::start();
+            let locks = lock_runtime::LockClient::builder()
+                .fair_waiter_timeout(BOUND)
+                .mysql(&server.url())
+                .await
+                .expect("mysql client");
+            super::dead_waiter_trials(&locks, BOUND, |key| {
+                let corpse = format!("f:{}:1", "d".repeat(32));
+                server.block_on_sql(&format!(
+                    "INSERT INTO distributed_locks_members (name, member, expires_at, queued_at) \
+                     VALUES ('lock:{{{key}}}', '{corpse}', NOW(6) + INTERVAL 500000 MICROSECOND, '2001-01-01')"
+                ));
+            }, |key| {
+                server.block_on_sql(&format!(
+                    "SELECT COUNT(*) FROM distributed_locks_members WHERE name = 'lock:{{{key}}}'"
+                ))[0][0].as_deref() == Some("2")
+            })
+            .await;
+        })
+        .await
+    }
+}
 
 /// While one task holds a fair lock, another's try is refused: the
 /// script's "already mine" answer (an earlier attempt of the same
@@ -207,59 +283,73 @@ async fn a_dead_waiter_is_skipped_within_the_bound() {
     lock_tests::bounded("a_dead_waiter_is_skipped_within_the_bound", async move {
         const BOUND: Duration = Duration::from_millis(500);
         let f = redis_with(LockClient::builder().fair_waiter_timeout(BOUND)).await;
-        for trial in 1..=3 {
-            let monitor = Monitor::start();
-            let key = format!("dead{trial}");
-            let holder = lock_tests::guard_with(&f.locks, &key, |l| l.fair(true)).await;
-            {
-                let mut conn = (f.server_of)(&key);
-                let (secs, micros): (u64, u64) = ::redis::cmd("TIME").query(&mut conn).expect("TIME");
-                let now_ms = secs * 1000 + micros / 1000;
-                let corpse = format!("f:{}:1", "d".repeat(32));
-                let _: () = ::redis::pipe()
-                    .cmd("ZADD")
-                    .arg(format!("lock:{{{key}}}:line"))
-                    .arg(1)
-                    .arg(&corpse)
-                    .cmd("ZADD")
-                    .arg(format!("lock:{{{key}}}:alive"))
-                    .arg(now_ms + u64::try_from(BOUND.as_millis()).expect("small"))
-                    .arg(&corpse)
-                    .query(&mut conn)
-                    .expect("a dead waiter's place");
-            }
-            let next = {
-                let (locks, key) = (f.locks.clone(), key.clone());
-                tokio::spawn(async move {
-                    locks
-                        .lock(key)
-                        .fair(true)
-                        .wait(Duration::from_secs(10))
-                        .run(async { Instant::now() })
-                        .await
-                })
-            };
-            let queued = eventually(Duration::from_secs(10), || line_length(&f, &key) == 2).await;
-            assert!(queued.is_some(), "the next waiter never stood in line");
-            let released = Instant::now();
-            holder.release().await.expect("release");
-            let got = next
-                .await
-                .expect("waiter task")
-                .expect("the next waiter gets the lock");
-            let delay = got.saturating_duration_since(released);
-            if delay <= BOUND + Duration::from_millis(300) {
-                return;
-            }
-            assert!(
-                monitor.worst() > Duration::from_millis(100),
-                "trial {trial}: the next waiter came {delay:?} after the release (bound {BOUND:?})"
-            );
-            eprintln!("trial {trial} INVALID: starved {:?}", monitor.worst());
-        }
-        panic!("every trial was starved");
+        let plant = |key: &str| {
+            let mut conn = (f.server_of)(key);
+            let (secs, micros): (u64, u64) = ::redis::cmd("TIME").query(&mut conn).expect("TIME");
+            let now_ms = secs * 1000 + micros / 1000;
+            let corpse = format!("f:{}:1", "d".repeat(32));
+            let _: () = ::redis::pipe()
+                .cmd("ZADD")
+                .arg(format!("lock:{{{key}}}:line"))
+                .arg(1)
+                .arg(&corpse)
+                .cmd("ZADD")
+                .arg(format!("lock:{{{key}}}:alive"))
+                .arg(now_ms + u64::try_from(BOUND.as_millis()).expect("small"))
+                .arg(&corpse)
+                .query(&mut conn)
+                .expect("a dead waiter's place");
+        };
+        dead_waiter_trials(&f.locks, BOUND, plant, |key| line_length(&f, key) == 2).await;
     })
     .await
+}
+
+/// Up to three trials: a holder keeps a fair lock; `plant(key)` writes a
+/// dead waiter's place at the head of its line; the next waiter queues
+/// behind it (`two_in_line(key)`), and once the holder releases, gets the
+/// lock within `bound` plus a poll.
+async fn dead_waiter_trials(
+    locks: &LockClient,
+    bound: Duration,
+    plant: impl Fn(&str),
+    two_in_line: impl Fn(&str) -> bool,
+) {
+    for trial in 1..=3 {
+        let monitor = Monitor::start();
+        let key = format!("dead{trial}");
+        let holder = lock_tests::guard_with(locks, &key, |l| l.fair(true)).await;
+        plant(&key);
+        let next = {
+            let (locks, key) = (locks.clone(), key.clone());
+            tokio::spawn(async move {
+                locks
+                    .lock(key)
+                    .fair(true)
+                    .wait(Duration::from_secs(10))
+                    .run(async { Instant::now() })
+                    .await
+            })
+        };
+        let queued = eventually(Duration::from_secs(10), || two_in_line(&key)).await;
+        assert!(queued.is_some(), "the next waiter never stood in line");
+        let released = Instant::now();
+        holder.release().await.expect("release");
+        let got = next
+            .await
+            .expect("waiter task")
+            .expect("the next waiter gets the lock");
+        let delay = got.saturating_duration_since(released);
+        if delay <= bound + Duration::from_millis(300) {
+            return;
+        }
+        assert!(
+            monitor.worst() > Duration::from_millis(100),
+            "trial {trial}: the next waiter came {delay:?} after the release (bound {bound:?})"
+        );
+        eprintln!("trial {trial} INVALID: starved {:?}", monitor.worst());
+    }
+    panic!("every trial was starved");
 }
 
 /// In-process, the line is kept in memory: on a one-thread runtime, a

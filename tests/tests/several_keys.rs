@@ -1,6 +1,6 @@
 //! Several keys at once (`lock_all`, `keys = [...]`), one body of code over
 //! the in-process backend, one `redis-server`, a Redis Cluster (keys spread
-//! over slots) and a Redlock of three masters: transfers in both directions
+//! over slots), a Redlock of three masters, MariaDB and ZooKeeper: transfers in both directions
 //! never deadlock and never lose money; a set is taken whole or not at all;
 //! nested calls re-enter what they hold.
 
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{Cluster, RedisServer, start_masters};
+use lock_tests::{Cluster, MariaDb, RedisServer, ZooKeeper, start_masters};
 
 /// Two clients on the same locks (two services), and what they need alive.
 struct Fixture {
@@ -23,6 +23,8 @@ enum Servers {
     One(RedisServer),
     Cluster(Cluster),
     Masters(Vec<RedisServer>),
+    Mysql(MariaDb),
+    ZooKeeper(ZooKeeper),
 }
 
 async fn in_memory() -> Fixture {
@@ -71,6 +73,30 @@ async fn redlock() -> Fixture {
     }
 }
 
+async fn mysql() -> Fixture {
+    let server = MariaDb::start();
+    let url = server.url();
+    let connect = || LockClient::mysql(&url);
+    Fixture {
+        clients: [
+            connect().await.expect("connect"),
+            connect().await.expect("connect"),
+        ],
+        _servers: Servers::Mysql(server),
+    }
+}
+
+async fn zookeeper() -> Fixture {
+    let zk = ZooKeeper::start();
+    Fixture {
+        clients: [
+            lock_tests::zookeeper::client(&zk).await,
+            lock_tests::zookeeper::client(&zk).await,
+        ],
+        _servers: Servers::ZooKeeper(zk),
+    }
+}
+
 macro_rules! on_every_backend {
     ($($behaviour:ident),+ $(,)?) => {
         mod in_memory {
@@ -112,6 +138,28 @@ macro_rules! on_every_backend {
                 async fn $behaviour() {
                     lock_tests::bounded(stringify!($behaviour), async move {
                     super::$behaviour(super::redlock().await).await;
+                    })
+                    .await
+                }
+            )+
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                    super::$behaviour(super::mysql().await).await;
+                    })
+                    .await
+                }
+            )+
+        }
+        mod zookeeper {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                    super::$behaviour(super::zookeeper().await).await;
                     })
                     .await
                 }

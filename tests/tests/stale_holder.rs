@@ -642,6 +642,7 @@ contract! {
         a_stale_reader_renewal_leaves_the_writers_lock,
         a_stale_reader_extension_leaves_the_writers_lock,
         a_stale_permit_renewal_leaves_the_other_permit_holder,
+        a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock,
     ],
     on_zookeeper => zookeeper: [
         a_stale_watchdog_renewal_leaves_the_other_holders_lock,

@@ -234,8 +234,6 @@ impl AnyBackend {
     pub(crate) fn unsupported(&self, kind: Kind) -> Option<&'static str> {
         match self {
             AnyBackend::Redlock(_) => redlock::unsupported(kind),
-            #[cfg(feature = "mysql")]
-            AnyBackend::Mysql(_) => mysql::unsupported(kind),
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => zookeeper::unsupported(kind),
             _ => None,

@@ -301,13 +301,15 @@ struct WitnessRun {
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Which kind of lock a witness run takes, and what the checker is told.
-/// `library` is the exclusive lock; `library-rw` one writer in four, the
-/// rest readers; `library-permits-N` N permits. The controls lie to the
+/// `library` is the exclusive lock; `library-fair` the fair one;
+/// `library-rw` one writer in four, the rest readers; `library-permits-N`
+/// N permits. The controls lie to the
 /// checker: `library-rw-writers-read` takes read locks for its writers,
 /// `library-permits-N-checked-M` takes N permits where the checker allows M.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Exclusive,
+    Fair,
     /// Two keys with `lock_all`; the control locks only the first.
     Transfer {
         first_only: bool,
@@ -332,6 +334,7 @@ impl Kind {
         };
         match lock {
             "library" => Some(Kind::Exclusive),
+            "library-fair" => Some(Kind::Fair),
             "library-transfer" => Some(Kind::Transfer { first_only: false }),
             "library-transfer-first-only" => Some(Kind::Transfer { first_only: true }),
             "library-rw" => Some(Kind::ReadWrite { writers_read: false }),
@@ -346,6 +349,7 @@ impl Kind {
         let request = locks.lock(keys[0]);
         match self {
             Kind::Exclusive => (request, Share::EXCLUSIVE),
+            Kind::Fair => (request.fair(true), Share::EXCLUSIVE),
             Kind::Transfer { first_only: true } => (request, Share::EXCLUSIVE),
             Kind::Transfer { first_only: false } => (locks.lock_all(keys.iter().copied()), Share::EXCLUSIVE),
             Kind::ReadWrite { writers_read } => {
@@ -484,7 +488,7 @@ async fn library_task(
     let start = std::time::Instant::now();
     let mut tally = Tally::default();
     let kind = Kind::parse(&run.lock).ok_or_else(|| format!("unknown lock `{}`", run.lock))?;
-    let fencing = !run.url.starts_with("redlock=") && kind == Kind::Exclusive;
+    let fencing = !run.url.starts_with("redlock=") && matches!(kind, Kind::Exclusive | Kind::Fair);
     let long_percent: u32 = std::env::var("LOCK_WORKER_LONG_BODY_PERCENT")
         .ok()
         .and_then(|p| p.parse().ok())

@@ -23,7 +23,8 @@ const CALL_WAIT: Duration = Duration::from_secs(20);
 struct Deaths {
     id: &'static str,
     name: &'static str,
-    /// `library` (exclusive, fenced), `library-transfer` (two keys at
+    /// `library` (exclusive, fenced), `library-fair` (fair, fenced),
+    /// `library-transfer` (two keys at
     /// once), `library-rw` or `library-permits-N` (shared: checked on the
     /// board only, since the logs' analysis knows exclusive locks alone).
     lock: &'static str,
@@ -248,6 +249,22 @@ async fn s3tmy_transfers_through_mariadb_restarts() {
             "S3 with two-key transfers (lock_all) on MariaDB, SIGKILLed and restarted",
             "library-transfer",
             &["t:a", "t:b", "t:c", "t:d"],
+        ),
+    )
+    .await
+}
+
+/// S3fmy: fair locks (the line in the members table) while MariaDB is
+/// SIGKILLed and restarted twice, fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3fmy_fair_locks_through_mariadb_restarts() {
+    scenario(
+        "s3fmy_fair_locks_through_mariadb_restarts",
+        through_mariadb_restarts(
+            "S3fmy",
+            "S3 with fair locks on MariaDB, SIGKILLed and restarted",
+            "library-fair",
+            &["f:a", "f:b", "f:c"],
         ),
     )
     .await

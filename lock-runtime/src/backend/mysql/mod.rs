@@ -25,6 +25,7 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, TxOpts};
 
+use self::fair::FairStatements;
 use self::shared::{GATE_LEFT, SharedStatements, is_member};
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 use crate::error::LockError;
@@ -32,6 +33,7 @@ use crate::key::LockKey;
 use crate::redact::{redact_secrets, redact_url};
 use crate::spec::Kind;
 
+mod fair;
 mod shared;
 
 /// The longest full lock name (prefix, key, segment suffix) the table's
@@ -41,14 +43,6 @@ pub(crate) const MAX_NAME_BYTES: usize = 2048;
 /// What a freed, fenced row's expiry is set to: long past, so any clock
 /// finds it free.
 const FREED: &str = "'2000-01-01 00:00:00'";
-
-/// Why this backend cannot take a lock of `kind`, if it cannot.
-pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
-    match kind {
-        Kind::Exclusive | Kind::Segments(_) | Kind::Read | Kind::Write | Kind::Permits(_) => None,
-        Kind::Fair => Some("`fair` on the MySQL backend"),
-    }
-}
 
 /// The statements, rendered once for the client's table name.
 #[derive(Debug)]
@@ -122,6 +116,7 @@ pub(crate) struct MysqlBackend {
     /// Boxed: read only by shared locks, and it would double the size of
     /// every client's backend.
     shared: Box<SharedStatements>,
+    fair: Box<FairStatements>,
     table: String,
     /// `host:port/db`, no credentials: what messages name.
     node: String,
@@ -199,6 +194,7 @@ impl MysqlBackend {
             pool: Pool::new(opts),
             sql: Statements::new(table),
             shared: Box::new(SharedStatements::new(table)),
+            fair: Box::new(FairStatements::new(table)),
             table: table.to_owned(),
             node,
             url: url.to_owned(),
@@ -490,6 +486,7 @@ impl Backend for MysqlBackend {
         let reply = match req.kind {
             Kind::Read | Kind::Write => return self.acquire_shared(req, 0).await,
             Kind::Permits(n) => return self.acquire_shared(req, n).await,
+            Kind::Fair => return self.acquire_fair(req).await,
             Kind::Segments(n) => self.acquire_segment(req, n).await?,
             _ if !req.also.is_empty() => self.acquire_set(req).await?,
             _ => self.acquire_one(req).await?,
@@ -506,7 +503,12 @@ impl Backend for MysqlBackend {
         if is_member(holder) {
             return self.release_member(key, holder).await;
         }
-        self.release_names(key, &[key.redis_key.as_str()], holder).await
+        let released = self.release_names(key, &[key.redis_key.as_str()], holder).await?;
+        if !released && holder.starts_with("f:") {
+            // A fair lock's waiter that stops waiting gives up its place.
+            return self.leave_line(key, holder).await;
+        }
+        Ok(released)
     }
 
     async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {

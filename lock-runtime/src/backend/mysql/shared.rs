@@ -89,6 +89,7 @@ impl SharedStatements {
                  name VARBINARY({}) NOT NULL, \
                  member VARBINARY(255) NOT NULL, \
                  expires_at DATETIME(6) NOT NULL, \
+                 queued_at DATETIME(6) NOT NULL DEFAULT '2000-01-01 00:00:00', \
                  PRIMARY KEY (name, member)\
                  ) ENGINE=InnoDB",
                 super::MAX_NAME_BYTES
