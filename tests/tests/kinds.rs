@@ -1,8 +1,8 @@
 //! Lock kinds (read-write locks, permits, segments), one body of code over
 //! every backend that claims them: the in-process backend, one
 //! `redis-server`, a Redis Cluster, a Redlock of three masters (read-write
-//! only; it refuses permits and segments) and MariaDB, through the public
-//! API. A backend joins a kind's suite by being added to its list.
+//! only; it refuses permits and segments), MariaDB and ZooKeeper (which
+//! refuses segments), through the public API. A backend joins a kind's suite by being added to its list.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LockMode, LostReason, segment};
 use lock_tests::monitor::Monitor;
-use lock_tests::{Cluster, MariaDb, RedisServer, start_masters};
+use lock_tests::{Cluster, MariaDb, RedisServer, ZooKeeper, start_masters};
 use tokio::sync::Barrier;
 
 /// A client and the servers it needs kept alive.
@@ -26,6 +26,7 @@ enum Servers {
     Cluster(Cluster),
     Masters(Vec<RedisServer>),
     Mysql(MariaDb),
+    ZooKeeper(ZooKeeper),
 }
 
 async fn in_memory() -> Fixture {
@@ -81,7 +82,26 @@ impl Fixture {
                 LockClient::redlock(&urls).await.expect("redlock client")
             }
             Servers::Mysql(server) => LockClient::mysql(&server.url()).await.expect("mysql client"),
+            Servers::ZooKeeper(zk) => zookeeper_client(zk).await,
         }
+    }
+}
+
+/// A ZooKeeper lease is capped at the session timeout: the client asks
+/// for 4 s, so that the suite's leases (1.5 s) are what they ask for.
+async fn zookeeper_client(zk: &ZooKeeper) -> LockClient {
+    LockClient::builder()
+        .zookeeper_session_timeout(Duration::from_secs(4))
+        .zookeeper(&zk.connect_string())
+        .await
+        .expect("zookeeper client")
+}
+
+async fn zookeeper() -> Fixture {
+    let zk = ZooKeeper::start();
+    Fixture {
+        locks: zookeeper_client(&zk).await,
+        servers: Servers::ZooKeeper(zk),
     }
 }
 
@@ -111,7 +131,7 @@ macro_rules! on_backend {
 mod read_write {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, redlock, mysql] => [
+        [in_memory, redis, cluster, redlock, mysql, zookeeper] => [
             readers_overlap,
             a_writer_never_overlaps_anyone,
             upgrade_is_refused_at_once,
@@ -124,7 +144,7 @@ mod read_write {
 mod permits {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, mysql] => [
+        [in_memory, redis, cluster, mysql, zookeeper] => [
             never_more_than_n_holders,
             permits_are_counted_across_clients,
             a_vanished_holders_permit_frees_at_its_ttl_not_before,
@@ -363,7 +383,11 @@ async fn a_writer_is_not_starved_by_readers(f: Fixture) {
             .lock("report")
             .mode(LockMode::Write)
             .wait(Duration::from_secs(20))
-            .run(async { inside.load(Ordering::SeqCst) })
+            .run(async {
+                // In: readers that enter from now on came after the wait.
+                writer_waiting.store(false, Ordering::SeqCst);
+                inside.load(Ordering::SeqCst)
+            })
             .await;
         stop.store(true, Ordering::SeqCst);
         for reader in readers {
@@ -718,6 +742,21 @@ mod redis_only {
             assert!(second.is_held());
             second.release().await.expect("release the second reader");
             assert!(matches!(first.release().await, Err(LockError::NotHeld { .. })));
+        })
+        .await
+    }
+
+    /// ZooKeeper refuses segments, naming them, before any request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn zookeeper_refuses_segments() {
+        lock_tests::bounded("zookeeper_refuses_segments", async move {
+            let f = zookeeper().await;
+            match f.locks.lock("k").segments(2).acquire().await {
+                Err(LockError::Unsupported { feature, .. }) => {
+                    assert!(feature.contains("segments"), "{feature}");
+                }
+                other => panic!("expected Unsupported, got {other:?}"),
+            }
         })
         .await
     }

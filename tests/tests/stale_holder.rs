@@ -394,11 +394,16 @@ fn shared_lock_of(server: &RedisServer, name: &str, member: &str, lease_ms: i64)
 
 impl Rig {
     /// A foreign holder `member` replaces every holder of the shared lock
-    /// stored as `name`, for `lease_ms` (Redis: the sorted set; MySQL: the
-    /// lock's rows in the members table).
-    async fn take_over_shared(&self, name: &str, member: &str, lease_ms: i64) {
+    /// `key`, stored as `name`, for `lease_ms` (Redis: the sorted set;
+    /// MySQL: the lock's rows in the members table; ZooKeeper: the queue's
+    /// children are deleted and a client of another session takes the
+    /// lock as `member`'s kind).
+    async fn take_over_shared(&self, key: &str, name: &str, member: &str, lease_ms: i64) -> Taken {
         match self {
-            Rig::Redis(server) => shared_lock_of(server, name, member, lease_ms),
+            Rig::Redis(server) => {
+                shared_lock_of(server, name, member, lease_ms);
+                None
+            }
             Rig::Mysql(server) => {
                 server
                     .sql(&format!(
@@ -411,8 +416,28 @@ impl Rig {
                          VALUES ('{name}', '{member}', NOW(6) + INTERVAL {lease_ms} * 1000 MICROSECOND)"
                     ))
                     .await;
+                None
             }
-            Rig::ZooKeeper(_) => unreachable!("ZooKeeper has no shared kinds"),
+            Rig::ZooKeeper(zk) => {
+                let operator = zookeeper_client::Client::connect(&zk.connect_string())
+                    .await
+                    .expect("operator session");
+                let queue = format!("/distributed-locks/{name}");
+                for child in operator.list_children(&queue).await.expect("queue") {
+                    operator
+                        .delete(&format!("{queue}/{child}"), None)
+                        .await
+                        .expect("delete");
+                }
+                let rival = zookeeper::client(zk).await;
+                let request = rival.lock(key).wait(Duration::from_secs(10));
+                let request = if member.starts_with("p:") {
+                    request.permits(1)
+                } else {
+                    request.mode(LockMode::Write)
+                };
+                Some(request.acquire().await.expect("the rival takes the freed lock"))
+            }
         }
     }
 }
@@ -427,17 +452,17 @@ where
 {
     let locks = rig.client().await;
     let taken_name = name(key);
-    let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<Snapshot>();
+    let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<(Snapshot, Taken)>();
     let stale = request(&locks).ttl(Duration::from_millis(1500)).run(async {
-        rig.take_over_shared(&taken_name, rival, 20_000).await;
-        let _ = taken_tx.send(rig.snapshot_name(&taken_name).await);
+        let taken = rig.take_over_shared(key, &taken_name, rival, 20_000).await;
+        let _ = taken_tx.send((rig.snapshot_name(&taken_name).await, taken));
         std::future::pending::<()>().await;
     });
     let outcome = tokio::time::timeout(BOUND, stale)
         .await
         .expect("the body was not cancelled: the renewal did not see the other holder");
     assert!(matches!(outcome, Err(LockError::Lost { .. })), "{outcome:?}");
-    let before = taken_rx.await.expect("the body took the lock over");
+    let (before, _taken) = taken_rx.await.expect("the body took the lock over");
     assert_eq!(
         rig.snapshot_name(&taken_name).await,
         before,
@@ -458,7 +483,7 @@ async fn a_stale_reader_extension_leaves_the_writers_lock(rig: Rig) {
         .ttl(Duration::from_secs(5))
         .renew(false)
         .run(async {
-            rig.take_over_shared(&taken_name, &writer, 2_000).await;
+            let _taken = rig.take_over_shared("rw-ext", &taken_name, &writer, 2_000).await;
             let before = rig.snapshot_name(&taken_name).await;
             let nested = locks
                 .lock("rw-ext")
@@ -650,6 +675,8 @@ contract! {
         a_stale_release_leaves_the_other_holders_lock,
         a_stale_unfenced_release_leaves_the_other_holders_lock,
         a_stale_release_of_several_keys_leaves_the_other_holders_lock,
+        a_stale_reader_renewal_leaves_the_writers_lock,
+        a_stale_permit_renewal_leaves_the_other_permit_holder,
     ],
 }
 

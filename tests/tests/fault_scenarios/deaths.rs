@@ -1,8 +1,8 @@
 //! DESIGN §11 under the checker: servers and ensemble members that die and
 //! come back, and servers stopped past every lease, under S0's
 //! witness-checked load, on MariaDB and ZooKeeper, with each kind the
-//! backend offers (exclusive and several keys on both; fencing tokens
-//! checked by the fenced register). Each call may wait 20 s, longer than
+//! backend offers (exclusive, several keys, read-write and permits on both,
+//! fair on MariaDB; fencing tokens checked by the fenced register). Each call may wait 20 s, longer than
 //! any restart here takes, so a death must cost time and never an error:
 //! the verdict counts acquisition errors beside overlaps, lost updates and
 //! token regressions, and asks that bodies ran after every fault. Releases
@@ -359,6 +359,38 @@ async fn s3tzk_transfers_through_ensemble_member_deaths() {
             "S3 with two-key transfers (lock_all) on a ZooKeeper ensemble, each member killed in turn",
             "library-transfer",
             &["t:a", "t:b", "t:c", "t:d"],
+        ),
+    )
+    .await
+}
+
+/// S3rwzk: read-write locks (readers and writers in one queue) while each
+/// ensemble member is killed in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3rwzk_read_write_locks_through_ensemble_member_deaths() {
+    scenario(
+        "s3rwzk_read_write_locks_through_ensemble_member_deaths",
+        through_ensemble_member_deaths(
+            "S3rwzk",
+            "S3 with read-write locks on a ZooKeeper ensemble, each member killed in turn",
+            "library-rw",
+            &["rw:a", "rw:b", "rw:c", "rw:d"],
+        ),
+    )
+    .await
+}
+
+/// S3pzk: two permits per key while each ensemble member is killed in
+/// turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3pzk_permits_through_ensemble_member_deaths() {
+    scenario(
+        "s3pzk_permits_through_ensemble_member_deaths",
+        through_ensemble_member_deaths(
+            "S3pzk",
+            "S3 with 2 permits per key on a ZooKeeper ensemble, each member killed in turn",
+            "library-permits-2",
+            &["p:a", "p:b", "p:c"],
         ),
     )
     .await

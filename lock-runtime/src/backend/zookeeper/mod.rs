@@ -64,11 +64,36 @@ const KEPT: &AsciiSet = &NON_ALPHANUMERIC
 /// Why this backend cannot take a lock of `kind`, if it cannot.
 pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
     match kind {
-        // A ZooKeeper lock is a queue: exclusive and fair are one thing.
-        Kind::Exclusive | Kind::Fair => None,
-        Kind::Read | Kind::Write => Some("read-write locks (`read`/`write`) on the ZooKeeper backend"),
-        Kind::Permits(_) => Some("`permits` on the ZooKeeper backend"),
-        Kind::Segments(_) => Some("`segments` on the ZooKeeper backend"),
+        // A ZooKeeper lock is a queue: exclusive and fair are one thing,
+        // and readers and permit holders are let in by where they stand.
+        Kind::Exclusive | Kind::Fair | Kind::Read | Kind::Write | Kind::Permits(_) => None,
+        Kind::Segments(_) => Some("`segments` on the ZooKeeper backend (not built yet)"),
+    }
+}
+
+/// What keeps a contender from the lock, judged from the children ahead of
+/// its own (in sequence order). Each kind treats every other kind's child
+/// as an exclusive holder, so a name used as two kinds stays safe.
+#[derive(Debug, PartialEq, Eq)]
+enum InTheWay<'a> {
+    Nothing,
+    /// Wait for this child to go.
+    Child(&'a str),
+    /// Too many permit holders ahead: wait for any to go.
+    Count,
+}
+
+fn in_the_way<'a>(kind: Kind, ahead: &[&'a str]) -> InTheWay<'a> {
+    let last_not = |prefix: &str| ahead.iter().rev().find(|n| !n.starts_with(prefix)).copied();
+    match kind {
+        // Readers share: only a writer (or another kind) ahead blocks.
+        Kind::Read => last_not("r:").map_or(InTheWay::Nothing, InTheWay::Child),
+        Kind::Permits(n) => match last_not("p:") {
+            Some(other) => InTheWay::Child(other),
+            None if ahead.len() >= usize::try_from(n).unwrap_or(usize::MAX) => InTheWay::Count,
+            None => InTheWay::Nothing,
+        },
+        _ => ahead.last().copied().map_or(InTheWay::Nothing, InTheWay::Child),
     }
 }
 
@@ -457,13 +482,22 @@ impl ZooKeeperBackend {
                     reconnecting: true,
                 });
             }
-            let Some((_, before)) = line.iter().rev().find(|(s, _)| *s < mine) else {
-                if !req.renew {
-                    self.expire_at(key, req.holder, Instant::now() + req.ttl);
+            let ahead: Vec<&str> = line
+                .iter()
+                .take_while(|(s, _)| *s < mine)
+                .map(|(_, n)| n.as_str())
+                .collect();
+            let before = match in_the_way(req.kind, &ahead) {
+                InTheWay::Nothing => {
+                    if !req.renew {
+                        self.expire_at(key, req.holder, Instant::now() + req.ttl);
+                    }
+                    return Ok(AcquireReply::acquired(
+                        req.fencing.then_some(czxid.unsigned_abs()),
+                    ));
                 }
-                return Ok(AcquireReply::acquired(
-                    req.fencing.then_some(czxid.unsigned_abs()),
-                ));
+                InTheWay::Child(before) => Some(before.to_owned()),
+                InTheWay::Count => None,
             };
             if !req.waiting {
                 // Not waiting: leave the line now, in this attempt.
@@ -474,14 +508,29 @@ impl ZooKeeperBackend {
                 }
                 return Ok(self.held(false));
             }
-            let (stat, watcher) = client
-                .check_and_watch_stat(&format!("{queue}/{before}"))
-                .await
-                .map_err(fail)?;
-            if stat.is_none() {
-                // Gone between the listing and the watch: look again.
-                continue;
-            }
+            let watcher = match before {
+                Some(before) => {
+                    let (stat, watcher) = client
+                        .check_and_watch_stat(&format!("{queue}/{before}"))
+                        .await
+                        .map_err(fail)?;
+                    if stat.is_none() {
+                        // Gone between the listing and the watch: look again.
+                        continue;
+                    }
+                    watcher
+                }
+                None => {
+                    // Permits: any holder ahead that leaves frees one, so
+                    // the whole line is watched (a herd of at most the
+                    // permit waiters of this lock).
+                    let (now, watcher) = client.list_and_watch_children(&queue).await.map_err(fail)?;
+                    if now.len() != line.len() {
+                        continue;
+                    }
+                    watcher
+                }
+            };
             self.with_child(key, req.holder, |c| c.watcher = Some(watcher));
             return Ok(self.held(true));
         }
@@ -786,6 +835,28 @@ mod tests {
         assert_eq!(classify(&zk::Error::NoHosts), (true, true));
         assert_eq!(classify(&zk::Error::NoAuth), (false, false));
         assert_eq!(classify(&zk::Error::BadArguments(&"bad")), (false, false));
+    }
+
+    #[test]
+    fn readers_share_permits_count_and_other_kinds_exclude() {
+        let r = |n: &str| format!("r:{n}_0000000001");
+        let (r1, r2, w, p1, p2, x) = (
+            r("a"),
+            r("b"),
+            "w:c_2".to_owned(),
+            "p:d_3".to_owned(),
+            "p:e_4".to_owned(),
+            "ab:1_5".to_owned(),
+        );
+        assert_eq!(in_the_way(Kind::Read, &[&r1, &r2]), InTheWay::Nothing);
+        assert_eq!(in_the_way(Kind::Read, &[&r1, &w, &r2]), InTheWay::Child(&w));
+        assert_eq!(in_the_way(Kind::Write, &[&r1, &r2]), InTheWay::Child(&r2));
+        assert_eq!(in_the_way(Kind::Write, &[]), InTheWay::Nothing);
+        assert_eq!(in_the_way(Kind::Permits(2), &[&p1]), InTheWay::Nothing);
+        assert_eq!(in_the_way(Kind::Permits(2), &[&p1, &p2]), InTheWay::Count);
+        assert_eq!(in_the_way(Kind::Permits(3), &[&x, &p1]), InTheWay::Child(&x));
+        assert_eq!(in_the_way(Kind::Read, &[&x]), InTheWay::Child(&x));
+        assert_eq!(in_the_way(Kind::Exclusive, &[&r1]), InTheWay::Child(&r1));
     }
 
     #[test]
