@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockError, LockMode, LostReason};
+use lock_runtime::{LockClient, LockError, LostReason};
 use lock_tests::lab::{Board, worker_command};
 use lock_tests::load::LockingLoad;
 use lock_tests::zookeeper::{self, SESSION_TIMEOUT, ZooKeeper};
@@ -495,9 +495,13 @@ async fn a_session_cut_off_stops_its_body_before_the_session_can_expire() {
                 .zookeeper(&format!("127.0.0.1:{}", proxy.port()))
                 .await
                 .expect("connect through the proxy");
+            // The lock is free: the wait only lets a first attempt that a
+            // loaded machine answered past the 200 ms command timeout be
+            // tried again.
             let guard = holder
                 .lock("cut")
                 .ttl(Duration::from_secs(60))
+                .wait(Duration::from_secs(10))
                 .acquire()
                 .await
                 .expect("acquire");
@@ -648,12 +652,7 @@ async fn bad_input_gets_clear_errors() {
         );
 
         let locks = zookeeper::client(&zk).await;
-        for (request, what) in [
-            (locks.lock("k").mode(LockMode::Read), "read-write"),
-            (locks.lock("k").mode(LockMode::Write), "read-write"),
-            (locks.lock("k").permits(3), "permits"),
-            (locks.lock("k").segments(4), "segments"),
-        ] {
+        for (request, what) in [(locks.lock("k").segments(4), "segments")] {
             let err = request.acquire().await.expect_err("unsupported");
             assert!(
                 matches!(err, LockError::Unsupported { ref feature, .. } if feature.contains(what)),
