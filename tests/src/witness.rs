@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 const BOARD: &str = "board";
 const SLOTS: usize = 1024;
-const WORDS_PER_SLOT: usize = 8;
+const WORDS_PER_SLOT: usize = 16;
 /// Word 0 of the board is the global sequence; slots start one line later.
 const HEADER_WORDS: usize = 8;
 const RECORD: usize = 64;
@@ -41,6 +41,7 @@ const COUNTER: usize = 4;
 const MAX_TOKEN: usize = 5;
 const STALE_REJECTED: usize = 6;
 const STALE_ACCEPTED: usize = 7;
+const BUMPED: usize = 8;
 
 /// What a log record says happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -169,13 +170,24 @@ pub struct Seen {
     pub entries: u64,
     /// Entries made while another body was inside.
     pub overlaps: u64,
-    /// The read-modify-write counter: equals `entries` (when every body bumps
-    /// it) unless updates were lost.
+    /// The read-modify-write counter: equals `bumped` unless updates were
+    /// lost.
     pub counter: u64,
+    /// Bumps that completed (a body stopped between a bump's read and its
+    /// write, when its lease was lost, wrote nothing and is not counted).
+    pub bumped: u64,
     /// Stale tokens the fenced register refused.
     pub stale_rejected: u64,
     /// Stale tokens an unfenced register accepted.
     pub stale_accepted: u64,
+}
+
+impl Seen {
+    /// Completed bumps whose increment another body overwrote: each one a
+    /// write the lock failed to protect.
+    pub fn lost_updates(&self) -> u64 {
+        self.bumped - self.counter.min(self.bumped)
+    }
 }
 
 impl Witness {
@@ -313,6 +325,7 @@ impl Witness {
         let seen = self.slot(key)[COUNTER].load(Ordering::SeqCst);
         tokio::task::yield_now().await;
         self.slot(key)[COUNTER].store(seen + 1, Ordering::SeqCst);
+        self.slot(key)[BUMPED].fetch_add(1, Ordering::SeqCst);
     }
 
     /// Writes to the register of `key` with a fencing token; `fenced` makes
@@ -357,6 +370,7 @@ impl Witness {
             entries: v(ENTRIES),
             overlaps: v(OVERLAPS),
             counter: v(COUNTER),
+            bumped: v(BUMPED),
             stale_rejected: v(STALE_REJECTED),
             stale_accepted: v(STALE_ACCEPTED),
         }

@@ -393,7 +393,7 @@ async fn deaths_campaign(
     let logged = analyze(board.path(), &key_refs).expect("analyze");
     let seen: Vec<_> = key_refs.iter().map(|k| board.witness.seen(k)).collect();
     let online: u64 = seen.iter().map(|s| s.overlaps).sum();
-    let lost_updates: u64 = seen.iter().map(|s| s.entries - s.counter.min(s.entries)).sum();
+    let lost_updates: u64 = seen.iter().map(|s| s.lost_updates()).sum();
     let overlaps = online.max(logged.overlaps.len() as u64);
     let violations = overlaps + logged.token_regressions + lost_updates;
     let starved = worst > monitor::bound(T);
@@ -416,11 +416,9 @@ async fn deaths_campaign(
         "heals_without_entry": logged.heals_without_entry,
         "worst_lateness_ms": (worst.as_secs_f64() * 1e5).round() / 100.0,
     });
-    assert_eq!(
-        tally.errors, 0,
-        "X3 on {backend}: calls failed through the deaths: {record}"
-    );
-    assert_ne!(verdict, Verdict::Fail, "X3 on {backend}: {record}");
+    // Each backend's record as soon as it is known: a later backend's
+    // failure must not lose it. Judged together at the end.
+    report::write(&format!("X3-{backend}"), record.clone());
     record
 }
 
@@ -495,6 +493,14 @@ async fn x3_server_deaths_across_backends() {
         .await,
     );
 
+    let failed: Vec<&serde_json::Value> = records
+        .iter()
+        .filter(|r| r["errors"].as_u64() != Some(0) || r["verdict"] == "FAIL")
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "X3: calls failed through the deaths, or a violation: {failed:?}"
+    );
     let total = |field: &str| {
         records
             .iter()
@@ -549,7 +555,7 @@ async fn s0_long_baseline() {
         .iter()
         .map(|k| {
             let s = board.witness.seen(k);
-            s.entries - s.counter.min(s.entries)
+            s.lost_updates()
         })
         .sum();
     let worst = tally.worst_late.max(controller.worst());

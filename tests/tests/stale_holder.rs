@@ -111,16 +111,7 @@ impl Rig {
                 // The stale holder's child goes (its session ended, or an
                 // operator deleted it) and a client of another session
                 // queues and takes the lock.
-                let operator = zookeeper_client::Client::connect(&zk.connect_string())
-                    .await
-                    .expect("operator session");
-                let queue = format!("/distributed-locks/{name}");
-                for child in operator.list_children(&queue).await.expect("queue") {
-                    operator
-                        .delete(&format!("{queue}/{child}"), None)
-                        .await
-                        .expect("delete");
-                }
+                empty_queue(zk, name).await;
                 let rival = zookeeper::client(zk).await;
                 let guard = rival
                     .lock(key)
@@ -209,6 +200,21 @@ impl Rig {
                 Snapshot(state)
             }
         }
+    }
+}
+
+/// Deletes every child of the ZooKeeper queue of the lock stored as `name`,
+/// from an operator's session.
+async fn empty_queue(zk: &ZooKeeper, name: &str) {
+    let operator = zookeeper_client::Client::connect(&zk.connect_string())
+        .await
+        .expect("operator session");
+    let queue = format!("/distributed-locks/{name}");
+    for child in operator.list_children(&queue).await.expect("queue") {
+        operator
+            .delete(&format!("{queue}/{child}"), None)
+            .await
+            .expect("delete");
     }
 }
 
@@ -419,16 +425,7 @@ impl Rig {
                 None
             }
             Rig::ZooKeeper(zk) => {
-                let operator = zookeeper_client::Client::connect(&zk.connect_string())
-                    .await
-                    .expect("operator session");
-                let queue = format!("/distributed-locks/{name}");
-                for child in operator.list_children(&queue).await.expect("queue") {
-                    operator
-                        .delete(&format!("{queue}/{child}"), None)
-                        .await
-                        .expect("delete");
-                }
+                empty_queue(zk, name).await;
                 let rival = zookeeper::client(zk).await;
                 let request = rival.lock(key).wait(Duration::from_secs(10));
                 let request = if member.starts_with("p:") {

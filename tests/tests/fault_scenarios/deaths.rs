@@ -73,7 +73,7 @@ async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
         let lost_updates: u64 = if shared {
             0
         } else {
-            seen.iter().map(|s| s.entries - s.counter.min(s.entries)).sum()
+            seen.iter().map(|s| s.lost_updates()).sum()
         };
         let online_overlaps: u64 = seen.iter().map(|s| s.overlaps).sum();
         let overlaps = online_overlaps.max(logged.overlaps.len() as u64);

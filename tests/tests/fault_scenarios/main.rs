@@ -61,7 +61,7 @@ pub(crate) fn broken_or_library(target: &str, keys: &[&str], lock: &str, duratio
 pub(crate) fn flagged(board: &Board, key: &str) -> bool {
     let seen = board.witness.seen(key);
     let logged = analyze(board.path(), &[key]).expect("analyze");
-    seen.overlaps > 0 || seen.counter < seen.entries || !logged.overlaps.is_empty()
+    seen.overlaps > 0 || seen.lost_updates() > 0 || !logged.overlaps.is_empty()
 }
 
 /// The negative controls on a server: each broken lock
@@ -121,7 +121,7 @@ pub(crate) fn run_s0(target: &str, run: Baseline) {
         let worst_late = tally.worst_late.max(controller.worst());
         let logged = analyze(board.path(), &keys).expect("analyze");
         let seen: Vec<_> = keys.iter().map(|k| board.witness.seen(k)).collect();
-        let lost_updates: u64 = seen.iter().map(|s| s.entries - s.counter.min(s.entries)).sum();
+        let lost_updates: u64 = seen.iter().map(|s| s.lost_updates()).sum();
         let online_overlaps: u64 = seen.iter().map(|s| s.overlaps).sum();
         let violations =
             online_overlaps + logged.overlaps.len() as u64 + logged.token_regressions + lost_updates;

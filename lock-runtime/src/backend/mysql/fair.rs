@@ -11,13 +11,12 @@
 //! missing), so the line and the lock are judged together, in one
 //! transaction.
 
+use mysql_async::Transaction;
 use mysql_async::prelude::Queryable;
-use mysql_async::{Transaction, TxOpts};
 
 use super::shared::gate_kind;
-use super::{FREED, MysqlBackend, as_micros, micros};
+use super::{Attempted, Body, FREED, MysqlBackend, as_micros, micros};
 use crate::backend::contract::{AcquireReply, AcquireRequest, Failure};
-use crate::error::LockError;
 use crate::key::LockKey;
 
 /// The statements of fair locks, rendered once for the client's table.
@@ -70,31 +69,16 @@ impl MysqlBackend {
     pub(super) async fn acquire_fair(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let name = req.key.redis_key.as_str();
         Self::check_name(req.key, name)?;
-        let outcome = self
-            .run(req.key, "acquire", || async {
-                let conn = &mut self.pool.get_conn().await?;
-                let mut tx = conn.start_transaction(TxOpts::default()).await?;
-                let reply = self.fair_in(&mut tx, req).await?;
-                tx.commit().await?;
-                Ok(reply)
-            })
-            .await?;
-        outcome.map_err(|found| {
-            Failure::permanent(LockError::KeyConflict {
-                key: req.key.name.clone(),
-                redis_key: name.to_owned(),
-                found_type: found.into(),
-            })
-        })
+        self.attempt_in_transaction(req, Body::Fair).await
     }
 
     /// The body of a fair attempt, in `tx`; `Err` names the shared lock
     /// found on the name.
-    async fn fair_in(
+    pub(super) async fn fair_in(
         &self,
         tx: &mut Transaction<'_>,
         req: &AcquireRequest<'_>,
-    ) -> Result<Result<AcquireReply, &'static str>, mysql_async::Error> {
+    ) -> Result<Attempted, mysql_async::Error> {
         let sql = &self.fair;
         let name = req.key.redis_key.as_str();
         let me = req.holder;

@@ -314,15 +314,35 @@ impl MysqlBackend {
     async fn unless_gate(&self, key: &LockKey, reply: AcquireReply) -> Result<AcquireReply, Failure> {
         match reply {
             AcquireReply::Held { pttl: Some(left), .. } if left >= GATE_LEFT => {
-                let found = self.gate_found(key).await?;
-                Err(Failure::permanent(LockError::KeyConflict {
-                    key: key.name.clone(),
-                    redis_key: key.redis_key.clone(),
-                    found_type: found.into(),
-                }))
+                Err(conflict(key, self.gate_found(key).await?))
             }
             other => Ok(other),
         }
+    }
+
+    /// One attempt made of several statements, in a transaction (the
+    /// driver rolls it back if the future is dropped half-way); another
+    /// kind of lock found on the name is a conflict. (An enum rather than
+    /// a closure: an async closure borrowing the transaction would make
+    /// the caller's future not `Send`.)
+    async fn attempt_in_transaction(
+        &self,
+        req: &AcquireRequest<'_>,
+        body: Body,
+    ) -> Result<AcquireReply, Failure> {
+        let outcome = self
+            .run(req.key, "acquire", || async {
+                let conn = &mut self.pool.get_conn().await?;
+                let mut tx = conn.start_transaction(TxOpts::default()).await?;
+                let reply = match body {
+                    Body::Shared { permits } => self.admit_in(&mut tx, req, permits).await?,
+                    Body::Fair => self.fair_in(&mut tx, req).await?,
+                };
+                tx.commit().await?;
+                Ok(reply)
+            })
+            .await?;
+        outcome.map_err(|found| conflict(req.key, found))
     }
 
     fn check_name(key: &LockKey, name: &str) -> Result<(), Failure> {
@@ -451,6 +471,29 @@ impl MysqlBackend {
         })
         .await
     }
+}
+
+/// Which attempt a transaction runs.
+#[derive(Debug, Clone, Copy)]
+enum Body {
+    /// A side of a read-write lock (`permits` 0) or a permit.
+    Shared {
+        permits: u32,
+    },
+    Fair,
+}
+
+/// What a transaction's attempt found: a reply, or (`Err`) the kind of
+/// lock that holds the name instead.
+type Attempted = Result<AcquireReply, &'static str>;
+
+/// `key` is a lock of another kind (`found`): refused, never waited for.
+fn conflict(key: &LockKey, found: &str) -> Failure {
+    Failure::permanent(LockError::KeyConflict {
+        key: key.name.clone(),
+        redis_key: key.redis_key.clone(),
+        found_type: found.into(),
+    })
 }
 
 /// What one acquisition statement found.

@@ -22,9 +22,8 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Transaction, TxOpts};
 
-use super::{FREED, MysqlBackend, as_micros, micros};
+use super::{Attempted, Body, FREED, MysqlBackend, as_micros, micros};
 use crate::backend::contract::{AcquireReply, AcquireRequest, Failure};
-use crate::error::LockError;
 use crate::key::LockKey;
 use crate::timing::WRITER_CLAIM;
 
@@ -182,32 +181,17 @@ impl MysqlBackend {
     ) -> Result<AcquireReply, Failure> {
         let name = req.key.redis_key.as_str();
         Self::check_name(req.key, name)?;
-        let outcome = self
-            .run(req.key, "acquire", || async {
-                let conn = &mut self.pool.get_conn().await?;
-                let mut tx = conn.start_transaction(TxOpts::default()).await?;
-                let reply = self.admit_in(&mut tx, req, permits).await?;
-                tx.commit().await?;
-                Ok(reply)
-            })
-            .await?;
-        outcome.map_err(|found| {
-            Failure::permanent(LockError::KeyConflict {
-                key: req.key.name.clone(),
-                redis_key: name.to_owned(),
-                found_type: found.into(),
-            })
-        })
+        self.attempt_in_transaction(req, Body::Shared { permits }).await
     }
 
     /// The body of a shared acquisition, in `tx`; `Err` names the other
     /// kind of lock found on the name.
-    async fn admit_in(
+    pub(super) async fn admit_in(
         &self,
         tx: &mut Transaction<'_>,
         req: &AcquireRequest<'_>,
         permits: u32,
-    ) -> Result<Result<AcquireReply, &'static str>, mysql_async::Error> {
+    ) -> Result<Attempted, mysql_async::Error> {
         let sql = &self.shared;
         let name = req.key.redis_key.as_str();
         let member = req.holder;
