@@ -20,7 +20,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPTS = "lock-runtime/src/backend/redis/scripts"
-MYSQL = "lock-runtime/src/backend/mysql/mod.rs"
+MYSQL = "lock-runtime/src/backend/mysql/sql.rs"
 ZOOKEEPER = "lock-runtime/src/backend/zookeeper/mod.rs"
 MEMORY = "lock-runtime/src/backend/memory/mod.rs"
 MYSQL_SHARED = "lock-runtime/src/backend/mysql/shared.rs"
@@ -73,10 +73,12 @@ MUTANTS = [
      "GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \\\n                 WHERE name = ? AND (holder = ? OR TRUE)",
      "stale_holder", "on_mysql::a_stale_nested_extension_leaves_the_other_holders_lock"),
     ("M3", MYSQL,
-     "WHERE name = ? AND holder = ? AND fence = 0", "WHERE name = ? AND (holder = ? OR TRUE) AND fence = 0",
+     'delete: format!("DELETE FROM {t} WHERE name = ? AND holder = ? AND fence = 0")',
+     'delete: format!("DELETE FROM {t} WHERE name = ? AND (holder = ? OR TRUE) AND fence = 0")',
      "stale_holder", "on_mysql::a_stale_unfenced_release_leaves_the_other_holders_lock"),
     ("M4", MYSQL,
-     "expires_at = {FREED} WHERE name = ? AND holder = ?", "expires_at = {FREED} WHERE name = ? AND (holder = ? OR TRUE)",
+     'free_fenced: format!(\n                "UPDATE {t} SET holder = \'\', expires_at = {FREED} WHERE name = ? AND holder = ?',
+     'free_fenced: format!(\n                "UPDATE {t} SET holder = \'\', expires_at = {FREED} WHERE name = ? AND (holder = ? OR TRUE)',
      "stale_holder", "on_mysql::a_stale_release_leaves_the_other_holders_lock"),
     ("M5", MYSQL,
      'still_held: format!("SELECT 1 FROM {t} WHERE name = ? AND holder = ? AND',
@@ -106,11 +108,11 @@ MUTANTS = [
      "holder = IF(expires_at <= NOW(6) OR holder = ?, ?, holder)",
      "holder = IF(expires_at <= NOW(6) OR (holder = ? OR TRUE), ?, holder)",
      "behaviour", "mysql::mutual_exclusion"),
-    ("M7", MYSQL_SHARED,
+    ("M7", MYSQL,
      'renew: format!(\n                "UPDATE {m} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND member = ?',
      'renew: format!(\n                "UPDATE {m} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND (member = ? OR TRUE)',
      "stale_holder", "on_mysql::a_stale_reader_renewal_leaves_the_writers_lock"),
-    ("M8", MYSQL_SHARED,
+    ("M8", MYSQL,
      'still_held: format!("SELECT 1 FROM {m} WHERE name = ? AND member = ?',
      'still_held: format!("SELECT 1 FROM {m} WHERE name = ? AND (member = ? OR TRUE)',
      "stale_holder", "on_mysql::a_stale_reader_extension_leaves_the_writers_lock"),

@@ -15,63 +15,11 @@ use mysql_async::Transaction;
 use mysql_async::prelude::Queryable;
 
 use super::shared::gate_kind;
-use super::{Attempted, Body, FREED, MysqlBackend, as_micros, micros};
+use super::table::{Attempted, MysqlBackend, as_micros, micros};
 use crate::backend::contract::{AcquireReply, AcquireRequest, Failure};
 use crate::key::LockKey;
 
-/// The statements of fair locks, rendered once for the client's table.
-#[derive(Debug)]
-pub(super) struct FairStatements {
-    open: String,
-    read: String,
-    take: String,
-    lapse: String,
-    first: String,
-    stand: String,
-    leave: String,
-}
-
-impl FairStatements {
-    pub(super) fn new(table: &str) -> Self {
-        let t = format!("`{table}`");
-        let m = format!("`{table}_members`");
-        FairStatements {
-            // An upsert locks the row whether it inserts or finds one.
-            open: format!(
-                "INSERT INTO {t} (name, holder, expires_at, fence) VALUES (?, '', {FREED}, 0) \
-                 ON DUPLICATE KEY UPDATE name = name"
-            ),
-            read: format!(
-                "SELECT holder, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0), fence \
-                 FROM {t} WHERE name = ? FOR UPDATE"
-            ),
-            take: format!(
-                "UPDATE {t} SET holder = ?, expires_at = NOW(6) + INTERVAL ? MICROSECOND, fence = ? \
-                 WHERE name = ?"
-            ),
-            lapse: format!("DELETE FROM {m} WHERE name = ? AND expires_at <= NOW(6)"),
-            first: format!(
-                "SELECT member, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0) \
-                 FROM {m} WHERE name = ? ORDER BY queued_at, member LIMIT 1"
-            ),
-            stand: format!(
-                "INSERT INTO {m} (name, member, expires_at, queued_at) \
-                 VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND, NOW(6)) \
-                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
-            ),
-            leave: format!("DELETE FROM {m} WHERE name = ? AND member = ?"),
-        }
-    }
-}
-
 impl MysqlBackend {
-    /// One attempt at a fair lock.
-    pub(super) async fn acquire_fair(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
-        let name = req.key.redis_key.as_str();
-        Self::check_name(req.key, name)?;
-        self.attempt_in_transaction(req, Body::Fair).await
-    }
-
     /// The body of a fair attempt, in `tx`; `Err` names the shared lock
     /// found on the name.
     pub(super) async fn fair_in(

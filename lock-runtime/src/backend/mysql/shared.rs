@@ -22,17 +22,10 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Transaction, TxOpts};
 
-use super::{Attempted, Body, FREED, MysqlBackend, as_micros, micros};
+use super::table::{Attempted, MysqlBackend, as_micros, micros};
 use crate::backend::contract::{AcquireReply, AcquireRequest, Failure};
 use crate::key::LockKey;
 use crate::timing::WRITER_CLAIM;
-
-/// A gate's expiry: no clock reaches it, so an exclusive attempt always
-/// finds the gate held.
-pub(super) const GATE_EXPIRY: &str = "'9999-01-01 00:00:00'";
-
-/// An exclusive attempt that finds this much lease left has met a gate.
-pub(super) const GATE_LEFT: Duration = Duration::from_secs(5_000 * 365 * 24 * 3600);
 
 /// Whether `holder` names a member of a shared lock rather than an
 /// exclusive holder (whose ids are hex, never `r`, `w` or `p`).
@@ -55,81 +48,6 @@ pub(super) fn gate_kind(holder: &str) -> &'static str {
         "semaphore"
     } else {
         "read-write lock"
-    }
-}
-
-/// The statements of shared locks, rendered once for the client's table.
-#[derive(Debug)]
-pub(super) struct SharedStatements {
-    pub(super) create: String,
-    open_gate: String,
-    read_gate: String,
-    mark_gate: String,
-    set_fence: String,
-    drop_gate: String,
-    free_gate: String,
-    expire_members: String,
-    list_members: String,
-    count_members: String,
-    put_member: String,
-    delete_member: String,
-    renew: String,
-    extend: String,
-    still_held: String,
-}
-
-impl SharedStatements {
-    pub(super) fn new(table: &str) -> Self {
-        let t = format!("`{table}`");
-        let m = format!("`{table}_members`");
-        SharedStatements {
-            create: format!(
-                "CREATE TABLE IF NOT EXISTS {m} (\
-                 name VARBINARY({}) NOT NULL, \
-                 member VARBINARY(255) NOT NULL, \
-                 expires_at DATETIME(6) NOT NULL, \
-                 queued_at DATETIME(6) NOT NULL DEFAULT '2000-01-01 00:00:00', \
-                 PRIMARY KEY (name, member)\
-                 ) ENGINE=InnoDB",
-                super::MAX_NAME_BYTES
-            ),
-            // An upsert locks the row exclusively whether it inserts or
-            // finds one, so attempts on one lock queue here; a read under
-            // a shared lock, upgraded, would deadlock two of them.
-            open_gate: format!(
-                "INSERT INTO {t} (name, holder, expires_at, fence) VALUES (?, ?, {GATE_EXPIRY}, 0) \
-                 ON DUPLICATE KEY UPDATE name = name"
-            ),
-            read_gate: format!(
-                "SELECT holder, expires_at > NOW(6), fence FROM {t} WHERE name = ? FOR UPDATE"
-            ),
-            mark_gate: format!("UPDATE {t} SET holder = ?, expires_at = {GATE_EXPIRY} WHERE name = ?"),
-            set_fence: format!("UPDATE {t} SET fence = ? WHERE name = ?"),
-            drop_gate: format!("DELETE FROM {t} WHERE name = ? AND holder = ? AND fence = 0"),
-            free_gate: format!(
-                "UPDATE {t} SET holder = '', expires_at = {FREED} WHERE name = ? AND holder = ?"
-            ),
-            expire_members: format!("DELETE FROM {m} WHERE name = ? AND expires_at <= NOW(6)"),
-            list_members: format!(
-                "SELECT member, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0) \
-                 FROM {m} WHERE name = ? ORDER BY expires_at"
-            ),
-            count_members: format!("SELECT COUNT(*) FROM {m} WHERE name = ?"),
-            put_member: format!(
-                "INSERT INTO {m} (name, member, expires_at) VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
-            ),
-            delete_member: format!("DELETE FROM {m} WHERE name = ? AND member = ?"),
-            renew: format!(
-                "UPDATE {m} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \
-                 WHERE name = ? AND member = ? AND expires_at > NOW(6)"
-            ),
-            extend: format!(
-                "UPDATE {m} SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \
-                 WHERE name = ? AND member = ? AND expires_at > NOW(6)"
-            ),
-            still_held: format!("SELECT 1 FROM {m} WHERE name = ? AND member = ? AND expires_at > NOW(6)"),
-        }
     }
 }
 
@@ -173,17 +91,6 @@ fn admit(member: &str, permits: u32, members: &[(String, u64)]) -> Admission {
 }
 
 impl MysqlBackend {
-    /// A side of a read-write lock (`permits` 0) or a permit of a semaphore.
-    pub(super) async fn acquire_shared(
-        &self,
-        req: &AcquireRequest<'_>,
-        permits: u32,
-    ) -> Result<AcquireReply, Failure> {
-        let name = req.key.redis_key.as_str();
-        Self::check_name(req.key, name)?;
-        self.attempt_in_transaction(req, Body::Shared { permits }).await
-    }
-
     /// The body of a shared acquisition, in `tx`; `Err` names the other
     /// kind of lock found on the name.
     pub(super) async fn admit_in(

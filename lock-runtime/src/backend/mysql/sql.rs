@@ -1,0 +1,205 @@
+//! The MySQL backend's SQL, rendered once per client for its table name:
+//! the statements of exclusive locks on the lock table, of shared locks on
+//! the members table, and of fair locks' lines.
+
+use std::time::Duration;
+
+/// The longest full lock name (prefix, key, segment suffix) the table's
+/// `name` column holds, in bytes.
+pub(crate) const MAX_NAME_BYTES: usize = 2048;
+
+/// What a freed, fenced row's expiry is set to: long past, so any clock
+/// finds it free.
+pub(super) const FREED: &str = "'2000-01-01 00:00:00'";
+
+/// A gate's expiry: no clock reaches it, so an exclusive attempt always
+/// finds the gate held.
+pub(super) const GATE_EXPIRY: &str = "'9999-01-01 00:00:00'";
+
+/// An exclusive attempt that finds this much lease left has met a gate.
+pub(super) const GATE_LEFT: Duration = Duration::from_secs(5_000 * 365 * 24 * 3600);
+
+/// The statements, rendered once for the client's table name.
+#[derive(Debug)]
+pub(super) struct Statements {
+    pub(super) create: String,
+    pub(super) acquire: String,
+    pub(super) renew: String,
+    pub(super) extend: String,
+    pub(super) still_held: String,
+    pub(super) delete: String,
+    pub(super) free_fenced: String,
+}
+
+impl Statements {
+    pub(super) fn new(table: &str) -> Self {
+        let t = format!("`{table}`");
+        Statements {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 name VARBINARY({MAX_NAME_BYTES}) NOT NULL PRIMARY KEY, \
+                 holder VARBINARY(255) NOT NULL, \
+                 expires_at DATETIME(6) NOT NULL, \
+                 fence BIGINT UNSIGNED NOT NULL DEFAULT 0\
+                 ) ENGINE=InnoDB"
+            ),
+            // Parameters: name, holder, ttl µs, fence step (0 or 1), then
+            // holder, fence step, holder, holder, holder, ttl µs again for
+            // the update.
+            //
+            // The update's assignments run left to right and each sees the
+            // ones before it, so the order is the logic. On a live row of
+            // another holder nothing changes (0 rows affected) and
+            // `LAST_INSERT_ID(x)` hands back what is left of its lease, in
+            // µs, in the reply's OK packet. Otherwise the counter moves
+            // only on a takeover of an expired row (judged on the old
+            // expiry) and is handed back the same way, the holder changes
+            // on a takeover and stays on an "already mine", and the expiry
+            // moves exactly when the holder is now ours. One statement,
+            // one round trip, whatever it finds.
+            acquire: format!(
+                "INSERT INTO {t} (name, holder, expires_at, fence) \
+                 VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND, LAST_INSERT_ID(?)) \
+                 ON DUPLICATE KEY UPDATE \
+                 fence = IF(expires_at > NOW(6) AND holder <> ?, \
+                   fence + 0 * LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at)), \
+                   LAST_INSERT_ID(IF(expires_at <= NOW(6), fence + ?, fence))), \
+                 holder = IF(expires_at <= NOW(6) OR holder = ?, ?, holder), \
+                 expires_at = IF(holder = ?, NOW(6) + INTERVAL ? MICROSECOND, expires_at)"
+            ),
+            renew: format!(
+                "UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND holder = ? AND expires_at > NOW(6)"
+            ),
+            extend: format!(
+                "UPDATE {t} SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \
+                 WHERE name = ? AND holder = ? AND expires_at > NOW(6)"
+            ),
+            still_held: format!("SELECT 1 FROM {t} WHERE name = ? AND holder = ? AND expires_at > NOW(6)"),
+            delete: format!("DELETE FROM {t} WHERE name = ? AND holder = ? AND fence = 0"),
+            free_fenced: format!(
+                "UPDATE {t} SET holder = '', expires_at = {FREED} WHERE name = ? AND holder = ?"
+            ),
+        }
+    }
+}
+
+/// The statements of shared locks, rendered once for the client's table.
+#[derive(Debug)]
+pub(super) struct SharedStatements {
+    pub(super) create: String,
+    pub(super) open_gate: String,
+    pub(super) read_gate: String,
+    pub(super) mark_gate: String,
+    pub(super) set_fence: String,
+    pub(super) drop_gate: String,
+    pub(super) free_gate: String,
+    pub(super) expire_members: String,
+    pub(super) list_members: String,
+    pub(super) count_members: String,
+    pub(super) put_member: String,
+    pub(super) delete_member: String,
+    pub(super) renew: String,
+    pub(super) extend: String,
+    pub(super) still_held: String,
+}
+
+impl SharedStatements {
+    pub(super) fn new(table: &str) -> Self {
+        let t = format!("`{table}`");
+        let m = format!("`{table}_members`");
+        SharedStatements {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {m} (\
+                 name VARBINARY({}) NOT NULL, \
+                 member VARBINARY(255) NOT NULL, \
+                 expires_at DATETIME(6) NOT NULL, \
+                 queued_at DATETIME(6) NOT NULL DEFAULT '2000-01-01 00:00:00', \
+                 PRIMARY KEY (name, member)\
+                 ) ENGINE=InnoDB",
+                MAX_NAME_BYTES
+            ),
+            // An upsert locks the row exclusively whether it inserts or
+            // finds one, so attempts on one lock queue here; a read under
+            // a shared lock, upgraded, would deadlock two of them.
+            open_gate: format!(
+                "INSERT INTO {t} (name, holder, expires_at, fence) VALUES (?, ?, {GATE_EXPIRY}, 0) \
+                 ON DUPLICATE KEY UPDATE name = name"
+            ),
+            read_gate: format!(
+                "SELECT holder, expires_at > NOW(6), fence FROM {t} WHERE name = ? FOR UPDATE"
+            ),
+            mark_gate: format!("UPDATE {t} SET holder = ?, expires_at = {GATE_EXPIRY} WHERE name = ?"),
+            set_fence: format!("UPDATE {t} SET fence = ? WHERE name = ?"),
+            drop_gate: format!("DELETE FROM {t} WHERE name = ? AND holder = ? AND fence = 0"),
+            free_gate: format!(
+                "UPDATE {t} SET holder = '', expires_at = {FREED} WHERE name = ? AND holder = ?"
+            ),
+            expire_members: format!("DELETE FROM {m} WHERE name = ? AND expires_at <= NOW(6)"),
+            list_members: format!(
+                "SELECT member, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0) \
+                 FROM {m} WHERE name = ? ORDER BY expires_at"
+            ),
+            count_members: format!("SELECT COUNT(*) FROM {m} WHERE name = ?"),
+            put_member: format!(
+                "INSERT INTO {m} (name, member, expires_at) VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
+            ),
+            delete_member: format!("DELETE FROM {m} WHERE name = ? AND member = ?"),
+            renew: format!(
+                "UPDATE {m} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND member = ? AND expires_at > NOW(6)"
+            ),
+            extend: format!(
+                "UPDATE {m} SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \
+                 WHERE name = ? AND member = ? AND expires_at > NOW(6)"
+            ),
+            still_held: format!("SELECT 1 FROM {m} WHERE name = ? AND member = ? AND expires_at > NOW(6)"),
+        }
+    }
+}
+
+/// The statements of fair locks, rendered once for the client's table.
+#[derive(Debug)]
+pub(super) struct FairStatements {
+    pub(super) open: String,
+    pub(super) read: String,
+    pub(super) take: String,
+    pub(super) lapse: String,
+    pub(super) first: String,
+    pub(super) stand: String,
+    pub(super) leave: String,
+}
+
+impl FairStatements {
+    pub(super) fn new(table: &str) -> Self {
+        let t = format!("`{table}`");
+        let m = format!("`{table}_members`");
+        FairStatements {
+            // An upsert locks the row whether it inserts or finds one.
+            open: format!(
+                "INSERT INTO {t} (name, holder, expires_at, fence) VALUES (?, '', {FREED}, 0) \
+                 ON DUPLICATE KEY UPDATE name = name"
+            ),
+            read: format!(
+                "SELECT holder, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0), fence \
+                 FROM {t} WHERE name = ? FOR UPDATE"
+            ),
+            take: format!(
+                "UPDATE {t} SET holder = ?, expires_at = NOW(6) + INTERVAL ? MICROSECOND, fence = ? \
+                 WHERE name = ?"
+            ),
+            lapse: format!("DELETE FROM {m} WHERE name = ? AND expires_at <= NOW(6)"),
+            first: format!(
+                "SELECT member, GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0) \
+                 FROM {m} WHERE name = ? ORDER BY queued_at, member LIMIT 1"
+            ),
+            stand: format!(
+                "INSERT INTO {m} (name, member, expires_at, queued_at) \
+                 VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND, NOW(6)) \
+                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
+            ),
+            leave: format!("DELETE FROM {m} WHERE name = ? AND member = ?"),
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! The lock table's client: the pool, the statements, and how one
+//! operation is run (within the command timeout, creating the tables when
+//! missing) and how its failures are classified.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
+
+use super::sql::{FairStatements, MAX_NAME_BYTES, SharedStatements, Statements};
+use crate::backend::contract::{AcquireReply, Failure};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::redact::{redact_secrets, redact_url};
+
+/// A MySQL / MariaDB lock table.
+pub(crate) struct MysqlBackend {
+    pub(super) pool: Pool,
+    pub(super) sql: Statements,
+    /// Boxed: read only by shared locks, and it would double the size of
+    /// every client's backend.
+    pub(super) shared: Box<SharedStatements>,
+    pub(super) fair: Box<FairStatements>,
+    pub(super) table: String,
+    /// `host:port/db`, no credentials: what messages name.
+    pub(super) node: String,
+    /// The URL as given, only to scrub its secrets from driver messages.
+    pub(super) url: String,
+    pub(super) timeout: Duration,
+}
+
+impl fmt::Debug for MysqlBackend {
+    // By hand: the pool's options hold the password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlBackend")
+            .field("node", &self.node)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `name` can name a table without quoting trouble.
+fn table_problem(name: &str) -> Option<String> {
+    // 56: the members table's name, `<name>_members`, must fit MySQL's 64.
+    let ok =
+        !name.is_empty() && name.len() <= 56 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    (!ok).then(|| format!("the MySQL table name `{name}` must be 1 to 56 ASCII letters, digits or `_`"))
+}
+
+impl MysqlBackend {
+    /// Parses `url` (`mysql://user:password@host:port/database`) and builds
+    /// the pool; connects nothing yet.
+    pub(crate) fn new(url: &str, table: &str, timeout: Duration) -> Result<Self, LockError> {
+        let redacted = redact_url(url);
+        let invalid = |reason: String| LockError::InvalidConfig {
+            node: redacted.clone(),
+            reason,
+        };
+        if let Some(problem) = table_problem(table) {
+            return Err(invalid(problem));
+        }
+        let opts = Opts::from_url(url).map_err(|e| invalid(redact_secrets(&e.to_string(), url)))?;
+        let Some(db) = opts.db_name().map(str::to_owned) else {
+            return Err(invalid(
+                "the URL names no database; give one, `mysql://user:password@host:port/database`".into(),
+            ));
+        };
+        let node = format!("{}:{}/{db}", opts.ip_or_hostname(), opts.tcp_port());
+        let opts = OptsBuilder::from_opts(opts)
+            // Expiries are compared on the server only, but DATETIME is a
+            // wall time: UTC keeps it free of daylight-saving jumps.
+            // READ COMMITTED: the lock statements need no gap locks.
+            // (`setup` runs again after any session reset.)
+            .setup(vec![
+                "SET time_zone = '+00:00'",
+                "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+            ])
+            // No session reset when a connection goes back to the pool:
+            // a reset would drop the prepared statements, costing two more
+            // round trips per operation, and every statement here leaves
+            // the session as it found it (the driver rolls back a
+            // transaction a dropped operation left open).
+            //
+            // Idle connections stay a minute: the driver's default closes
+            // every connection above the pool's minimum as soon as it is
+            // idle, which made each operation a new connection.
+            .pool_opts(
+                PoolOpts::default()
+                    .with_reset_connection(false)
+                    .with_inactive_connection_ttl(Duration::from_secs(60))
+                    .with_constraints(PoolConstraints::new(1, 64).unwrap_or_default()),
+            )
+            // The address given, always: not a Unix socket the server
+            // names when it is on this host (a proxy or tunnel in the URL
+            // would be bypassed, silently).
+            .prefer_socket(false);
+        Ok(MysqlBackend {
+            pool: Pool::new(opts),
+            sql: Statements::new(table),
+            shared: Box::new(SharedStatements::new(table)),
+            fair: Box::new(FairStatements::new(table)),
+            table: table.to_owned(),
+            node,
+            url: url.to_owned(),
+            timeout,
+        })
+    }
+
+    pub(crate) fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Connects, and creates the table if it is missing: a wrong password
+    /// or a missing grant fails here, at start-up.
+    pub(crate) async fn verify(&self) -> Result<(), LockError> {
+        let result = tokio::time::timeout(self.timeout, async {
+            let mut conn = self.pool.get_conn().await?;
+            self.create_tables(&mut conn).await
+        })
+        .await;
+        match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(self.config_error(e)),
+            Err(_) => Err(LockError::backend(
+                &self.node,
+                None,
+                format!("no answer within {}ms", self.timeout.as_millis()),
+            )),
+        }
+    }
+
+    /// A start-up failure: refused credentials and missing grants are the
+    /// configuration's fault.
+    pub(super) fn config_error(&self, e: mysql_async::Error) -> LockError {
+        let message = redact_secrets(&e.to_string(), &self.url);
+        match &e {
+            mysql_async::Error::Server(s) if matches!(s.code, 1044 | 1045 | 1142 | 1698) => {
+                LockError::InvalidConfig {
+                    node: self.node.clone(),
+                    reason: format!(
+                        "{message}; the user needs CREATE (or an existing table), SELECT, INSERT, UPDATE and DELETE on the lock table"
+                    ),
+                }
+            }
+            _ => LockError::backend(&self.node, None, message),
+        }
+    }
+
+    pub(super) fn failure(&self, key: Option<&LockKey>, e: mysql_async::Error) -> Failure {
+        use mysql_async::{DriverError, Error};
+        let (transient, reconnecting) = match &e {
+            Error::Io(_) => (true, true),
+            Error::Driver(DriverError::ConnectionClosed) => (true, true),
+            Error::Driver(_) => (false, false),
+            // Deadlock, lock wait timeout, too many connections, shutting
+            // down, query interrupted, connection killed (MariaDB),
+            // disconnected for inactivity (MySQL 8).
+            Error::Server(s) => (
+                matches!(s.code, 1213 | 1205 | 1040 | 1053 | 1317 | 1927 | 4031),
+                matches!(s.code, 1053 | 1927 | 4031),
+            ),
+            Error::Other(_) | Error::Url(_) => (false, false),
+        };
+        Failure {
+            error: LockError::backend(
+                &self.node,
+                key.map(|k| k.name.as_str()),
+                redact_secrets(&e.to_string(), &self.url),
+            ),
+            transient,
+            reconnecting,
+        }
+    }
+
+    pub(super) fn timed_out(&self, key: &LockKey, what: &str) -> Failure {
+        Failure {
+            error: LockError::backend(
+                &self.node,
+                Some(&key.name),
+                format!("no answer to {what} within {}ms", self.timeout.as_millis()),
+            ),
+            transient: true,
+            reconnecting: false,
+        }
+    }
+
+    /// Runs `work` within the command timeout, creating the table once if
+    /// the server says it is missing (a table dropped under a running
+    /// service, or a lazily built client) and running it again.
+    pub(super) async fn run<T, F, Fut>(&self, key: &LockKey, what: &str, work: F) -> Result<T, Failure>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, mysql_async::Error>>,
+    {
+        let attempt = async {
+            match work().await {
+                Err(mysql_async::Error::Server(s)) if s.code == 1146 => {
+                    self.create_tables(&mut self.pool.get_conn().await?).await?;
+                    work().await
+                }
+                other => other,
+            }
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(result) => result.map_err(|e| self.failure(Some(key), e)),
+            Err(_) => Err(self.timed_out(key, what)),
+        }
+    }
+
+    /// The lock table and the shared locks' members table, if missing.
+    pub(super) async fn create_tables(&self, conn: &mut mysql_async::Conn) -> Result<(), mysql_async::Error> {
+        conn.query_drop(&self.sql.create).await?;
+        conn.query_drop(&self.shared.create).await
+    }
+
+    pub(super) fn check_name(key: &LockKey, name: &str) -> Result<(), Failure> {
+        if name.len() > MAX_NAME_BYTES {
+            return Err(Failure::permanent(LockError::InvalidKey {
+                key: key.name.clone(),
+                reason: format!(
+                    "with its prefix the lock's name is {} bytes; the MySQL table's `name` column holds {MAX_NAME_BYTES}",
+                    name.len()
+                ),
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// What a transaction's attempt found: a reply, or (`Err`) the kind of
+/// lock that holds the name instead.
+pub(super) type Attempted = Result<AcquireReply, &'static str>;
+
+/// `key` is a lock of another kind (`found`): refused, never waited for.
+pub(super) fn conflict(key: &LockKey, found: &str) -> Failure {
+    Failure::permanent(LockError::KeyConflict {
+        key: key.name.clone(),
+        redis_key: key.redis_key.clone(),
+        found_type: found.into(),
+    })
+}
+
+/// The reply for a lock found held, `left` before it frees.
+pub(super) fn held(left: Duration, blocked_by: usize) -> AcquireReply {
+    AcquireReply::Held {
+        pttl: Some(left),
+        claimed: false,
+        blocked_by,
+    }
+}
+
+/// A lease length as the `INTERVAL … MICROSECOND` it is sent as.
+pub(super) fn as_micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A remaining lease the server reported (µs); under 1 ms counts as 1 ms,
+/// so the caller looks again soon.
+pub(super) fn micros(left: u64) -> Duration {
+    Duration::from_micros(left).max(Duration::from_millis(1))
+}
