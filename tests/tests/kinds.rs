@@ -746,6 +746,38 @@ mod redis_only {
         .await
     }
 
+    /// ZooKeeper keeps one queue per name whatever the kind, and each kind
+    /// counts another kind's child as a writer: a name used as two kinds
+    /// stays exclusive (docs/backends.md), in both directions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn zookeeper_keeps_a_name_used_as_two_kinds_exclusive() {
+        lock_tests::bounded("zookeeper_keeps_a_name_used_as_two_kinds_exclusive", async move {
+            let f = zookeeper().await;
+            let now = Duration::ZERO;
+            let exclusive = lock_tests::guard_with(&f.locks, "mixed", |l| l).await;
+            assert!(
+                refused_elsewhere(&f.locks, "mixed", LockMode::Read).await,
+                "a reader beside an exclusive holder"
+            );
+            assert!(
+                lock_tests::refused_elsewhere(&f.locks, "mixed", move |l| l.permits(3).wait(now)).await,
+                "a permit holder beside an exclusive holder"
+            );
+            exclusive.release().await.expect("release");
+            let reader = lock_tests::guard_with(&f.locks, "mixed", |l| l.mode(LockMode::Read)).await;
+            assert!(
+                lock_tests::refused_elsewhere(&f.locks, "mixed", move |l| l.wait(now)).await,
+                "an exclusive holder beside a reader"
+            );
+            assert!(
+                lock_tests::refused_elsewhere(&f.locks, "mixed", move |l| l.permits(3).wait(now)).await,
+                "a permit holder beside a reader"
+            );
+            reader.release().await.expect("release");
+        })
+        .await
+    }
+
     /// ZooKeeper refuses segments, naming them, before any request.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn zookeeper_refuses_segments() {
