@@ -1,8 +1,9 @@
 //! Lock kinds (read-write locks, permits, segments), one body of code over
 //! every backend that claims them: the in-process backend, one
 //! `redis-server`, a Redis Cluster, a Redlock of three masters (read-write
-//! only; it refuses permits and segments), MariaDB and ZooKeeper (which
-//! refuses segments), through the public API. A backend joins a kind's suite by being added to its list.
+//! only; it refuses permits and segments), MariaDB and ZooKeeper, through
+//! the public API. A backend joins a kind's suite by being added to its
+//! list.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -156,7 +157,7 @@ mod permits {
 mod segments {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, mysql] => [
+        [in_memory, redis, cluster, mysql, zookeeper] => [
             n_holders_on_distinct_segments_and_the_next_takes_the_first_freed,
             segments_exclude_like_locks,
         ]
@@ -166,8 +167,18 @@ mod segments {
 mod checks {
     use super::*;
     on_backends!(
-        [in_memory, redis, mysql] => [
+        [in_memory, redis, mysql, zookeeper] => [
             bad_kinds_are_refused_before_any_io,
+        ]
+    );
+}
+
+// ZooKeeper keeps a name used as two kinds exclusive instead
+// (`zookeeper_keeps_a_name_used_as_two_kinds_exclusive`).
+mod one_kind_per_name {
+    use super::*;
+    on_backends!(
+        [in_memory, redis, mysql] => [
             one_key_is_one_kind,
         ]
     );
@@ -176,10 +187,263 @@ mod checks {
 mod fencing {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, mysql] => [
+        [in_memory, redis, cluster, mysql, zookeeper] => [
             writers_and_segments_get_growing_fencing_tokens,
         ]
     );
+}
+
+/// The contract every kind keeps on every backend that offers it (DESIGN
+/// §7): released on every way out of the body, the body cancelled when its
+/// lease is lost, `Timeout` when the wait runs out. One test per backend
+/// walks every kind it offers.
+mod every_kind {
+    use super::*;
+    on_backends!(
+        [in_memory, redis, cluster, redlock, mysql, zookeeper] => [
+            every_exit_path_releases_every_kind,
+            a_lost_lease_cancels_the_body_of_every_kind,
+            waiting_times_out_for_every_kind,
+        ]
+    );
+}
+
+/// A lock kind as a caller asks for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Exclusive,
+    Read,
+    Write,
+    Permits(u32),
+    Fair,
+    Segments(u32),
+    /// Two keys at once, `key` and `key+`.
+    SeveralKeys,
+}
+
+impl Shape {
+    /// The kinds `f`'s backend offers (a Redlock refuses permits,
+    /// segments and fair locks: `redlock_refuses_permits_and_segments`,
+    /// and `fair.rs`).
+    fn offered(f: &Fixture) -> Vec<Shape> {
+        let mut shapes = vec![Shape::Exclusive, Shape::Read, Shape::Write, Shape::SeveralKeys];
+        if !matches!(f.servers, Servers::Masters(_)) {
+            shapes.extend([Shape::Permits(2), Shape::Segments(2), Shape::Fair]);
+        }
+        shapes
+    }
+
+    fn request<'c>(self, locks: &'c LockClient, key: &str) -> lock_runtime::LockRequest<'c> {
+        match self {
+            Shape::Exclusive => locks.lock(key),
+            Shape::Read => locks.lock(key).mode(LockMode::Read),
+            Shape::Write => locks.lock(key).mode(LockMode::Write),
+            Shape::Permits(n) => locks.lock(key).permits(n),
+            Shape::Fair => locks.lock(key).fair(true),
+            Shape::Segments(n) => locks.lock(key).segments(n),
+            Shape::SeveralKeys => locks.lock_all([key.to_owned(), format!("{key}+")]),
+        }
+    }
+
+    /// What fills the lock so that nobody else gets in: a writer for a
+    /// read lock (readers share), N holders for N permits or segments.
+    fn filler(self) -> (Shape, u32) {
+        match self {
+            Shape::Read => (Shape::Write, 1),
+            Shape::Permits(n) | Shape::Segments(n) => (self, n),
+            _ => (self, 1),
+        }
+    }
+}
+
+/// Fills `key` as `shape`'s filler from other tasks, without waiting:
+/// the guards if every one got in, `None` (having released them) if any
+/// was refused.
+async fn fill(locks: &LockClient, key: &str, shape: Shape) -> Option<Vec<lock_runtime::LockGuard>> {
+    let (filler, count) = shape.filler();
+    let mut guards = Vec::new();
+    for _ in 0..count {
+        let (locks, key) = (locks.clone(), key.to_owned());
+        // A task of its own: a holder of its own, never a re-entry.
+        let taken = tokio::spawn(async move { filler.request(&locks, &key).acquire().await })
+            .await
+            .expect("the filler's task");
+        match taken {
+            Ok(guard) => guards.push(guard),
+            Err(LockError::Timeout { .. }) => {
+                for guard in guards {
+                    guard.release().await.expect("release a filler");
+                }
+                return None;
+            }
+            Err(e) => panic!("{shape:?}: the filler failed: {e}"),
+        }
+    }
+    Some(guards)
+}
+
+/// Whether `key` is free for `shape` within 2 s (a dropped body's release
+/// runs in a spawned task).
+async fn frees(locks: &LockClient, key: &str, shape: Shape) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if let Some(guards) = fill(locks, key, shape).await {
+            for guard in guards {
+                guard.release().await.expect("release a filler");
+            }
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn every_exit_path_releases_every_kind(f: Fixture) {
+    let locks = &f.locks;
+    for shape in Shape::offered(&f) {
+        let key = format!("exit-{shape:?}");
+        let key = key.as_str();
+        // Held inside the body: the checks below could fail.
+        let held_inside = shape
+            .request(locks, key)
+            .run(async { fill(locks, key, shape).await.is_none() })
+            .await
+            .expect("lock");
+        assert!(held_inside, "{shape:?}: others got in beside the body");
+        assert!(frees(locks, key, shape).await, "{shape:?}: held after a return");
+
+        let failed: Result<(), &str> = shape
+            .request(locks, key)
+            .run(async { Err("rejected") })
+            .await
+            .expect("lock");
+        assert_eq!(failed, Err("rejected"));
+        assert!(frees(locks, key, shape).await, "{shape:?}: held after an error");
+
+        let (panicking, owned) = (locks.clone(), key.to_owned());
+        let panicked = tokio::spawn(async move {
+            shape
+                .request(&panicking, &owned)
+                .run(async { panic!("boom") })
+                .await
+        });
+        assert!(panicked.await.expect_err("panics").is_panic());
+        assert!(frees(locks, key, shape).await, "{shape:?}: held after a panic");
+
+        // Dropped once inside its body.
+        let entered = Arc::new(Barrier::new(2));
+        let dropped = {
+            let entered = Arc::clone(&entered);
+            shape.request(locks, key).run(async move {
+                entered.wait().await;
+                std::future::pending::<()>().await;
+            })
+        };
+        tokio::select! {
+            _ = dropped => panic!("{shape:?}: the pending body ended"),
+            _ = entered.wait() => {}
+        }
+        assert!(
+            frees(locks, key, shape).await,
+            "{shape:?}: held after the future was dropped"
+        );
+
+        let (aborted, owned, entered) = (locks.clone(), key.to_owned(), Arc::new(Barrier::new(2)));
+        let task = {
+            let entered = Arc::clone(&entered);
+            tokio::spawn(async move {
+                shape
+                    .request(&aborted, &owned)
+                    .run(async move {
+                        entered.wait().await;
+                        std::future::pending::<()>().await;
+                    })
+                    .await
+            })
+        };
+        entered.wait().await;
+        task.abort();
+        assert!(task.await.expect_err("aborted").is_cancelled());
+        assert!(
+            frees(locks, key, shape).await,
+            "{shape:?}: held after the task was aborted"
+        );
+    }
+}
+
+async fn a_lost_lease_cancels_the_body_of_every_kind(f: Fixture) {
+    let locks = &f.locks;
+    for shape in Shape::offered(&f) {
+        let key = format!("lost-{shape:?}");
+        let dropped = Arc::new(AtomicBool::new(false));
+        // Set when the body is dropped: the lost lease cancelled it.
+        struct OnDrop(Arc<AtomicBool>);
+        impl Drop for OnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let body = {
+            let on_drop = OnDrop(Arc::clone(&dropped));
+            async move {
+                let _on_drop = on_drop;
+                std::future::pending::<()>().await;
+            }
+        };
+        let outcome = shape
+            .request(locks, &key)
+            .ttl(Duration::from_millis(300))
+            .renew(false)
+            .run(body)
+            .await;
+        assert!(
+            matches!(
+                outcome,
+                Err(LockError::Lost {
+                    reason: LostReason::LeaseEnded,
+                    ..
+                })
+            ),
+            "{shape:?}: {outcome:?}"
+        );
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "{shape:?}: the body was not dropped"
+        );
+        assert!(
+            frees(locks, &key, shape).await,
+            "{shape:?}: held after its lease ended"
+        );
+    }
+}
+
+async fn waiting_times_out_for_every_kind(f: Fixture) {
+    let locks = &f.locks;
+    for shape in Shape::offered(&f) {
+        let key = format!("busy-{shape:?}");
+        let guards = fill(locks, &key, shape).await.expect("free at first");
+        let start = Instant::now();
+        let outcome = shape
+            .request(locks, &key)
+            .wait(Duration::from_millis(200))
+            .acquire()
+            .await;
+        assert!(
+            matches!(&outcome, Err(LockError::Timeout { key: named, .. }) if named.starts_with(&key)),
+            "{shape:?}: {outcome:?}"
+        );
+        assert!(
+            start.elapsed() >= Duration::from_millis(200),
+            "{shape:?}: gave up early"
+        );
+        for guard in guards {
+            guard.release().await.expect("release");
+        }
+        // The waiter that gave up leaves (a fair line) from a spawned task.
+        assert!(frees(locks, &key, shape).await, "{shape:?}: not free again");
+    }
 }
 
 /// Whether a holder in another task would be refused `key` as `mode` now.
@@ -774,21 +1038,6 @@ mod redis_only {
                 "a permit holder beside a reader"
             );
             reader.release().await.expect("release");
-        })
-        .await
-    }
-
-    /// ZooKeeper refuses segments, naming them, before any request.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn zookeeper_refuses_segments() {
-        lock_tests::bounded("zookeeper_refuses_segments", async move {
-            let f = zookeeper().await;
-            match f.locks.lock("k").segments(2).acquire().await {
-                Err(LockError::Unsupported { feature, .. }) => {
-                    assert!(feature.contains("segments"), "{feature}");
-                }
-                other => panic!("expected Unsupported, got {other:?}"),
-            }
         })
         .await
     }

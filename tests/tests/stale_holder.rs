@@ -79,12 +79,15 @@ impl Rig {
     /// Another holder takes `key` for `lease` while the stale holder still
     /// believes it holds it, as after an expiry the holder missed.
     async fn take_over(&self, key: &str, lease: Duration) -> Taken {
-        self.take_over_name(&name(key), key, lease).await
+        self.take_over_name(&name(key), |l| l.lock(key), lease).await
     }
 
     /// [`take_over`](Self::take_over) of the lock stored as `name` (a
-    /// segment's `lock:{K}#0`); `key` is what a client asks for.
-    async fn take_over_name(&self, name: &str, key: &str, lease: Duration) -> Taken {
+    /// segment's `lock:{K}#0`); `rival` is how a client asks for it.
+    async fn take_over_name<R>(&self, name: &str, rival: R, lease: Duration) -> Taken
+    where
+        R: for<'c> Fn(&'c LockClient) -> LockRequest<'c>,
+    {
         let ms = lease.as_millis();
         match self {
             Rig::Redis(server) => {
@@ -112,9 +115,8 @@ impl Rig {
                 // operator deleted it) and a client of another session
                 // queues and takes the lock.
                 empty_queue(zk, name).await;
-                let rival = zookeeper::client(zk).await;
-                let guard = rival
-                    .lock(key)
+                let client = zookeeper::client(zk).await;
+                let guard = rival(&client)
                     .fencing(true)
                     .wait(Duration::from_secs(10))
                     .acquire()
@@ -318,9 +320,10 @@ async fn a_stale_nested_extension_leaves_the_other_holders_lock(rig: Rig) {
 /// after another holder took the lock stored as `taken` (`key` to a
 /// client): the other's lock stays. `NotHeld` when the stale holder held
 /// nothing else; a set's other locks, still its own, are released.
-async fn stale_release<R>(rig: Rig, taken: &str, key: &str, request: R)
+async fn stale_release<R, V>(rig: Rig, taken: &str, request: R, rival: V)
 where
     R: for<'c> FnOnce(&'c LockClient) -> LockRequest<'c>,
+    V: for<'c> Fn(&'c LockClient) -> LockRequest<'c>,
 {
     let locks = rig.client().await;
     let guard = request(&locks)
@@ -329,7 +332,7 @@ where
         .acquire()
         .await
         .expect("acquire");
-    let _taken = rig.take_over_name(taken, key, Duration::from_secs(20)).await;
+    let _taken = rig.take_over_name(taken, rival, Duration::from_secs(20)).await;
     let before = rig.snapshot_name(taken).await;
     let alone = guard.keys().count() == 1;
     let released = tokio::time::timeout(BOUND, guard.release())
@@ -347,31 +350,52 @@ where
 
 /// A fenced lock's release (a MySQL row keeps its counter: an update).
 async fn a_stale_release_leaves_the_other_holders_lock(rig: Rig) {
-    stale_release(rig, &name("released"), "released", |l| {
-        l.lock("released").fencing(true)
-    })
+    stale_release(
+        rig,
+        &name("released"),
+        |l| l.lock("released").fencing(true),
+        |l| l.lock("released"),
+    )
     .await;
 }
 
 /// An unfenced lock's release (a MySQL row is deleted).
 async fn a_stale_unfenced_release_leaves_the_other_holders_lock(rig: Rig) {
-    stale_release(rig, &name("plain"), "plain", |l| l.lock("plain")).await;
+    stale_release(rig, &name("plain"), |l| l.lock("plain"), |l| l.lock("plain")).await;
 }
 
 /// Several keys: the one another took stays its.
 async fn a_stale_release_of_several_keys_leaves_the_other_holders_lock(rig: Rig) {
-    stale_release(rig, &name("set-a"), "set-a", |l| l.lock_all(["set-a", "set-b"])).await;
+    stale_release(
+        rig,
+        &name("set-a"),
+        |l| l.lock_all(["set-a", "set-b"]),
+        |l| l.lock("set-a"),
+    )
+    .await;
 }
 
 /// Segments: the first segment, the one a lone caller gets, is taken.
 async fn a_stale_release_of_a_segment_leaves_the_other_holders_lock(rig: Rig) {
     let segment = format!("{}#0", name("seg"));
-    stale_release(rig, &segment, "seg", |l| l.lock("seg").segments(2)).await;
+    stale_release(
+        rig,
+        &segment,
+        |l| l.lock("seg").segments(2),
+        |l| l.lock("seg").segments(2),
+    )
+    .await;
 }
 
 /// A fair lock's release.
 async fn a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock(rig: Rig) {
-    stale_release(rig, &name("fair"), "fair", |l| l.lock("fair").fair(true)).await;
+    stale_release(
+        rig,
+        &name("fair"),
+        |l| l.lock("fair").fair(true),
+        |l| l.lock("fair").fair(true),
+    )
+    .await;
 }
 
 /// A foreign writer replaces the shared lock stored as `name` (a sorted
@@ -521,7 +545,7 @@ async fn a_stale_permit_renewal_leaves_the_other_permit_holder(rig: Rig) {
 /// attempt's reply (the request is applied) and holds the give-back until
 /// the other holder has the lock. Redis only: elsewhere the give-back is
 /// the release already covered above.
-async fn stale_give_back<R>(rig: Rig, taken: &str, key: &str, script: &str, request: R)
+async fn stale_give_back<R>(rig: Rig, taken: &str, script: &str, request: R)
 where
     R: for<'c> Fn(&'c LockClient) -> LockRequest<'c>,
 {
@@ -579,7 +603,7 @@ where
     // Its lease runs out; another holder takes the lock.
     let expired = lock_tests::eventually(BOUND, || holder_at(taken).is_none()).await;
     assert!(expired.is_some(), "the attempt's lease never ran out");
-    let _taken = rig.take_over_name(taken, key, Duration::from_secs(20)).await;
+    let _taken = rig.take_over_name(taken, &request, Duration::from_secs(20)).await;
     let before = rig.snapshot_name(taken).await;
     // From here only the held give-back reads the keys (a GET each, or one
     // MGET for a segmented lock's).
@@ -603,7 +627,7 @@ where
 
 /// Several keys' give-back (`release_many.lua`).
 async fn a_stale_give_back_of_several_keys_leaves_the_other_holders_lock(rig: Rig) {
-    stale_give_back(rig, &name("back-a"), "back-a", "release_many.lua", |l| {
+    stale_give_back(rig, &name("back-a"), "release_many.lua", |l| {
         l.lock_all(["back-a", "back-b"])
     })
     .await;
@@ -613,7 +637,7 @@ async fn a_stale_give_back_of_several_keys_leaves_the_other_holders_lock(rig: Ri
 /// attempt may hold, so the segment another took too.
 async fn a_stale_give_back_of_segments_leaves_the_other_holders_lock(rig: Rig) {
     let segment = format!("{}#0", name("back-seg"));
-    stale_give_back(rig, &segment, "back-seg", "release_segments.lua", |l| {
+    stale_give_back(rig, &segment, "release_segments.lua", |l| {
         l.lock("back-seg").segments(2)
     })
     .await;
@@ -672,6 +696,8 @@ contract! {
         a_stale_release_leaves_the_other_holders_lock,
         a_stale_unfenced_release_leaves_the_other_holders_lock,
         a_stale_release_of_several_keys_leaves_the_other_holders_lock,
+        a_stale_release_of_a_segment_leaves_the_other_holders_lock,
+        a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock,
         a_stale_reader_renewal_leaves_the_writers_lock,
         a_stale_permit_renewal_leaves_the_other_permit_holder,
     ],

@@ -652,13 +652,6 @@ async fn bad_input_gets_clear_errors() {
         );
 
         let locks = zookeeper::client(&zk).await;
-        for (request, what) in [(locks.lock("k").segments(4), "segments")] {
-            let err = request.acquire().await.expect_err("unsupported");
-            assert!(
-                matches!(err, LockError::Unsupported { ref feature, .. } if feature.contains(what)),
-                "{err}"
-            );
-        }
         // Any key is a node name: slashes, dots, percent signs, non-ASCII.
         for key in ["a/b/c", "..", "%2F", "ключ", "x y"] {
             locks

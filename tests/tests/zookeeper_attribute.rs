@@ -25,7 +25,8 @@ fn the_attribute_locks_through_zookeeper() {
             let client = LockClient::zookeeper(&server.connect_string())
                 .await
                 .expect("connect");
-            lock_runtime::init(client).expect("installed once");
+            lock_runtime::init(client.clone()).expect("installed once");
+            shop::kinds_through_the_attribute(&client, true).await;
             let sold = shop::sell_120_orders_of_100().await;
             assert_eq!(sold, 100, "120 orders for 100 items: exactly 100 sold");
             // Released on every path: the queue is empty.

@@ -30,13 +30,15 @@
 //!   comma-separated URLs, or `sentinel=<master name>@` followed by
 //!   comma-separated sentinel URLs. `lock` is `library` (the exclusive lock),
 //!   `library-rw` (one writer in four, the rest readers),
-//!   `library-permits-N`, `library-transfer` (two keys at once with
-//!   `lock_all`), or `library-run` / `library-run-fixed` (the exclusive
+//!   `library-permits-N`, `library-segments-N` (any free one of N segments,
+//!   each segment checked as its own exclusive lock), `library-transfer`
+//!   (two keys at once with `lock_all`), or `library-run` / `library-run-fixed` (the exclusive
 //!   lock, renewed or fixed, with each body run by `run()`, which must drop
 //!   it when the lease is lost); or a control that lies to the checker, which must catch
 //!   it: `library-rw-writers-read` (writers take the read lock),
 //!   `library-permits-N-checked-M` (N permits where the checker allows M),
-//!   `library-transfer-first-only` (only the first of the two keys is
+//!   `library-segments-N-unsplit` (segments reported as the one lock they
+//!   split), `library-transfer-first-only` (only the first of the two keys is
 //!   locked), `library-run-detached` (a `run()` body whose work goes on in
 //!   a task the runner cannot stop); or a deliberately broken lock the checker must catch: `del-release` (released by a plain DEL, no owner
 //!   check), `no-deadline` (the body ignores its lease running out) or
@@ -321,6 +323,12 @@ enum Kind {
         taken: u32,
         checked: u64,
     },
+    /// Any free one of `count` segments, checked per segment; the control
+    /// reports every segment as the unsplit key.
+    Segments {
+        count: u32,
+        split: bool,
+    },
 }
 
 impl Kind {
@@ -339,7 +347,19 @@ impl Kind {
             "library-transfer-first-only" => Some(Kind::Transfer { first_only: true }),
             "library-rw" => Some(Kind::ReadWrite { writers_read: false }),
             "library-rw-writers-read" => Some(Kind::ReadWrite { writers_read: true }),
-            other => permits(other.strip_prefix("library-permits-")?),
+            other => match other.strip_prefix("library-segments-") {
+                Some(spec) => {
+                    let (count, split) = match spec.strip_suffix("-unsplit") {
+                        Some(count) => (count, false),
+                        None => (spec, true),
+                    };
+                    Some(Kind::Segments {
+                        count: count.parse().ok()?,
+                        split,
+                    })
+                }
+                None => permits(other.strip_prefix("library-permits-")?),
+            },
         }
     }
 
@@ -365,6 +385,7 @@ impl Kind {
                 }
             }
             Kind::Permits { taken, checked } => (request.permits(taken), Share::permit(checked)),
+            Kind::Segments { count, .. } => (request.segments(count), Share::EXCLUSIVE),
         }
     }
 }
@@ -488,7 +509,8 @@ async fn library_task(
     let start = std::time::Instant::now();
     let mut tally = Tally::default();
     let kind = Kind::parse(&run.lock).ok_or_else(|| format!("unknown lock `{}`", run.lock))?;
-    let fencing = !run.url.starts_with("redlock=") && matches!(kind, Kind::Exclusive | Kind::Fair);
+    let fencing = !run.url.starts_with("redlock=")
+        && matches!(kind, Kind::Exclusive | Kind::Fair | Kind::Segments { .. });
     let long_percent: u32 = std::env::var("LOCK_WORKER_LONG_BODY_PERCENT")
         .ok()
         .and_then(|p| p.parse().ok())
@@ -531,6 +553,13 @@ async fn library_task(
         let holder = next_holder(task);
         let token = guard.fencing_token().unwrap_or(0);
         let exclusive = share == Share::EXCLUSIVE;
+        // A segment is a lock of its own, `key#i`.
+        let segment = guard.key().to_owned();
+        let keys: Vec<&str> = match kind {
+            Kind::Segments { split: true, .. } => vec![segment.as_str()],
+            _ => keys,
+        };
+        let key = keys[0];
         for key in &keys {
             checker.enter_shared(key, holder, token, share);
         }

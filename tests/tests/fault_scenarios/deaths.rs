@@ -55,7 +55,9 @@ async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
         workload.wait = Some(CALL_WAIT);
         workload.long_body_percent = d.long_body_percent;
         let workers = Workers::spawn(&board, &workload, 2);
-        let board_entries = || d.keys.iter().map(|k| board.witness.seen(k).entries).sum::<u64>();
+        let checked = checked_keys(d.keys, d.lock);
+        let checked: Vec<&str> = checked.iter().map(String::as_str).collect();
+        let board_entries = || checked.iter().map(|k| board.witness.seen(k).entries).sum::<u64>();
         // Bodies counted on the board as each fault healed, then at the end.
         let mut entries_at_heal = Vec::new();
         for round in 0..d.faults {
@@ -67,8 +69,8 @@ async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
         }
         let tally = tokio::task::block_in_place(|| workers.finish());
         let worst_late = tally.worst_late.max(controller.worst());
-        let logged = analyze(board.path(), d.keys).expect("analyze");
-        let seen: Vec<_> = d.keys.iter().map(|k| board.witness.seen(k)).collect();
+        let logged = analyze(board.path(), &checked).expect("analyze");
+        let seen: Vec<_> = checked.iter().map(|k| board.witness.seen(k)).collect();
         // Shared bodies do not bump the read-modify-write counter.
         let lost_updates: u64 = if shared {
             0
@@ -286,6 +288,22 @@ async fn s3rwmy_read_write_locks_through_mariadb_restarts() {
     .await
 }
 
+/// S3smy: two segments per key while MariaDB is SIGKILLed and restarted
+/// twice: each segment checked as its own fenced lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3smy_segments_through_mariadb_restarts() {
+    scenario(
+        "s3smy_segments_through_mariadb_restarts",
+        through_mariadb_restarts(
+            "S3smy",
+            "S3 with 2 segments per key on MariaDB, SIGKILLed and restarted",
+            "library-segments-2",
+            &["s:a", "s:b", "s:c"],
+        ),
+    )
+    .await
+}
+
 /// S3pmy: two permits per key while MariaDB is SIGKILLed and restarted
 /// twice: never more than two holders of a key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,6 +377,22 @@ async fn s3tzk_transfers_through_ensemble_member_deaths() {
             "S3 with two-key transfers (lock_all) on a ZooKeeper ensemble, each member killed in turn",
             "library-transfer",
             &["t:a", "t:b", "t:c", "t:d"],
+        ),
+    )
+    .await
+}
+
+/// S3szk: two segments per key while each ensemble member is killed in
+/// turn: each segment checked as its own fenced lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3szk_segments_through_ensemble_member_deaths() {
+    scenario(
+        "s3szk_segments_through_ensemble_member_deaths",
+        through_ensemble_member_deaths(
+            "S3szk",
+            "S3 with 2 segments per key on a ZooKeeper ensemble, each member killed in turn",
+            "library-segments-2",
+            &["s:a", "s:b", "s:c"],
         ),
     )
     .await

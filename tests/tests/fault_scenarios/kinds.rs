@@ -135,7 +135,10 @@ async fn run_kind_scenario(scenario: KindScenario) {
         }
         let tally = tokio::task::block_in_place(|| workers.finish());
         let worst_late = tally.worst_late.max(controller.worst());
-        let seen: Vec<_> = keys.iter().map(|k| board.witness.seen(k)).collect();
+        let seen: Vec<_> = checked_keys(&keys, scenario.lock)
+            .iter()
+            .map(|k| board.witness.seen(k))
+            .collect();
         let entries: u64 = seen.iter().map(|s| s.entries).sum();
         let overlaps: u64 = seen.iter().map(|s| s.overlaps).sum();
         let starved = worst_late > bound;
@@ -232,6 +235,45 @@ async fn s0p_never_more_than_n_permit_holders_through_server_stops() {
                 name: "S0 with 2 permits per key, server stopped past the leases",
                 lock: "library-permits-2",
                 control: "library-permits-3-checked-2",
+                control_outlives_leases: false,
+            })
+            .await;
+        },
+    )
+    .await
+}
+
+/// S0s: any free one of two segments per key, each segment checked as its
+/// own exclusive lock. The control reports each body as holding the
+/// unsplit key, where two segments' holders overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0s_one_holder_per_segment_through_server_stops() {
+    scenario("s0s_one_holder_per_segment_through_server_stops", async move {
+        run_kind_scenario(KindScenario {
+            id: "S0s",
+            on: On::Redis,
+            name: "S0 with 2 segments per key, server stopped past the leases",
+            lock: "library-segments-2",
+            control: "library-segments-2-unsplit",
+            control_outlives_leases: false,
+        })
+        .await;
+    })
+    .await
+}
+
+/// S0smy: S0s on MariaDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0smy_one_holder_per_segment_on_mariadb_through_server_stops() {
+    scenario(
+        "s0smy_one_holder_per_segment_on_mariadb_through_server_stops",
+        async move {
+            run_kind_scenario(KindScenario {
+                id: "S0smy",
+                on: On::Mariadb,
+                name: "S0 with 2 segments per key on MariaDB, server stopped past the leases",
+                lock: "library-segments-2",
+                control: "library-segments-2-unsplit",
                 control_outlives_leases: false,
             })
             .await;

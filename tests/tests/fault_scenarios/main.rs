@@ -57,6 +57,21 @@ pub(crate) fn broken_or_library(target: &str, keys: &[&str], lock: &str, duratio
     }
 }
 
+/// The keys the checker sees for a workload of `lock` on `keys`: a
+/// segmented lock's bodies report their segment, `key#i`, as its own lock.
+pub(crate) fn checked_keys(keys: &[&str], lock: &str) -> Vec<String> {
+    let segments = lock
+        .strip_prefix("library-segments-")
+        .and_then(|n| n.parse::<u32>().ok());
+    match segments {
+        Some(n) => keys
+            .iter()
+            .flat_map(|k| (0..n).map(move |i| format!("{k}#{i}")))
+            .collect(),
+        None => keys.iter().map(|k| (*k).to_owned()).collect(),
+    }
+}
+
 /// Whether the checker flagged `key` on `board`, online or in the logs.
 pub(crate) fn flagged(board: &Board, key: &str) -> bool {
     let seen = board.witness.seen(key);

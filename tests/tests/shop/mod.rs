@@ -82,3 +82,160 @@ pub(crate) async fn sell_120_orders_of_100() -> u32 {
     assert_eq!(shop.stock.load(Ordering::SeqCst), 0);
     sold
 }
+
+/// How many calls are inside each kind's body at once.
+#[derive(Default)]
+pub(crate) struct Occupancy {
+    readers: AtomicUsize,
+    writers: AtomicUsize,
+    permits: AtomicUsize,
+    segments: [AtomicUsize; 2],
+    line: AtomicUsize,
+    pair: AtomicUsize,
+}
+
+/// Inside `count`'s body while the task yields, checking that at most
+/// `most` are (`count` is left as it was).
+async fn occupy(count: &AtomicUsize, most: usize, what: &str) {
+    let now = count.fetch_add(1, Ordering::SeqCst) + 1;
+    assert!(now <= most, "{now} {what} at once (at most {most})");
+    tokio::task::yield_now().await;
+    count.fetch_sub(1, Ordering::SeqCst);
+}
+
+#[distributed_lock(key = "doc:<id>", mode = "read", wait = "20s")]
+pub(crate) async fn read_doc(o: &Occupancy, id: u64) -> Result<(), LockError> {
+    let _ = id;
+    o.readers.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(o.writers.load(Ordering::SeqCst), 0, "a reader beside a writer");
+    tokio::task::yield_now().await;
+    o.readers.fetch_sub(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[distributed_lock(key = "doc:<id>", mode = "write", wait = "20s")]
+pub(crate) async fn write_doc(o: &Occupancy, id: u64) -> Result<(), LockError> {
+    let _ = id;
+    assert_eq!(o.readers.load(Ordering::SeqCst), 0, "a writer beside a reader");
+    occupy(&o.writers, 1, "writers").await;
+    assert_eq!(o.readers.load(Ordering::SeqCst), 0, "a writer beside a reader");
+    Ok(())
+}
+
+#[distributed_lock(key = "pool:<id>", permits = 2, wait = "20s")]
+pub(crate) async fn use_pool(o: &Occupancy, id: u64) -> Result<(), LockError> {
+    let _ = id;
+    occupy(&o.permits, 2, "permit holders").await;
+    Ok(())
+}
+
+#[distributed_lock(key = "bins:<id>", segments = 2, wait = "20s")]
+pub(crate) async fn use_bin(o: &Occupancy, id: u64) -> Result<u32, LockError> {
+    let _ = id;
+    let i = lock_runtime::segment().expect("inside a segmented body");
+    occupy(
+        &o.segments[usize::try_from(i).expect("small")],
+        1,
+        "holders of one segment",
+    )
+    .await;
+    Ok(i)
+}
+
+#[distributed_lock(key = "line:<id>", fair = true, wait = "20s")]
+pub(crate) async fn in_line(o: &Occupancy, id: u64) -> Result<(), LockError> {
+    let _ = id;
+    occupy(&o.line, 1, "fair holders").await;
+    Ok(())
+}
+
+#[distributed_lock(keys = ["account:<from>", "account:<to>"], wait = "20s")]
+pub(crate) async fn transfer(o: &Occupancy, from: u64, to: u64) -> Result<(), LockError> {
+    let _ = (from, to);
+    occupy(&o.pair, 1, "transfers").await;
+    Ok(())
+}
+
+/// How a probe asks for a lock of one kind.
+type Kind = fn(lock_runtime::LockRequest<'_>) -> lock_runtime::LockRequest<'_>;
+
+/// A fixed lease shorter than its body: the body is cancelled.
+#[distributed_lock(key = "short:<id>", ttl = "300ms", renew = false)]
+pub(crate) async fn outlive_the_lease(id: u64) -> Result<(), LockError> {
+    let _ = id;
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// Every kind through the attribute and the global client, from 6 tasks
+/// at once: never more holders than the kind allows, a lost lease ends
+/// the body with `Lost`, and every lock is free afterwards (`locks` is a
+/// client of the same backend, to look). `counted`: the backend offers
+/// permits, segments and fair locks (a Redlock does not).
+pub(crate) async fn kinds_through_the_attribute(locks: &lock_runtime::LockClient, counted: bool) {
+    let o = Arc::new(Occupancy::default());
+    let calls: Vec<_> = (0..6)
+        .map(|task| {
+            let o = Arc::clone(&o);
+            tokio::spawn(async move {
+                for round in 0..8 {
+                    if (task + round) % 4 == 0 {
+                        write_doc(&o, 1).await.expect("write lock");
+                    } else {
+                        read_doc(&o, 1).await.expect("read lock");
+                    }
+                    if counted {
+                        use_pool(&o, 1).await.expect("permit");
+                        use_bin(&o, 1).await.expect("segment");
+                        in_line(&o, 1).await.expect("fair lock");
+                    }
+                    // Opposite orders: all-or-nothing in one sorted order.
+                    if task % 2 == 0 {
+                        transfer(&o, 1, 2).await.expect("both accounts");
+                    } else {
+                        transfer(&o, 2, 1).await.expect("both accounts");
+                    }
+                }
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await.expect("a task's calls");
+    }
+    let lost = outlive_the_lease(1).await;
+    assert!(matches!(lost, Err(LockError::Lost { .. })), "{lost:?}");
+    // Every lock free: all a kind allows get in at once, without waiting.
+    use lock_runtime::LockMode;
+    let probes: [(&str, u32, Kind); 6] = [
+        ("doc:1", 1, |l| l.mode(LockMode::Write)),
+        ("pool:1", 2, |l| l.permits(2)),
+        ("bins:1", 2, |l| l.segments(2)),
+        ("line:1", 1, |l| l.fair(true)),
+        ("account:1", 1, |l| l),
+        ("short:1", 1, |l| l),
+    ];
+    for (key, all, kind) in probes {
+        if !counted && ["pool:1", "bins:1", "line:1"].contains(&key) {
+            continue;
+        }
+        let mut guards = Vec::new();
+        for _ in 0..all {
+            let (locks, name) = (locks.clone(), key.to_owned());
+            // Another task: a holder of its own. A waiter that gave up
+            // leaves from a spawned task, so this may wait a little.
+            let guard = tokio::spawn(async move {
+                kind(locks.lock(name))
+                    .wait(std::time::Duration::from_secs(2))
+                    .acquire()
+                    .await
+            })
+            .await
+            .expect("probe task")
+            .unwrap_or_else(|e| panic!("`{key}` left held: {e}"));
+            guards.push(guard);
+        }
+        for guard in guards {
+            guard.release().await.expect("release a probe");
+        }
+    }
+}

@@ -65,9 +65,11 @@ const KEPT: &AsciiSet = &NON_ALPHANUMERIC
 pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
     match kind {
         // A ZooKeeper lock is a queue: exclusive and fair are one thing,
-        // and readers and permit holders are let in by where they stand.
-        Kind::Exclusive | Kind::Fair | Kind::Read | Kind::Write | Kind::Permits(_) => None,
-        Kind::Segments(_) => Some("`segments` on the ZooKeeper backend (not built yet)"),
+        // readers and permit holders are let in by where they stand, and a
+        // segment is the first free queue of N.
+        Kind::Exclusive | Kind::Fair | Kind::Read | Kind::Write | Kind::Permits(_) | Kind::Segments(_) => {
+            None
+        }
     }
 }
 
@@ -129,6 +131,13 @@ struct Child {
 /// The children of this process, by holder id (a set's locks share one).
 type Children = HashMap<String, Vec<Child>>;
 
+/// A segmented lock's waiter: the holders of every segment it found taken,
+/// watched, and when it set the watches.
+struct SegmentWait {
+    since: Instant,
+    watchers: Vec<zk::OneshotWatcher>,
+}
+
 /// A ZooKeeper ensemble's locks.
 pub(crate) struct ZooKeeperBackend {
     connect: String,
@@ -143,6 +152,8 @@ pub(crate) struct ZooKeeperBackend {
     /// One connect at a time after a session ended.
     connecting: tokio::sync::Mutex<()>,
     children: Arc<Mutex<Children>>,
+    /// Segmented locks' waiters, by holder id.
+    segment_waits: Mutex<HashMap<String, SegmentWait>>,
 }
 
 impl fmt::Debug for ZooKeeperBackend {
@@ -289,6 +300,7 @@ impl ZooKeeperBackend {
             session: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             children: Arc::new(Mutex::new(HashMap::new())),
+            segment_waits: Mutex::new(HashMap::new()),
         })
     }
 
@@ -460,14 +472,7 @@ impl ZooKeeperBackend {
         let name = &path[queue.len() + 1..];
         let mine = sequence(name).unwrap_or(u64::MAX);
         loop {
-            let mut line: Vec<(u64, String)> = client
-                .list_children(&queue)
-                .await
-                .map_err(fail)?
-                .into_iter()
-                .filter_map(|n| sequence(&n).map(|s| (s, n)))
-                .collect();
-            line.sort_unstable();
+            let line = self.line(&client, &queue).await.map_err(fail)?;
             if !line.iter().any(|(_, n)| n == name) {
                 // Deleted under us (by an operator, or with an old
                 // session): forget it; the next attempt queues again.
@@ -534,6 +539,122 @@ impl ZooKeeperBackend {
             self.with_child(key, req.holder, |c| c.watcher = Some(watcher));
             return Ok(self.held(true));
         }
+    }
+
+    /// One attempt at a segmented lock: the first of `count` queues that is
+    /// empty, or whose head turns out to be our child. No child waits in a
+    /// segment's queue (it would hold a place in one segment while another
+    /// frees); a waiter watches every segment's holder instead, and tries
+    /// again when any of them goes.
+    async fn attempt_segments(&self, req: &AcquireRequest<'_>, count: u32) -> Result<AcquireReply, Failure> {
+        let client = self.client().await?;
+        let session = client.session_id().0;
+        let ours_prefix = format!("{}_", req.holder);
+        'look: loop {
+            let mut holders = Vec::new();
+            for i in 0..count {
+                let segment = req.key.segment(i);
+                let queue = self.queue(&segment);
+                let fail = |e: zk::Error| self.failure(&segment, &e);
+                let line = self.line(&client, &queue).await.map_err(fail)?;
+                // Ours already: created by an earlier attempt whose reply
+                // was lost (found by name and session), or known here.
+                let mut ours = self.find(&segment, req.holder, session);
+                if ours.is_none() && line.iter().any(|(_, n)| n.starts_with(&ours_prefix)) {
+                    ours = self
+                        .adopt(&client, &queue, &segment, req.holder, session)
+                        .await
+                        .map_err(fail)?;
+                }
+                let ours = match ours {
+                    Some(found) => Some(found),
+                    None if line.is_empty() => {
+                        let (path, czxid) = self.enqueue(&client, &queue, req.holder).await.map_err(fail)?;
+                        self.children()
+                            .entry(req.holder.to_owned())
+                            .or_default()
+                            .push(Child {
+                                lock: segment.redis_key.clone(),
+                                path: path.clone(),
+                                session,
+                                czxid,
+                                watcher: None,
+                                expires: None,
+                            });
+                        Some((path, czxid))
+                    }
+                    None => None,
+                };
+                let Some((path, czxid)) = ours else {
+                    if let Some((_, head)) = line.first() {
+                        holders.push(format!("{queue}/{head}"));
+                    }
+                    continue;
+                };
+                // Another contender may have queued first in the same
+                // instant: the lowest sequence number holds.
+                let line = self.line(&client, &queue).await.map_err(fail)?;
+                match line.first() {
+                    Some((_, head)) if path.ends_with(&format!("/{head}")) => {
+                        self.segment_waits().remove(req.holder);
+                        if !req.renew {
+                            self.expire_at(&segment, req.holder, Instant::now() + req.ttl);
+                        }
+                        return Ok(AcquireReply::Acquired {
+                            token: req.fencing.then_some(czxid.unsigned_abs()),
+                            segment: Some(i),
+                        });
+                    }
+                    head => {
+                        if let Some((_, head)) = head {
+                            holders.push(format!("{queue}/{head}"));
+                        }
+                        self.forget(&segment, req.holder);
+                        match client.delete(&path, None).await {
+                            Ok(()) | Err(zk::Error::NoNode) => {}
+                            Err(e) => return Err(fail(e)),
+                        }
+                    }
+                }
+            }
+            if holders.len() < usize::try_from(count).unwrap_or(usize::MAX) {
+                // A segment was free when we last looked, though not to us.
+                continue 'look;
+            }
+            if !req.waiting {
+                return Ok(self.held(false));
+            }
+            let mut watchers = Vec::with_capacity(holders.len());
+            for holder in holders {
+                let (stat, watcher) = client
+                    .check_and_watch_stat(&holder)
+                    .await
+                    .map_err(|e| self.failure(req.key, &e))?;
+                if stat.is_none() {
+                    // Freed since we looked: look again.
+                    continue 'look;
+                }
+                watchers.push(watcher);
+            }
+            self.keep_segment_wait(req.holder, watchers);
+            // Nothing of ours waits in a queue: nothing to give back.
+            return Ok(self.held(false));
+        }
+    }
+
+    /// The children of `queue` in sequence order (none if it is missing).
+    async fn line(&self, client: &zk::Client, queue: &str) -> Result<Vec<(u64, String)>, zk::Error> {
+        let names = match client.list_children(queue).await {
+            Ok(names) => names,
+            Err(zk::Error::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut line: Vec<(u64, String)> = names
+            .into_iter()
+            .filter_map(|n| sequence(&n).map(|s| (s, n)))
+            .collect();
+        line.sort_unstable();
+        Ok(line)
     }
 
     fn held(&self, claimed: bool) -> AcquireReply {
@@ -711,7 +832,32 @@ impl ZooKeeperBackend {
         let watcher = self.with_child(key, holder, |c| c.watcher.take()).flatten();
         if let Some(watcher) = watcher {
             watcher.changed().await;
+            return;
         }
+        // A segmented lock's waiter: whichever segment frees first.
+        let segments = self.segment_waits().remove(holder);
+        if let Some(wait) = segments
+            && !wait.watchers.is_empty()
+        {
+            let changes = wait.watchers.into_iter().map(|w| Box::pin(w.changed()));
+            futures_util::future::select_all(changes).await;
+        }
+    }
+
+    fn segment_waits(&self) -> std::sync::MutexGuard<'_, HashMap<String, SegmentWait>> {
+        self.segment_waits.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps a segmented lock's waiter's watches for its `turn`. A waiter
+    /// that stopped waiting never takes them: anything older than a waiter's
+    /// longest pause between attempts is dropped (which removes the
+    /// watches).
+    fn keep_segment_wait(&self, holder: &str, watchers: Vec<zk::OneshotWatcher>) {
+        let now = Instant::now();
+        let stale = self.lease_cap() * 2 + self.timeout;
+        let mut waits = self.segment_waits();
+        waits.retain(|_, w| now.duration_since(w.since) < stale);
+        waits.insert(holder.to_owned(), SegmentWait { since: now, watchers });
     }
 
     /// Whether our child still exists in this session.
@@ -746,7 +892,13 @@ impl Backend for ZooKeeperBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         // A set arrives one lock at a time (see `AnyBackend::groups`).
         debug_assert!(req.also.is_empty());
-        self.bounded(req.key, "acquire", self.attempt(req)).await
+        match req.kind {
+            Kind::Segments(count) => {
+                self.bounded(req.key, "acquire", self.attempt_segments(req, count))
+                    .await
+            }
+            _ => self.bounded(req.key, "acquire", self.attempt(req)).await,
+        }
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
@@ -758,9 +910,11 @@ impl Backend for ZooKeeperBackend {
         self.remove(&keys, holder).await
     }
 
-    async fn release_segments(&self, key: &LockKey, _count: u32, holder: &str) -> Result<bool, Failure> {
-        // Segments are refused before any attempt (`unsupported`).
-        self.remove(&[key], holder).await
+    async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
+        self.segment_waits().remove(holder);
+        let segments: Vec<LockKey> = (0..count).map(|i| key.segment(i)).collect();
+        let segments: Vec<&LockKey> = segments.iter().collect();
+        self.remove(&segments, holder).await
     }
 
     async fn renew(
