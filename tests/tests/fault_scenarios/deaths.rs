@@ -1,8 +1,9 @@
 //! DESIGN §11 under the checker: servers and ensemble members that die and
 //! come back, and servers stopped past every lease, under S0's
 //! witness-checked load, on MariaDB and ZooKeeper, with each kind the
-//! backend offers (exclusive, several keys, read-write and permits on both,
-//! fair on MariaDB; fencing tokens checked by the fenced register). Each call may wait 20 s, longer than
+//! backend offers (exclusive, several keys, read-write, permits, segments
+//! and fair locks; fencing tokens checked by the fenced register). Each
+//! call may wait 20 s, longer than
 //! any restart here takes, so a death must cost time and never an error:
 //! the verdict counts acquisition errors beside overlaps, lost updates and
 //! token regressions, and asks that bodies ran after every fault. Releases
@@ -393,6 +394,22 @@ async fn s3szk_segments_through_ensemble_member_deaths() {
             "S3 with 2 segments per key on a ZooKeeper ensemble, each member killed in turn",
             "library-segments-2",
             &["s:a", "s:b", "s:c"],
+        ),
+    )
+    .await
+}
+
+/// S3fzk: fair locks (on ZooKeeper the one queue, in arrival order) while
+/// each ensemble member is killed in turn, fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3fzk_fair_locks_through_ensemble_member_deaths() {
+    scenario(
+        "s3fzk_fair_locks_through_ensemble_member_deaths",
+        through_ensemble_member_deaths(
+            "S3fzk",
+            "S3 with fair locks on a ZooKeeper ensemble, each member killed in turn",
+            "library-fair",
+            &["f:a", "f:b", "f:c"],
         ),
     )
     .await
