@@ -395,8 +395,15 @@ impl<'a> Acquisition<'a> {
                 // The reply came back after the lease could already have
                 // expired on the server, so the lock is useless: give it back
                 // before the next attempt, which reuses this holder id and
-                // would otherwise find the lock "already mine".
-                self.pending.settle().await;
+                // would otherwise find the lock "already mine". A queue's
+                // place is not a lease (ZooKeeper: the child lives as long
+                // as the session), so it is kept: the next attempt, sent
+                // later, finds it first in line and counts its lease from
+                // then. Given back, it would send the caller to the end of
+                // the line, and under a slow ensemble every waiter in turn.
+                if !client.backend.queues_waiters() {
+                    self.pending.settle().await;
+                }
                 Outcome::Failed(LockError::backend(
                     &client.node,
                     Some(&self.pending.key.name),

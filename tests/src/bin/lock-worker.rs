@@ -492,6 +492,42 @@ fn pick_other<'k>(keys: &'k [String], key: &str) -> &'k str {
     }
 }
 
+/// With `LOCK_WORKER_DIAGNOSE` set, on a ZooKeeper target: prints (to
+/// stderr) what stood in the lock's queue when a call on `key` gave up:
+/// each child with its age and owning session, to tell a stuck head from
+/// a slow line.
+async fn diagnose(target: &str, key: &str, what: &str) {
+    let Some(connect) = target.strip_prefix("zookeeper=") else {
+        return;
+    };
+    if std::env::var_os("LOCK_WORKER_DIAGNOSE").is_none() {
+        return;
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let queue = format!("/distributed-locks/lock:{{{key}}}");
+    let look = async {
+        let client = zookeeper_client::Client::connect(connect).await?;
+        let mut children = Vec::new();
+        for name in client.list_children(&queue).await? {
+            if let Some(stat) = client.check_stat(&format!("{queue}/{name}")).await? {
+                children.push(format!(
+                    "{name} age={}ms session={:x}",
+                    i64::try_from(now_ms).unwrap_or(i64::MAX) - stat.ctime,
+                    stat.ephemeral_owner
+                ));
+            }
+        }
+        Ok::<_, zookeeper_client::Error>(children)
+    };
+    match tokio::time::timeout(Duration::from_secs(5), look).await {
+        Ok(Ok(children)) => eprintln!("DIAGNOSE {key} {what}: queue {children:?}"),
+        Ok(Err(e)) => eprintln!("DIAGNOSE {key} {what}: cannot look: {e}"),
+        Err(_) => eprintln!("DIAGNOSE {key} {what}: no answer within 5 s"),
+    }
+}
+
 fn next_holder(task: usize) -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -539,9 +575,11 @@ async fn library_task(
             Ok(guard) => guard,
             Err(LockError::Timeout { .. }) => {
                 tally.timeouts += 1;
+                diagnose(&run.url, key, "timed out").await;
                 continue;
             }
             Err(e) => {
+                diagnose(&run.url, key, &e.to_string()).await;
                 // Faults make acquisitions fail; the run goes on, and the
                 // controller judges the counts.
                 tally.errors += 1;

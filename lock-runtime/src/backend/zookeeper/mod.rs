@@ -154,6 +154,10 @@ pub(crate) struct ZooKeeperBackend {
     children: Arc<Mutex<Children>>,
     /// Segmented locks' waiters, by holder id.
     segment_waits: Mutex<HashMap<String, SegmentWait>>,
+    /// `<queue>/<holder>_` for each create whose answer never came: it may
+    /// still land, after we looked, as a child nobody knows (see
+    /// [`ZooKeeperBackend::remove`]).
+    unanswered: Mutex<std::collections::HashSet<String>>,
 }
 
 impl fmt::Debug for ZooKeeperBackend {
@@ -301,6 +305,7 @@ impl ZooKeeperBackend {
             connecting: tokio::sync::Mutex::new(()),
             children: Arc::new(Mutex::new(HashMap::new())),
             segment_waits: Mutex::new(HashMap::new()),
+            unanswered: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -416,12 +421,21 @@ impl ZooKeeperBackend {
         holder: &str,
     ) -> Result<(String, i64), zk::Error> {
         let prefix = format!("{queue}/{holder}_");
+        // Until the server answers, the create may land at any time; a
+        // create cut short (an error, or this future dropped) stays marked,
+        // and so does an earlier one's mark.
+        let marked_before = !self.unanswered().insert(prefix.clone());
         let child = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
         let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         for _ in 0..4 {
             match client.create(&prefix, &[], &child).await {
-                Ok((stat, seq)) => return Ok((format!("{prefix}{seq}"), stat.czxid)),
+                Ok((stat, seq)) => {
+                    if !marked_before {
+                        self.unanswered().remove(&prefix);
+                    }
+                    return Ok((format!("{prefix}{seq}"), stat.czxid));
+                }
                 Err(zk::Error::NoNode) => {
                     client.mkdir(&self.root, &persistent).await?;
                     match client.create(queue, &[], &container).await {
@@ -471,8 +485,25 @@ impl ZooKeeperBackend {
         };
         let name = &path[queue.len() + 1..];
         let mine = sequence(name).unwrap_or(u64::MAX);
+        let ours_prefix = format!("{}_", req.holder);
         loop {
-            let line = self.line(&client, &queue).await.map_err(fail)?;
+            let mut line = self.line(&client, &queue).await.map_err(fail)?;
+            // Another child of ours: a create whose answer was lost, landed
+            // after an attempt looked and queued again. It is this call's
+            // alone, and ahead of us it would keep us waiting for ourselves
+            // (and everyone behind) for as long as the session lives.
+            let mut i = 0;
+            while i < line.len() {
+                if line[i].1.starts_with(&ours_prefix) && line[i].1 != name {
+                    let (_, twin) = line.remove(i);
+                    match client.delete(&format!("{queue}/{twin}"), None).await {
+                        Ok(()) | Err(zk::Error::NoNode) => {}
+                        Err(e) => return Err(fail(e)),
+                    }
+                } else {
+                    i += 1;
+                }
+            }
             if !line.iter().any(|(_, n)| n == name) {
                 // Deleted under us (by an operator, or with an old
                 // session): forget it; the next attempt queues again.
@@ -511,6 +542,7 @@ impl ZooKeeperBackend {
                     Ok(()) | Err(zk::Error::NoNode) => {}
                     Err(e) => return Err(fail(e)),
                 }
+                self.sweep_unanswered(&client, &queue, req.holder);
                 return Ok(self.held(false));
             }
             let watcher = match before {
@@ -552,7 +584,11 @@ impl ZooKeeperBackend {
         let ours_prefix = format!("{}_", req.holder);
         'look: loop {
             let mut holders = Vec::new();
-            for i in 0..count {
+            // A segment this call already queued in first: an attempt
+            // granted too late to use is tried again on the same segment.
+            let known = (0..count).find(|&i| self.find(&req.key.segment(i), req.holder, session).is_some());
+            let order = known.into_iter().chain((0..count).filter(|&i| Some(i) != known));
+            for i in order {
                 let segment = req.key.segment(i);
                 let queue = self.queue(&segment);
                 let fail = |e: zk::Error| self.failure(&segment, &e);
@@ -777,6 +813,27 @@ impl ZooKeeperBackend {
         });
     }
 
+    /// For a holder done with `queue`: a create of its whose answer never
+    /// came may have landed unseen, or land later still. Looked for now,
+    /// and again once it must have landed or failed (its session moved on
+    /// or ended); anything under the holder's name there is garbage.
+    fn sweep_unanswered(&self, client: &Arc<zk::Client>, queue: &str, holder: &str) {
+        if !self.unanswered().remove(&format!("{queue}/{holder}_")) {
+            return;
+        }
+        let search = || Doomed::Search {
+            queue: queue.to_owned(),
+            prefix: format!("{holder}_"),
+        };
+        let (now, later) = (search(), search());
+        let (client, after) = (Arc::clone(client), self.lease_cap() * 2 + self.timeout);
+        tokio::spawn(async move {
+            now.delete(Arc::clone(&client)).await;
+            tokio::time::sleep(after).await;
+            later.delete(client).await;
+        });
+    }
+
     /// Deletes our children of `keys`: those this process knows, and any an
     /// attempt whose reply was lost may have left.
     async fn remove(&self, keys: &[&LockKey], holder: &str) -> Result<bool, Failure> {
@@ -787,13 +844,15 @@ impl ZooKeeperBackend {
         let session = client.session_id().0;
         let mut any = false;
         for key in keys {
+            let queue = self.queue(key);
+            self.sweep_unanswered(&client, &queue, holder);
             let doomed = match self.forget(key, holder) {
                 // Deleted with its session already.
                 Some(child) if child.session != session => continue,
                 Some(child) => Doomed::Known(child.path),
                 // An attempt whose reply was lost may have left one.
                 None => Doomed::Search {
-                    queue: self.queue(key),
+                    queue,
                     prefix: format!("{holder}_"),
                 },
             };
@@ -842,6 +901,10 @@ impl ZooKeeperBackend {
             let changes = wait.watchers.into_iter().map(|w| Box::pin(w.changed()));
             futures_util::future::select_all(changes).await;
         }
+    }
+
+    fn unanswered(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.unanswered.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn segment_waits(&self) -> std::sync::MutexGuard<'_, HashMap<String, SegmentWait>> {
