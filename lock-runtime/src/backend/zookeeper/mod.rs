@@ -449,6 +449,32 @@ impl ZooKeeperBackend {
         Err(zk::Error::NoNode)
     }
 
+    /// Queues our child for `key` and registers it.
+    async fn join(
+        &self,
+        client: &zk::Client,
+        queue: &str,
+        key: &LockKey,
+        holder: &str,
+        session: i64,
+    ) -> Result<(String, i64), zk::Error> {
+        let (path, czxid) = self.enqueue(client, queue, holder).await?;
+        self.register(key, holder, &path, session, czxid);
+        Ok((path, czxid))
+    }
+
+    /// Records a child of ours (created or adopted) for `key`.
+    fn register(&self, key: &LockKey, holder: &str, path: &str, session: i64, czxid: i64) {
+        self.children().entry(holder.to_owned()).or_default().push(Child {
+            lock: key.redis_key.clone(),
+            path: path.to_owned(),
+            session,
+            czxid,
+            watcher: None,
+            expires: None,
+        });
+    }
+
     /// One acquisition attempt on one queue.
     async fn attempt(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let key = req.key;
@@ -467,21 +493,10 @@ impl ZooKeeperBackend {
         }
         let (path, czxid) = match ours {
             Some(found) => found,
-            None => {
-                let (path, czxid) = self.enqueue(&client, &queue, req.holder).await.map_err(fail)?;
-                self.children()
-                    .entry(req.holder.to_owned())
-                    .or_default()
-                    .push(Child {
-                        lock: key.redis_key.clone(),
-                        path: path.clone(),
-                        session,
-                        czxid,
-                        watcher: None,
-                        expires: None,
-                    });
-                (path, czxid)
-            }
+            None => self
+                .join(&client, &queue, key, req.holder, session)
+                .await
+                .map_err(fail)?,
         };
         let name = &path[queue.len() + 1..];
         let mine = sequence(name).unwrap_or(u64::MAX);
@@ -604,21 +619,11 @@ impl ZooKeeperBackend {
                 }
                 let ours = match ours {
                     Some(found) => Some(found),
-                    None if line.is_empty() => {
-                        let (path, czxid) = self.enqueue(&client, &queue, req.holder).await.map_err(fail)?;
-                        self.children()
-                            .entry(req.holder.to_owned())
-                            .or_default()
-                            .push(Child {
-                                lock: segment.redis_key.clone(),
-                                path: path.clone(),
-                                session,
-                                czxid,
-                                watcher: None,
-                                expires: None,
-                            });
-                        Some((path, czxid))
-                    }
+                    None if line.is_empty() => Some(
+                        self.join(&client, &queue, &segment, req.holder, session)
+                            .await
+                            .map_err(fail)?,
+                    ),
                     None => None,
                 };
                 let Some((path, czxid)) = ours else {
@@ -734,14 +739,7 @@ impl ZooKeeperBackend {
             if let Some(stat) = client.check_stat(&path).await?
                 && stat.ephemeral_owner == session
             {
-                self.children().entry(holder.to_owned()).or_default().push(Child {
-                    lock: key.redis_key.clone(),
-                    path: path.clone(),
-                    session,
-                    czxid: stat.czxid,
-                    watcher: None,
-                    expires: None,
-                });
+                self.register(key, holder, &path, session, stat.czxid);
                 return Ok(Some((path, stat.czxid)));
             }
         }
