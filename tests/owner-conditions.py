@@ -135,7 +135,7 @@ MUTANTS = [
      "None if ahead.len() >= ", "None if false && ahead.len() >= ",
      "kinds", "permits::zookeeper::permits_are_counted_across_clients"),
     ("Z4", ZOOKEEPER,
-     "if line[i].1.starts_with(&ours_prefix) && line[i].1 != name {",
+     "if line[i].1.starts_with(ours_prefix) && line[i].1 != name {",
      "if line[i].1 != name {",
      "behaviour", "zookeeper::mutual_exclusion"),
     ("I1", MEMORY,

@@ -503,22 +503,9 @@ impl ZooKeeperBackend {
         let ours_prefix = format!("{}_", req.holder);
         loop {
             let mut line = self.line(&client, &queue).await.map_err(fail)?;
-            // Another child of ours: a create whose answer was lost, landed
-            // after an attempt looked and queued again. It is this call's
-            // alone, and ahead of us it would keep us waiting for ourselves
-            // (and everyone behind) for as long as the session lives.
-            let mut i = 0;
-            while i < line.len() {
-                if line[i].1.starts_with(&ours_prefix) && line[i].1 != name {
-                    let (_, twin) = line.remove(i);
-                    match client.delete(&format!("{queue}/{twin}"), None).await {
-                        Ok(()) | Err(zk::Error::NoNode) => {}
-                        Err(e) => return Err(fail(e)),
-                    }
-                } else {
-                    i += 1;
-                }
-            }
+            self.drop_twins(&client, &queue, &mut line, &ours_prefix, name)
+                .await
+                .map_err(fail)?;
             if !line.iter().any(|(_, n)| n == name) {
                 // Deleted under us (by an operator, or with an old
                 // session): forget it; the next attempt queues again.
@@ -634,7 +621,11 @@ impl ZooKeeperBackend {
                 };
                 // Another contender may have queued first in the same
                 // instant: the lowest sequence number holds.
-                let line = self.line(&client, &queue).await.map_err(fail)?;
+                let mut line = self.line(&client, &queue).await.map_err(fail)?;
+                let name = &path[queue.len() + 1..];
+                self.drop_twins(&client, &queue, &mut line, &ours_prefix, name)
+                    .await
+                    .map_err(fail)?;
                 match line.first() {
                     Some((_, head)) if path.ends_with(&format!("/{head}")) => {
                         self.segment_waits().remove(req.holder);
@@ -681,6 +672,34 @@ impl ZooKeeperBackend {
             // Nothing of ours waits in a queue: nothing to give back.
             return Ok(self.held(false));
         }
+    }
+
+    /// Deletes from `queue` (and from `line`, its children) every child of
+    /// ours but `name`: a create whose answer was lost, landed after an
+    /// attempt looked and queued again. It is this call's alone, and ahead
+    /// of us it would keep us waiting for ourselves (and everyone behind)
+    /// for as long as the session lives.
+    async fn drop_twins(
+        &self,
+        client: &zk::Client,
+        queue: &str,
+        line: &mut Vec<(u64, String)>,
+        ours_prefix: &str,
+        name: &str,
+    ) -> Result<(), zk::Error> {
+        let mut i = 0;
+        while i < line.len() {
+            if line[i].1.starts_with(ours_prefix) && line[i].1 != name {
+                let (_, twin) = line.remove(i);
+                match client.delete(&format!("{queue}/{twin}"), None).await {
+                    Ok(()) | Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(e),
+                }
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
     }
 
     /// The children of `queue` in sequence order (none if it is missing).
