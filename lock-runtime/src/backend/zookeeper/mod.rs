@@ -155,8 +155,12 @@ pub(crate) struct ZooKeeperBackend {
     /// Segmented locks' waiters, by holder id.
     segment_waits: Mutex<HashMap<String, SegmentWait>>,
     /// `<queue>/<holder>_` for each create whose answer never came: it may
-    /// still land, after we looked, as a child nobody knows (see
-    /// [`ZooKeeperBackend::remove`]).
+    /// still land, after we looked, as a child nobody knows. Swept when the
+    /// holder is done with the queue ([`ZooKeeperBackend::sweep_unanswered`]).
+    /// A segment a call lost is not swept (the call may queue there again,
+    /// and a late sweep would delete that child): its mark stays, and a
+    /// late child there lives until the session ends or the call, looking
+    /// again, drops it.
     unanswered: Mutex<std::collections::HashSet<String>>,
 }
 
