@@ -66,6 +66,15 @@ impl Replicated {
         replicated
     }
 
+    /// A master with `replicas` replicas and three sentinels that name it,
+    /// for tests that lock through Sentinel and fail nothing over: it does
+    /// not wait the seconds the sentinels take to find each other.
+    pub fn start_named(replicas: usize) -> Replicated {
+        let mut replicated = Replicated::start_without_sentinels(replicas);
+        replicated.sentinels = (0..3).map(|_| start_sentinel(replicated.master.port())).collect();
+        replicated
+    }
+
     /// `redis://127.0.0.1:<port>/` of every sentinel.
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels
@@ -249,4 +258,15 @@ fn start_sentinel(master_port: u16) -> SentinelProcess {
         let _ = child.wait();
     }
     panic!("could not start a sentinel on any free port");
+}
+
+/// A client that finds `group`'s master through its sentinels and has
+/// each write acknowledged by one replica (`replica_acks(1)`), as a
+/// Sentinel deployment that cares about its locks would be set up.
+pub async fn client(group: &Replicated) -> lock_runtime::LockClient {
+    lock_runtime::LockClient::builder()
+        .replica_acks(1)
+        .sentinel(MASTER_NAME, group.sentinel_urls())
+        .await
+        .expect("connect through the test sentinels")
 }

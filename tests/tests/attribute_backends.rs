@@ -1,5 +1,6 @@
 //! `#[distributed_lock]` with the process-wide client on the in-process
-//! backend, one `redis-server`, a Redis Cluster and a Redlock: every kind
+//! backend, one `redis-server`, a Redis Cluster, a Redlock and a master
+//! found through Redis Sentinel: every kind
 //! the backend offers, the shop's oversell check and its fenced audit. The
 //! global client is installed once per process, so each backend runs in a
 //! process of its own: this binary again, running `one_backend` alone.
@@ -9,7 +10,7 @@
 use std::time::Duration;
 
 use lock_runtime::LockClient;
-use lock_tests::{Cluster, RedisServer, start_masters};
+use lock_tests::{Cluster, RedisServer, Replicated, start_masters};
 
 mod shop;
 
@@ -60,6 +61,11 @@ fn on_a_redlock() {
 }
 
 #[test]
+fn through_redis_sentinel() {
+    in_own_process("sentinel");
+}
+
+#[test]
 #[ignore = "run by the tests above, each in a process of its own"]
 fn one_backend() {
     let backend = std::env::var(BACKEND).unwrap_or_else(|_| panic!("{BACKEND} is not set"));
@@ -69,7 +75,12 @@ fn one_backend() {
         .build()
         .expect("runtime");
     // Kept alive until the end of the test.
-    let mut servers: (Option<RedisServer>, Option<Cluster>, Vec<RedisServer>) = (None, None, Vec::new());
+    let mut servers: (
+        Option<RedisServer>,
+        Option<Cluster>,
+        Vec<RedisServer>,
+        Option<Replicated>,
+    ) = (None, None, Vec::new(), None);
     runtime.block_on(lock_tests::bounded("one_backend", async {
         let client = match backend.as_str() {
             "in_memory" => LockClient::in_memory(),
@@ -85,6 +96,10 @@ fn one_backend() {
                 servers.2 = start_masters(3);
                 let urls: Vec<String> = servers.2.iter().map(RedisServer::url).collect();
                 LockClient::redlock(&urls).await.expect("redlock client")
+            }
+            "sentinel" => {
+                let group = servers.3.insert(Replicated::start_named(1));
+                lock_tests::sentinel::client(group).await
             }
             other => panic!("unknown backend `{other}`"),
         };

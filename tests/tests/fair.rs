@@ -1,6 +1,7 @@
 //! Fair locks (`fair = true`): waiters get the lock in the order they
-//! started waiting, on one `redis-server` and on a Redis Cluster (where the
-//! line is read from the server to know each waiter is in it), a dead
+//! started waiting, on one `redis-server`, on a master found through Redis
+//! Sentinel and on a Redis Cluster (where the line is read from the server
+//! to know each waiter is in it), a dead
 //! waiter is skipped within the configured bound, and a waiter whose wait
 //! runs out leaves the line; the same on MariaDB, where the line is rows of
 //! the members table. The in-process backend hands out in order too;
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
 use lock_tests::monitor::Monitor;
-use lock_tests::{Cluster, MariaDb, RedisServer, eventually, start_masters};
+use lock_tests::{Cluster, MariaDb, RedisServer, Replicated, eventually, start_masters};
 
 /// A client, and a way to read the fair lock's line on the server.
 struct Fixture {
@@ -39,6 +40,21 @@ async fn redis_with(builder: lock_runtime::LockClientBuilder) -> Fixture {
         }),
         mariadb: None,
         _servers: vec![Box::new(server)],
+    }
+}
+
+async fn sentinel() -> Fixture {
+    let group = Replicated::start_named(1);
+    let url = group.master.url();
+    Fixture {
+        locks: lock_tests::sentinel::client(&group).await,
+        server_of: Box::new(move |_| {
+            ::redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection())
+                .expect("admin connection")
+        }),
+        mariadb: None,
+        _servers: vec![Box::new(group)],
     }
 }
 
@@ -91,7 +107,7 @@ fn line_length(f: &Fixture, key: &str) -> i64 {
         .expect("ZCARD")
 }
 
-macro_rules! on_redis_and_cluster {
+macro_rules! on_redis_backends {
     ($($behaviour:ident),+ $(,)?) => {
         mod redis {
             $(
@@ -99,6 +115,17 @@ macro_rules! on_redis_and_cluster {
                 async fn $behaviour() {
                     lock_tests::bounded(stringify!($behaviour), async move {
                         super::$behaviour(super::redis().await).await;
+                    })
+                    .await
+                }
+            )+
+        }
+        mod sentinel {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::sentinel().await).await;
                     })
                     .await
                 }
@@ -118,7 +145,7 @@ macro_rules! on_redis_and_cluster {
     };
 }
 
-on_redis_and_cluster!(
+on_redis_backends!(
     a_held_fair_lock_is_refused_to_everyone_else,
     waiters_get_the_lock_in_arrival_order,
     a_waiter_whose_wait_runs_out_leaves_the_line,

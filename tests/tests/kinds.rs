@@ -1,7 +1,8 @@
 //! Lock kinds (read-write locks, permits, segments), one body of code over
 //! every backend that claims them: the in-process backend, one
 //! `redis-server`, a Redis Cluster, a Redlock of three masters (read-write
-//! only; it refuses permits and segments), MariaDB and ZooKeeper, through
+//! only; it refuses permits and segments), a master found through Redis
+//! Sentinel with a replica acknowledging, MariaDB and ZooKeeper, through
 //! the public API. A backend joins a kind's suite by being added to its
 //! list.
 
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LockMode, LostReason, segment};
 use lock_tests::monitor::Monitor;
-use lock_tests::{Cluster, MariaDb, RedisServer, ZooKeeper, start_masters};
+use lock_tests::{Cluster, MariaDb, RedisServer, Replicated, ZooKeeper, start_masters};
 use tokio::sync::Barrier;
 
 /// A client and the servers it needs kept alive.
@@ -26,6 +27,7 @@ enum Servers {
     One(RedisServer),
     Cluster(Cluster),
     Masters(Vec<RedisServer>),
+    Sentinel(Replicated),
     Mysql(MariaDb),
     ZooKeeper(ZooKeeper),
 }
@@ -62,6 +64,14 @@ async fn redlock() -> Fixture {
     }
 }
 
+async fn sentinel() -> Fixture {
+    let group = Replicated::start_named(1);
+    Fixture {
+        locks: lock_tests::sentinel::client(&group).await,
+        servers: Servers::Sentinel(group),
+    }
+}
+
 async fn mysql() -> Fixture {
     let server = MariaDb::start();
     Fixture {
@@ -82,6 +92,7 @@ impl Fixture {
                 let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
                 LockClient::redlock(&urls).await.expect("redlock client")
             }
+            Servers::Sentinel(group) => lock_tests::sentinel::client(group).await,
             Servers::Mysql(server) => LockClient::mysql(&server.url()).await.expect("mysql client"),
             Servers::ZooKeeper(zk) => zookeeper_client(zk).await,
         }
@@ -132,7 +143,7 @@ macro_rules! on_backend {
 mod read_write {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, redlock, mysql, zookeeper] => [
+        [in_memory, redis, cluster, redlock, sentinel, mysql, zookeeper] => [
             readers_overlap,
             a_writer_never_overlaps_anyone,
             upgrade_is_refused_at_once,
@@ -145,7 +156,7 @@ mod read_write {
 mod permits {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, mysql, zookeeper] => [
+        [in_memory, redis, cluster, sentinel, mysql, zookeeper] => [
             never_more_than_n_holders,
             permits_are_counted_across_clients,
             a_vanished_holders_permit_frees_at_its_ttl_not_before,
@@ -157,7 +168,7 @@ mod permits {
 mod segments {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, mysql, zookeeper] => [
+        [in_memory, redis, cluster, sentinel, mysql, zookeeper] => [
             n_holders_on_distinct_segments_and_the_next_takes_the_first_freed,
             segments_exclude_like_locks,
         ]
@@ -187,7 +198,7 @@ mod one_kind_per_name {
 mod fencing {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, mysql, zookeeper] => [
+        [in_memory, redis, cluster, sentinel, mysql, zookeeper] => [
             writers_and_segments_get_growing_fencing_tokens,
         ]
     );
@@ -200,7 +211,7 @@ mod fencing {
 mod every_kind {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, redlock, mysql, zookeeper] => [
+        [in_memory, redis, cluster, redlock, sentinel, mysql, zookeeper] => [
             every_exit_path_releases_every_kind,
             a_lost_lease_cancels_the_body_of_every_kind,
             waiting_times_out_for_every_kind,

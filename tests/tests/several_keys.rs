@@ -1,6 +1,7 @@
 //! Several keys at once (`lock_all`, `keys = [...]`), one body of code over
 //! the in-process backend, one `redis-server`, a Redis Cluster (keys spread
-//! over slots), a Redlock of three masters, MariaDB and ZooKeeper: transfers in both directions
+//! over slots), a Redlock of three masters, a master found through Redis
+//! Sentinel, MariaDB and ZooKeeper: transfers in both directions
 //! never deadlock and never lose money; a set is taken whole or not at all;
 //! nested calls re-enter what they hold.
 
@@ -9,7 +10,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{Cluster, MariaDb, RedisServer, ZooKeeper, start_masters};
+use lock_tests::{Cluster, MariaDb, RedisServer, Replicated, ZooKeeper, start_masters};
 
 /// Two clients on the same locks (two services), and what they need alive.
 struct Fixture {
@@ -23,6 +24,7 @@ enum Servers {
     One(RedisServer),
     Cluster(Cluster),
     Masters(Vec<RedisServer>),
+    Sentinel(Replicated),
     Mysql(MariaDb),
     ZooKeeper(ZooKeeper),
 }
@@ -70,6 +72,17 @@ async fn redlock() -> Fixture {
             connect().await.expect("connect"),
         ],
         _servers: Servers::Masters(masters),
+    }
+}
+
+async fn sentinel() -> Fixture {
+    let group = Replicated::start_named(1);
+    Fixture {
+        clients: [
+            lock_tests::sentinel::client(&group).await,
+            lock_tests::sentinel::client(&group).await,
+        ],
+        _servers: Servers::Sentinel(group),
     }
 }
 
@@ -138,6 +151,17 @@ macro_rules! on_every_backend {
                 async fn $behaviour() {
                     lock_tests::bounded(stringify!($behaviour), async move {
                     super::$behaviour(super::redlock().await).await;
+                    })
+                    .await
+                }
+            )+
+        }
+        mod sentinel {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                    super::$behaviour(super::sentinel().await).await;
                     })
                     .await
                 }
