@@ -420,6 +420,12 @@ impl<'a> Acquisition<'a> {
                 blocked_by,
             }) => {
                 blocker = blocked_by;
+                if self.last_held.is_none() {
+                    // The first answer that made this call wait: a fair
+                    // lock's caller is in its line from here (the fault
+                    // suite's checker judges arrival order by it).
+                    tracing::debug!(key = %self.pending.key.name, attempts = self.attempts, "waiting for the lock");
+                }
                 self.last_held = Some((pttl, blocked_by));
                 // Attempts are applied in the order sent, and a later one would
                 // have found an earlier success ("already mine"): so no attempt

@@ -59,6 +59,10 @@ pub enum Kind {
     Fault = 6,
     /// The controller healed the fault.
     Heal = 7,
+    /// A call for a fair lock ended (granted: its `Enter`, with the same
+    /// holder, follows; else it gave up): `token` is when it started,
+    /// `detail` when its first answer made it wait (0: it never waited).
+    Call = 8,
 }
 
 /// Names of the faults the controller logs, by index.
@@ -352,6 +356,13 @@ impl Witness {
         }
     }
 
+    /// A call for a fair lock on `key` ended, before its body (if it got
+    /// the lock) enters with the same `holder`. It started at `started`
+    /// and was first told to wait at `waited` (`None`: it never waited).
+    pub fn call(&self, key: &str, holder: u64, started: u64, waited: Option<u64>) {
+        self.append(Kind::Call, holder, key_id(key), started, 0, waited.unwrap_or(0));
+    }
+
     /// The controller logs a fault (one of [`FAULTS`]) beginning.
     pub fn fault(&self, fault: &str) {
         self.append(Kind::Fault, 0, 0, 0, 0, fault_index(fault));
@@ -411,7 +422,8 @@ pub struct Record {
     pub seq: u64,
     /// When, on the raw monotonic clock.
     pub at: u64,
-    /// Deadline (Lost), fault index (Fault, Heal), max token (FenceRejected).
+    /// Deadline (Lost), fault index (Fault, Heal), max token (FenceRejected),
+    /// first told to wait (Call).
     pub detail: u64,
 }
 
@@ -436,6 +448,7 @@ pub fn read_logs(dir: &Path) -> std::io::Result<Vec<Record>> {
                 5 => Kind::FenceRejected,
                 6 => Kind::Fault,
                 7 => Kind::Heal,
+                8 => Kind::Call,
                 other => panic!("corrupt witness record kind {other} in {}", path.display()),
             };
             records.push(Record {
@@ -488,6 +501,26 @@ pub struct Analysis {
     pub heal_to_entry_ns: Vec<u64>,
     /// Heals after which no body entered before the run ended.
     pub heals_without_entry: u64,
+    /// Pairs of fair calls on one key where the first was in line before
+    /// the second started, and still waiting then, away from any fault:
+    /// the pairs whose order the analysis judged.
+    pub fair_pairs: u64,
+    /// Of those, the second got the lock first.
+    pub fair_out_of_order: u64,
+}
+
+/// How long after a fault heals a fair call's place in line is still
+/// allowed to have been lost in it: a place lives
+/// `fair_waiter_timeout` (2 s) unrenewed, and a call renews it on its next
+/// answer, which may come only once its connection is back.
+const PLACE_GRACE: Duration = Duration::from_secs(3);
+
+/// One fair call, from the logs.
+struct FairCall {
+    started: u64,
+    waited: u64,
+    ended: u64,
+    entered: Option<u64>,
 }
 
 /// Reads a run's logs and checks them. `keys` names the
@@ -585,7 +618,80 @@ pub fn analyze(dir: &Path, keys: &[&str]) -> std::io::Result<Analysis> {
             None => analysis.heals_without_entry += 1,
         }
     }
+    let (pairs, out_of_order) = fair_order(&records);
+    analysis.fair_pairs = pairs;
+    analysis.fair_out_of_order = out_of_order;
     Ok(analysis)
+}
+
+/// Judges arrival order on fair locks: when call A was told to wait before
+/// call B started, and A was still waiting when B's body entered, B went
+/// first: out of order. A waiter is only live while nothing fails around
+/// it, so a pair whose span (A first waiting to B's entry) meets a fault,
+/// or the grace after its heal, is not judged. Returns (judged, out of
+/// order).
+fn fair_order(records: &[Record]) -> (u64, u64) {
+    let mut calls: BTreeMap<(u32, u64, u64), FairCall> = BTreeMap::new();
+    let mut faults: Vec<(u64, u64)> = Vec::new();
+    let mut open_faults: Vec<u64> = Vec::new();
+    for r in records {
+        match r.kind {
+            Kind::Call => {
+                calls.insert(
+                    (r.pid, r.holder, r.key),
+                    FairCall {
+                        started: r.token,
+                        waited: r.detail,
+                        ended: r.at,
+                        entered: None,
+                    },
+                );
+            }
+            Kind::Enter => {
+                if let Some(call) = calls.get_mut(&(r.pid, r.holder, r.key)) {
+                    call.entered = Some(r.at);
+                }
+            }
+            Kind::Fault => open_faults.push(r.at),
+            Kind::Heal => {
+                if let Some(began) = open_faults.pop() {
+                    faults.push((began, r.at));
+                }
+            }
+            _ => {}
+        }
+    }
+    // A fault never healed lasts to the end.
+    faults.extend(open_faults.into_iter().map(|began| (began, u64::MAX)));
+    let grace = u64::try_from(PLACE_GRACE.as_nanos()).unwrap_or(u64::MAX);
+    let near_a_fault = |from: u64, to: u64| {
+        faults
+            .iter()
+            .any(|&(began, healed)| began <= to && healed.saturating_add(grace) >= from)
+    };
+    let mut by_key: BTreeMap<u64, Vec<&FairCall>> = BTreeMap::new();
+    for (&(_, _, key), call) in &calls {
+        by_key.entry(key).or_default().push(call);
+    }
+    let (mut judged, mut out_of_order) = (0, 0);
+    for line in by_key.values() {
+        for b in line {
+            let Some(b_entered) = b.entered else {
+                continue;
+            };
+            for a in line {
+                let in_line_first = a.waited != 0 && a.waited < b.started && a.ended > b.started;
+                if std::ptr::eq(*a, *b) || !in_line_first || near_a_fault(a.waited, b_entered) {
+                    continue;
+                }
+                judged += 1;
+                if a.ended > b_entered {
+                    out_of_order += 1;
+                }
+            }
+        }
+    }
+    (judged, out_of_order)
 }
 
 #[cfg(test)]
@@ -694,6 +800,71 @@ mod tests {
         assert_eq!(analysis.faults_by_kind.get("server-sigstop"), Some(&1));
         assert_eq!(analysis.heal_to_entry_ns.len(), 1);
         assert_eq!(analysis.heals_without_entry, 1);
+    }
+
+    /// A moment on the shared clock later than any before (records are
+    /// ordered by it).
+    fn tick() -> u64 {
+        let at = now_ns();
+        while now_ns() == at {}
+        now_ns()
+    }
+
+    #[test]
+    fn a_fair_call_that_went_ahead_of_one_in_line_is_out_of_order() {
+        let (dir, w) = board();
+        // A waits from before B starts; B enters first: out of order.
+        let a_started = tick();
+        let a_waited = tick();
+        let b_started = tick();
+        w.call("k", 2, b_started, None);
+        w.enter("k", 2, 0);
+        w.exit("k", 2, 0);
+        w.call("k", 1, a_started, Some(a_waited));
+        w.enter("k", 1, 0);
+        w.exit("k", 1, 0);
+        let analysis = analyze(dir.path(), &[]).expect("analyze");
+        assert_eq!((analysis.fair_pairs, analysis.fair_out_of_order), (1, 1));
+
+        // In order: C waits, D starts after, C enters before D.
+        let (dir, w) = board();
+        let c_started = tick();
+        let c_waited = tick();
+        let d_started = tick();
+        w.call("k", 3, c_started, Some(c_waited));
+        w.enter("k", 3, 0);
+        w.exit("k", 3, 0);
+        w.call("k", 4, d_started, Some(tick()));
+        w.enter("k", 4, 0);
+        w.exit("k", 4, 0);
+        let analysis = analyze(dir.path(), &[]).expect("analyze");
+        assert_eq!((analysis.fair_pairs, analysis.fair_out_of_order), (1, 0));
+    }
+
+    #[test]
+    fn fair_order_is_not_judged_across_a_fault_or_between_keys() {
+        let (dir, w) = board();
+        let a_started = tick();
+        let a_waited = tick();
+        w.fault("server-sigstop");
+        w.heal("server-sigstop");
+        let b_started = tick();
+        w.call("k", 2, b_started, None);
+        w.enter("k", 2, 0);
+        w.exit("k", 2, 0);
+        w.call("k", 1, a_started, Some(a_waited));
+        w.enter("k", 1, 0);
+        w.exit("k", 1, 0);
+        // Another key's line is another line.
+        let c_started = tick();
+        let c_waited = tick();
+        let d_started = tick();
+        w.call("j", 4, d_started, None);
+        w.enter("j", 4, 0);
+        w.exit("j", 4, 0);
+        w.call("i", 3, c_started, Some(c_waited));
+        let analysis = analyze(dir.path(), &[]).expect("analyze");
+        assert_eq!((analysis.fair_pairs, analysis.fair_out_of_order), (0, 0));
     }
 
     #[test]

@@ -303,7 +303,10 @@ struct WitnessRun {
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Which kind of lock a witness run takes, and what the checker is told.
-/// `library` is the exclusive lock; `library-fair` the fair one;
+/// `library` is the exclusive lock; `library-fair` the fair one (each
+/// call's arrival logged for the order check; the control
+/// `library-fair-barging` takes the exclusive lock, which lets a newcomer
+/// in ahead of waiters, and logs it as fair);
 /// `library-rw` one writer in four, the rest readers; `library-permits-N`
 /// N permits. The controls lie to the
 /// checker: `library-rw-writers-read` takes read locks for its writers,
@@ -311,7 +314,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Exclusive,
-    Fair,
+    Fair {
+        honest: bool,
+    },
     /// Two keys with `lock_all`; the control locks only the first.
     Transfer {
         first_only: bool,
@@ -342,7 +347,8 @@ impl Kind {
         };
         match lock {
             "library" => Some(Kind::Exclusive),
-            "library-fair" => Some(Kind::Fair),
+            "library-fair" => Some(Kind::Fair { honest: true }),
+            "library-fair-barging" => Some(Kind::Fair { honest: false }),
             "library-transfer" => Some(Kind::Transfer { first_only: false }),
             "library-transfer-first-only" => Some(Kind::Transfer { first_only: true }),
             "library-rw" => Some(Kind::ReadWrite { writers_read: false }),
@@ -369,7 +375,7 @@ impl Kind {
         let request = locks.lock(keys[0]);
         match self {
             Kind::Exclusive => (request, Share::EXCLUSIVE),
-            Kind::Fair => (request.fair(true), Share::EXCLUSIVE),
+            Kind::Fair { honest } => (request.fair(honest), Share::EXCLUSIVE),
             Kind::Transfer { first_only: true } => (request, Share::EXCLUSIVE),
             Kind::Transfer { first_only: false } => (locks.lock_all(keys.iter().copied()), Share::EXCLUSIVE),
             Kind::ReadWrite { writers_read } => {
@@ -435,6 +441,9 @@ async fn connect(target: &str) -> Result<LockClient, LockError> {
 }
 
 async fn witness(run: WitnessRun, witness_dir: &str, tasks: usize) -> Result<(), Box<dyn std::error::Error>> {
+    if matches!(Kind::parse(&run.lock), Some(Kind::Fair { .. })) {
+        first_waits::install()?;
+    }
     let monitor = lock_tests::monitor::Monitor::start();
     let checker = lock_tests::witness::Witness::open(std::path::Path::new(witness_dir))?;
     let locks = connect(&run.url).await?;
@@ -546,7 +555,8 @@ async fn library_task(
     let mut tally = Tally::default();
     let kind = Kind::parse(&run.lock).ok_or_else(|| format!("unknown lock `{}`", run.lock))?;
     let fencing = !run.url.starts_with("redlock=")
-        && matches!(kind, Kind::Exclusive | Kind::Fair | Kind::Segments { .. });
+        && matches!(kind, Kind::Exclusive | Kind::Fair { .. } | Kind::Segments { .. });
+    let fair = matches!(kind, Kind::Fair { .. });
     let long_percent: u32 = std::env::var("LOCK_WORKER_LONG_BODY_PERCENT")
         .ok()
         .and_then(|p| p.parse().ok())
@@ -565,13 +575,20 @@ async fn library_task(
             _ => vec![key],
         };
         let (request, share) = kind.request(&locks, &keys);
-        let guard = match request
-            .ttl(run.ttl)
-            .fencing(fencing)
-            .wait(call_wait())
-            .acquire()
-            .await
-        {
+        let holder = next_holder(task);
+        let started = lock_tests::witness::now_ns();
+        let acquiring = request.ttl(run.ttl).fencing(fencing).wait(call_wait()).acquire();
+        let acquired = if fair {
+            use tracing::Instrument;
+            let acquired = acquiring
+                .instrument(tracing::info_span!(first_waits::CALL_SPAN, call = holder))
+                .await;
+            checker.call(key, holder, started, first_waits::take(holder));
+            acquired
+        } else {
+            acquiring.await
+        };
+        let guard = match acquired {
             Ok(guard) => guard,
             Err(LockError::Timeout { .. }) => {
                 tally.timeouts += 1;
@@ -588,7 +605,6 @@ async fn library_task(
                 continue;
             }
         };
-        let holder = next_holder(task);
         let token = guard.fencing_token().unwrap_or(0);
         let exclusive = share == Share::EXCLUSIVE;
         // A segment is a lock of its own, `key#i`.
@@ -904,4 +920,109 @@ async fn pause(
     println!("WROTE");
     drop(guard);
     Ok(())
+}
+
+/// When each fair call was first told to wait: the library's `waiting for
+/// the lock` event (docs/operations.md), inside the span this worker opens
+/// around the call. The checker takes the library's word for no more than
+/// that an answer found the lock held; the order it judges is what the
+/// bodies' entries show.
+mod first_waits {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, PoisonError};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id};
+    use tracing::{Event, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+    use tracing_subscriber::registry::LookupSpan;
+
+    /// The name of the span around one fair call; its field `call` is the
+    /// call's holder id.
+    pub(crate) const CALL_SPAN: &str = "witness_call";
+    const WAITING: &str = "waiting for the lock";
+
+    static FIRST_WAIT: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
+
+    /// When call `call` was first told to wait, if it was; forgotten after.
+    pub(crate) fn take(call: u64) -> Option<u64> {
+        FIRST_WAIT
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()?
+            .remove(&call)
+    }
+
+    /// Installs the process's subscriber: only the call spans and the
+    /// library's events reach it, so nothing else pays for it.
+    pub(crate) fn install() -> Result<(), tracing::subscriber::SetGlobalDefaultError> {
+        let only = tracing_subscriber::filter::filter_fn(|meta| {
+            if meta.is_span() {
+                meta.name() == CALL_SPAN
+            } else {
+                meta.target().starts_with("lock_runtime") && meta.fields().field("attempts").is_some()
+            }
+        });
+        tracing::subscriber::set_global_default(
+            tracing_subscriber::registry().with(FirstWaits.with_filter(only)),
+        )
+    }
+
+    struct CallId(u64);
+
+    struct FirstWaits;
+
+    struct CallField(Option<u64>);
+
+    impl Visit for CallField {
+        fn record_u64(&mut self, field: &Field, value: u64) {
+            if field.name() == "call" {
+                self.0 = Some(value);
+            }
+        }
+        fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+    }
+
+    struct IsWaiting(bool);
+
+    impl Visit for IsWaiting {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = format!("{value:?}") == WAITING;
+            }
+        }
+    }
+
+    impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for FirstWaits {
+        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+            let mut call = CallField(None);
+            attrs.record(&mut call);
+            if let (Some(call), Some(span)) = (call.0, ctx.span(id)) {
+                span.extensions_mut().insert(CallId(call));
+            }
+        }
+
+        fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+            let at = lock_tests::witness::now_ns();
+            let mut waiting = IsWaiting(false);
+            event.record(&mut waiting);
+            if !waiting.0 {
+                return;
+            }
+            let Some(scope) = ctx.event_scope(event) else {
+                return;
+            };
+            for span in scope {
+                if let Some(CallId(call)) = span.extensions().get::<CallId>() {
+                    FIRST_WAIT
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .get_or_insert_with(HashMap::new)
+                        .entry(*call)
+                        .or_insert(at);
+                    return;
+                }
+            }
+        }
+    }
 }

@@ -80,7 +80,9 @@ async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
         };
         let online_overlaps: u64 = seen.iter().map(|s| s.overlaps).sum();
         let overlaps = online_overlaps.max(logged.overlaps.len() as u64);
-        let violations = overlaps + logged.token_regressions + lost_updates;
+        // Fair locks: grants in arrival order among live waiters, judged
+        // away from the faults (`witness::analyze`).
+        let violations = overlaps + logged.token_regressions + lost_updates + logged.fair_out_of_order;
         let acquisitions = if shared { board_entries() } else { logged.entries };
         // Bodies ran after every fault healed: seen in the logs, or for
         // shared kinds on the board, whose count grew after each heal.
@@ -101,9 +103,10 @@ async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
         let verdict = Verdict::judge(violations > 0 || !progressed, starved);
         match verdict {
             Verdict::Fail => panic!(
-                "{}: {overlaps} overlaps, {lost_updates} lost updates, {} token regressions, bodies after {} of {} faults: {logged:?}",
+                "{}: {overlaps} overlaps, {lost_updates} lost updates, {} token regressions, {} fair grants out of order, bodies after {} of {} faults: {logged:?}",
                 d.id,
                 logged.token_regressions,
+                logged.fair_out_of_order,
                 logged.heal_to_entry_ns.len(),
                 d.faults
             ),
@@ -139,6 +142,8 @@ async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
                 "overlaps": overlaps,
                 "token_regressions": logged.token_regressions,
                 "lost_updates": lost_updates,
+                "fair_pairs_judged": logged.fair_pairs,
+                "fair_out_of_order": logged.fair_out_of_order,
                 "lost": tally.lost,
                 "timeouts": tally.timeouts,
                 "errors": tally.errors,
@@ -152,8 +157,13 @@ async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
                         d.faults, d.fault
                     )
                 } else {
+                    let order = if logged.fair_pairs > 0 {
+                        format!(", {} waiting pairs granted in arrival order", logged.fair_pairs)
+                    } else {
+                        String::new()
+                    };
                     format!(
-                        "{acquisitions} acquisitions through {} faults ({}), 0 overlaps, 0 failed calls, first body {:.0} ms after the slowest fault",
+                        "{acquisitions} acquisitions through {} faults ({}), 0 overlaps, 0 failed calls, first body {:.0} ms after the slowest fault{order}",
                         d.faults,
                         d.fault,
                         slowest.as_secs_f64() * 1e3

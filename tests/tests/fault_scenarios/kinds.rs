@@ -8,6 +8,8 @@
 //! reader beside a writer, never more than N permit holders, no key of a
 //! transfer held by another body. Each run comes
 //! after its control, a lock that lies to the checker, was caught.
+//! S0f and S0fmy judge fair locks' order: a caller in line before another
+//! arrived gets the lock before it, away from the fault.
 
 use super::*;
 use lock_tests::MariaDb;
@@ -382,6 +384,152 @@ async fn run_bodies_that_outlive_a_fixed_lease_are_dropped_in_time() {
                 return;
             }
         },
+    )
+    .await
+}
+
+/// The order check's control: the exclusive lock logged as fair, on two
+/// keys, eight tasks, bodies up to 20 ms. A newcomer's first try can land
+/// between a release and the waiters' next tries, ahead of them; the check
+/// must see it in every trial. Returns the trials caught and the fewest
+/// pairs out of order in one.
+fn fair_control_is_caught(server: &RedisServer) -> (u32, u64) {
+    let trials = 3;
+    let keys = ["control:a", "control:b"];
+    let (mut caught, mut fewest) = (0, u64::MAX);
+    for _ in 0..trials {
+        let board = Board::new();
+        let mut workload = broken_or_library(
+            &server.url(),
+            &keys,
+            "library-fair-barging",
+            Duration::from_millis(1500),
+        );
+        workload.max_body = Duration::from_millis(20);
+        lab::run(&board, &workload, 2);
+        let out_of_order = analyze(board.path(), &keys).expect("analyze").fair_out_of_order;
+        fewest = fewest.min(out_of_order);
+        if out_of_order > 0 {
+            caught += 1;
+        }
+    }
+    assert_eq!(
+        caught, trials,
+        "the order check missed the `library-fair-barging` control"
+    );
+    (caught, fewest)
+}
+
+/// Fair locks on two keys, two processes of four tasks, fenced, for 12 s,
+/// the server stopped past every lease once, at 4 s. The checker wants no
+/// overlap, no token going back, and no caller let in ahead of one that
+/// was in line before it arrived; order is judged before the stop and
+/// after its grace (`witness::analyze`), and must have been judged.
+async fn run_fair_scenario(id: &'static str, on: On, name: &'static str) {
+    let started = Instant::now();
+    let (caught, fewest) = {
+        let redis = RedisServer::start();
+        tokio::task::block_in_place(|| fair_control_is_caught(&redis))
+    };
+    let server = Started::start(on);
+    let keys = ["f:a", "f:b"];
+    let stop = T + Duration::from_millis(500);
+    let bound = monitor::bound(T);
+    let mut invalid_runs = 0;
+    for attempt in 1..=3 {
+        let board = Board::new();
+        let controller = Monitor::start();
+        let mut workload =
+            broken_or_library(&server.target(), &keys, "library-fair", Duration::from_secs(12));
+        workload.max_body = Duration::from_millis(5);
+        let workers = Workers::spawn(&board, &workload, 2);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        board.witness.fault(Stall::Stop.fault());
+        server.stop_for(stop).await;
+        board.witness.heal(Stall::Stop.fault());
+        let tally = tokio::task::block_in_place(|| workers.finish());
+        let worst_late = tally.worst_late.max(controller.worst());
+        let logged = analyze(board.path(), &keys).expect("analyze");
+        let online: u64 = keys.iter().map(|k| board.witness.seen(k).overlaps).sum();
+        let overlaps = online.max(logged.overlaps.len() as u64);
+        let violations = overlaps + logged.token_regressions + logged.fair_out_of_order;
+        let starved = worst_late > bound;
+        let verdict = Verdict::judge(violations > 0, starved);
+        match verdict {
+            Verdict::Fail => panic!(
+                "{id}: {overlaps} overlaps, {} token regressions, {} of {} waiting pairs out of order: {logged:?}",
+                logged.token_regressions, logged.fair_out_of_order, logged.fair_pairs
+            ),
+            Verdict::Invalid => {
+                invalid_runs += 1;
+                eprintln!(
+                    "{id} run {attempt} INVALID: a process was {worst_late:?} late (bound {bound:?}); {violations} violations not counted"
+                );
+                if attempt < 3 {
+                    continue;
+                }
+            }
+            Verdict::Pass => assert!(
+                logged.fair_pairs > 0,
+                "no waiting pairs judged, so the order was not tested: {tally:?}"
+            ),
+        }
+        report::write(
+            id,
+            json!({
+                "scenario": name,
+                "verdict": verdict.as_str(),
+                "starved": starved,
+                "parameters": {"processes": 2, "tasks": 4, "keys": 2, "seconds": 12, "ttl_ms": T.as_millis(),
+                    "max_body_ms": 5, "lock": "library-fair", "server_stops": 1, "stop_ms": stop.as_millis()},
+                "acquisitions": logged.entries,
+                "faults": 1,
+                "overlaps": overlaps,
+                "token_regressions": logged.token_regressions,
+                "fair_pairs_judged": logged.fair_pairs,
+                "fair_out_of_order": logged.fair_out_of_order,
+                "lost": tally.lost,
+                "timeouts": tally.timeouts,
+                "errors": tally.errors,
+                "invalid_runs": invalid_runs,
+                "worst_lateness_ms": (worst_late.as_secs_f64() * 1e5).round() / 100.0,
+                "controls": [{"control": "library-fair-barging", "caught": caught, "trials": caught,
+                    "fewest_out_of_order": fewest}],
+                "key_figure": format!(
+                    "{} acquisitions through a server stop, 0 overlaps, {} waiting pairs all granted in arrival order; control caught {caught}/{caught}",
+                    logged.entries, logged.fair_pairs
+                ),
+                "seconds": started.elapsed().as_secs_f64(),
+            }),
+        );
+        return;
+    }
+}
+
+/// S0f: fair locks on Redis (the line a sorted set beside the lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0f_fair_locks_grant_in_arrival_order_through_a_server_stop() {
+    scenario(
+        "s0f_fair_locks_grant_in_arrival_order_through_a_server_stop",
+        run_fair_scenario(
+            "S0f",
+            On::Redis,
+            "S0 with fair locks, order judged, server stopped past the leases",
+        ),
+    )
+    .await
+}
+
+/// S0fmy: S0f on MariaDB (the line rows of the members table).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0fmy_fair_locks_grant_in_arrival_order_on_mariadb_through_a_server_stop() {
+    scenario(
+        "s0fmy_fair_locks_grant_in_arrival_order_on_mariadb_through_a_server_stop",
+        run_fair_scenario(
+            "S0fmy",
+            On::Mariadb,
+            "S0 with fair locks on MariaDB, order judged, server stopped past the leases",
+        ),
     )
     .await
 }
