@@ -14,6 +14,10 @@
 #   - Debian package `zookeeper` (its jars in /usr/share/java) and a Java
 #     runtime: the ZooKeeper backend's tests start standalone servers and
 #     3-node ensembles with `java -cp … ZooKeeperServerMain|QuorumPeerMain`
+#   - Debian package `postgresql` (initdb, postgres, pg_isready, psql in
+#     /usr/lib/postgresql/<major>/bin): the PostgreSQL tests start servers in
+#     fresh data directories
+#   - Debian package `etcd-server` (etcd), for the etcd backend's clusters
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -31,6 +35,10 @@ if [ ! -f /usr/share/java/zookeeper.jar ] || [ ! -f /usr/share/java/zookeeper-ju
   missing_debs+=(zookeeper)
 fi
 command -v java >/dev/null 2>&1 || missing_debs+=(default-jre-headless)
+if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+  missing_debs+=(postgresql)
+fi
+command -v etcd >/dev/null 2>&1 || missing_debs+=(etcd-server)
 if [ "${#missing_debs[@]}" -gt 0 ]; then
   echo "--- installing ${missing_debs[*]} (Debian)"
   $SUDO apt-get update -qq
@@ -39,6 +47,9 @@ if [ "${#missing_debs[@]}" -gt 0 ]; then
   $SUDO systemctl stop redis-server >/dev/null 2>&1 || $SUDO service redis-server stop >/dev/null 2>&1 || true
   # Likewise MariaDB's service on 3306.
   $SUDO systemctl stop mariadb >/dev/null 2>&1 || $SUDO service mariadb stop >/dev/null 2>&1 || true
+  # And PostgreSQL's cluster on 5432, and etcd's member on 2379.
+  $SUDO systemctl stop postgresql >/dev/null 2>&1 || $SUDO service postgresql stop >/dev/null 2>&1 || true
+  $SUDO systemctl stop etcd >/dev/null 2>&1 || $SUDO service etcd stop >/dev/null 2>&1 || true
 fi
 
 PYTHON="${PYTHON:-python3}"
@@ -50,6 +61,8 @@ fi
 redis-server --version
 java -cp /usr/share/java/zookeeper.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-nop.jar org.apache.zookeeper.Version 2>/dev/null | head -1 | sed 's/^/ZooKeeper /' || echo "ZooKeeper jars present"
 "$(command -v mariadbd || echo /usr/sbin/mariadbd)" --version
+"$(compgen -G '/usr/lib/postgresql/*/bin/postgres' | sort -V | tail -1)" --version
+etcd --version | head -1
 "$PYTHON" -c 'import redis; print("redis-py", redis.__version__)'
 
 if [ "${1:-}" = "--install-only" ]; then

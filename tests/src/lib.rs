@@ -11,6 +11,7 @@ pub mod lab;
 pub mod load;
 pub mod mariadb;
 pub mod monitor;
+pub mod postgres;
 pub mod proxy;
 pub mod report;
 pub mod sentinel;
@@ -20,6 +21,7 @@ pub mod zookeeper;
 
 pub use cluster::Cluster;
 pub use mariadb::MariaDb;
+pub use postgres::Postgres;
 pub use proxy::Proxy;
 pub use sentinel::Replicated;
 pub use server::{
