@@ -25,6 +25,7 @@ ZOOKEEPER = "lock-runtime/src/backend/zookeeper/mod.rs"
 MEMORY = "lock-runtime/src/backend/memory/mod.rs"
 MYSQL_SHARED = "lock-runtime/src/backend/mysql/shared.rs"
 MYSQL_FAIR = "lock-runtime/src/backend/mysql/fair.rs"
+POSTGRES = "lock-runtime/src/backend/postgres/sql.rs"
 
 # (id, file, the condition as written, the same line without it,
 #  test binary, test name)
@@ -142,6 +143,26 @@ MUTANTS = [
      "let owned = lease.holder == holder && lease.expires > now;",
      "let owned = lease.expires > now;",
      "stale_holder", "on_memory::a_stale_release_leaves_the_other_holders_lock"),
+    ("P1", POSTGRES,
+     "WHERE l.name = r.name AND l.holder = r.holder AND",
+     "WHERE l.name = r.name AND (l.holder = r.holder OR TRUE) AND",
+     "stale_holder", "on_postgres::a_stale_watchdog_renewal_leaves_the_other_holders_lock"),
+    ("P2", POSTGRES,
+     "greatest(expires_at, {}) \\\n                 WHERE name = $2 AND holder = $3",
+     "greatest(expires_at, {}) \\\n                 WHERE name = $2 AND (holder = $3 OR TRUE)",
+     "stale_holder", "on_postgres::a_stale_nested_extension_leaves_the_other_holders_lock"),
+    ("P3", POSTGRES,
+     "DELETE FROM {t} WHERE name = ANY($1::text[]) AND holder = $2 AND fence = 0",
+     "DELETE FROM {t} WHERE name = ANY($1::text[]) AND (holder = $2 OR TRUE) AND fence = 0",
+     "stale_holder", "on_postgres::a_stale_unfenced_release_leaves_the_other_holders_lock"),
+    ("P4", POSTGRES,
+     "WHERE name = ANY($1::text[]) AND holder = $2 AND fence <> 0",
+     "WHERE name = ANY($1::text[]) AND (holder = $2 OR TRUE) AND fence <> 0",
+     "stale_holder", "on_postgres::a_stale_release_leaves_the_other_holders_lock"),
+    ("P5", POSTGRES,
+     "WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder",
+     "WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder OR TRUE",
+     "behaviour", "postgres::mutual_exclusion"),
 ]
 
 

@@ -97,12 +97,29 @@ impl LockClient {
     /// every expiry is judged by the database's clock. Waiters in other
     /// processes see a release by polling (see
     /// [`poll_interval`](LockClientBuilder::poll_interval)); waiters in this
-    /// process are woken at once. Exclusive, segmented and all-or-nothing
-    /// sets of locks, with fencing tokens; not `read`/`write`, `permits` or
-    /// `fair`. Needs the `mysql` feature.
+    /// process are woken at once. Every kind of lock (exclusive,
+    /// `read`/`write`, `permits`, `fair`, segments, all-or-nothing sets),
+    /// with fencing tokens. Needs the `mysql` feature.
     #[cfg(feature = "mysql")]
     pub async fn mysql(url: &str) -> Result<LockClient, LockError> {
         LockClient::builder().mysql(url).await
+    }
+
+    /// A PostgreSQL 13+ database:
+    /// `postgres://user:password@host:port/database`. Each lock is a lease,
+    /// a row of the table `distributed_locks` (see
+    /// [`postgres_table`](LockClientBuilder::postgres_table)), created if
+    /// missing; every expiry is judged by the database's clock. A lease is
+    /// not tied to a connection, so a pooler in between cannot free it.
+    /// Waiters in other processes see a release by polling (see
+    /// [`poll_interval`](LockClientBuilder::poll_interval)); waiters in this
+    /// process are woken at once. Exclusive and segmented locks and
+    /// all-or-nothing sets, with fencing tokens; `read`/`write`, `permits`
+    /// and `fair` are refused with [`LockError::Unsupported`] (not built
+    /// yet). Needs the `postgres` feature.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres(url: &str) -> Result<LockClient, LockError> {
+        LockClient::builder().postgres(url).await
     }
 
     /// A ZooKeeper ensemble: `host:port[,host:port…][/chroot]`. Each lock
@@ -115,10 +132,9 @@ impl LockClient {
     /// Mutual exclusion among live sessions rests on the ensemble's
     /// consensus, not on clocks. A lease is trusted for at most the session
     /// timeout past the last answered request, so a `ttl` longer than that
-    /// is shortened to it. Exclusive (and `fair`, which a queue is anyway)
-    /// locks and all-or-nothing sets, with fencing tokens (the lock node's
-    /// creation zxid); not `read`/`write`, `permits` or `segments`. Needs
-    /// the `zookeeper` feature.
+    /// is shortened to it. Every kind of lock (a queue is `fair` anyway),
+    /// with fencing tokens (the lock node's creation zxid). Needs the
+    /// `zookeeper` feature.
     #[cfg(feature = "zookeeper")]
     pub async fn zookeeper(connect: &str) -> Result<LockClient, LockError> {
         LockClient::builder().zookeeper(connect).await
@@ -283,6 +299,23 @@ impl LockClientBuilder {
     #[cfg(feature = "mysql")]
     pub fn mysql_table(mut self, table: impl Into<String>) -> Self {
         self.config.table = table.into();
+        self
+    }
+
+    /// The PostgreSQL backend's table (default `distributed_locks`): 1 to
+    /// 63 ASCII letters, digits or `_`.
+    #[cfg(feature = "postgres")]
+    pub fn postgres_table(mut self, table: impl Into<String>) -> Self {
+        self.config.table = table.into();
+        self
+    }
+
+    /// The most connections the PostgreSQL backend opens at once (default
+    /// 16): each operation takes one for a round trip, so a few serve many
+    /// locks.
+    #[cfg(feature = "postgres")]
+    pub fn pool_size(mut self, connections: usize) -> Self {
+        self.config.pool_size = connections;
         self
     }
 
@@ -561,6 +594,20 @@ impl LockClientBuilder {
         }
         let node = backend.node().to_owned();
         Ok(self.build(AnyBackend::Mysql(backend), Notifier::new(None), node))
+    }
+
+    /// A PostgreSQL client; see [`LockClient::postgres`].
+    #[cfg(feature = "postgres")]
+    pub async fn postgres(self, url: &str) -> Result<LockClient, LockError> {
+        use crate::backend::postgres::PostgresBackend;
+        self.check(&redact_url(url))?;
+        let c = &self.config;
+        let backend = PostgresBackend::new(url, &c.table, c.pool_size, c.command_timeout)?;
+        if !c.lazy {
+            backend.verify().await?;
+        }
+        let node = backend.node().to_owned();
+        Ok(self.build(AnyBackend::Postgres(backend), Notifier::new(None), node))
     }
 
     /// A ZooKeeper client; see [`LockClient::zookeeper`].

@@ -51,9 +51,12 @@ pub(crate) struct ClientConfig {
     /// Where no server announces releases (MySQL): how often a waiter
     /// looks again, jittered to `[d/2, d]`, capped by the lease in the way.
     pub(crate) poll_interval: Duration,
-    /// The MySQL backend's table.
-    #[cfg(feature = "mysql")]
+    /// The MySQL or PostgreSQL backend's table.
+    #[cfg(any(feature = "mysql", feature = "postgres"))]
     pub(crate) table: String,
+    /// The PostgreSQL backend's most connections at once.
+    #[cfg(feature = "postgres")]
+    pub(crate) pool_size: usize,
     /// The ZooKeeper node under which every lock's queue lives.
     #[cfg(feature = "zookeeper")]
     pub(crate) zookeeper_root: String,
@@ -78,8 +81,10 @@ impl Default for ClientConfig {
             fair_waiter_timeout: Duration::from_secs(2),
             tls_root: None,
             poll_interval: Duration::from_millis(50),
-            #[cfg(feature = "mysql")]
+            #[cfg(any(feature = "mysql", feature = "postgres"))]
             table: "distributed_locks".into(),
+            #[cfg(feature = "postgres")]
+            pool_size: 16,
             #[cfg(feature = "zookeeper")]
             zookeeper_root: DEFAULT_ROOT.into(),
             #[cfg(feature = "zookeeper")]

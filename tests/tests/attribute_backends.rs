@@ -1,6 +1,6 @@
 //! `#[distributed_lock]` with the process-wide client on the in-process
-//! backend, one `redis-server`, a Redis Cluster, a Redlock and a master
-//! found through Redis Sentinel: every kind
+//! backend, one `redis-server`, a Redis Cluster, a Redlock, a master
+//! found through Redis Sentinel and PostgreSQL: every kind
 //! the backend offers, the shop's oversell check and its fenced audit. The
 //! global client is installed once per process, so each backend runs in a
 //! process of its own: this binary again, running `one_backend` alone.
@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use lock_runtime::LockClient;
-use lock_tests::{Cluster, RedisServer, Replicated, start_masters};
+use lock_tests::{Cluster, Postgres, RedisServer, Replicated, start_masters};
 
 mod shop;
 
@@ -66,6 +66,11 @@ fn through_redis_sentinel() {
 }
 
 #[test]
+fn on_postgresql() {
+    in_own_process("postgres");
+}
+
+#[test]
 #[ignore = "run by the tests above, each in a process of its own"]
 fn one_backend() {
     let backend = std::env::var(BACKEND).unwrap_or_else(|_| panic!("{BACKEND} is not set"));
@@ -75,37 +80,59 @@ fn one_backend() {
         .build()
         .expect("runtime");
     // Kept alive until the end of the test.
-    let mut servers: (
-        Option<RedisServer>,
-        Option<Cluster>,
-        Vec<RedisServer>,
-        Option<Replicated>,
-    ) = (None, None, Vec::new(), None);
+    let mut servers: Vec<Box<dyn std::any::Any>> = Vec::new();
     runtime.block_on(lock_tests::bounded("one_backend", async {
         let client = match backend.as_str() {
             "in_memory" => LockClient::in_memory(),
             "redis" => {
-                let server = servers.0.insert(RedisServer::start());
-                LockClient::connect(&server.url()).await.expect("connect")
+                let server = RedisServer::start();
+                let client = LockClient::connect(&server.url()).await.expect("connect");
+                servers.push(Box::new(server));
+                client
             }
             "cluster" => {
-                let cluster = servers.1.insert(Cluster::start(3, 0));
-                LockClient::cluster(cluster.urls()).await.expect("cluster client")
+                let cluster = Cluster::start(3, 0);
+                let client = LockClient::cluster(cluster.urls()).await.expect("cluster client");
+                servers.push(Box::new(cluster));
+                client
             }
             "redlock" => {
-                servers.2 = start_masters(3);
-                let urls: Vec<String> = servers.2.iter().map(RedisServer::url).collect();
+                let masters = start_masters(3);
+                let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+                servers.push(Box::new(masters));
                 LockClient::redlock(&urls).await.expect("redlock client")
             }
             "sentinel" => {
-                let group = servers.3.insert(Replicated::start_named(1));
-                lock_tests::sentinel::client(group).await
+                let group = Replicated::start_named(1);
+                let client = lock_tests::sentinel::client(&group).await;
+                servers.push(Box::new(group));
+                client
+            }
+            "postgres" => {
+                let server = Postgres::start();
+                let client = LockClient::postgres(&server.url()).await.expect("postgres client");
+                servers.push(Box::new(server));
+                client
             }
             other => panic!("unknown backend `{other}`"),
         };
         lock_runtime::init(client.clone()).expect("installed once");
-        // A Redlock offers no permits, segments or fair locks.
-        shop::kinds_through_the_attribute(&client, backend != "redlock").await;
+        let offers = match backend.as_str() {
+            // A Redlock offers no permits, segments or fair locks.
+            "redlock" => shop::Offers {
+                read_write: true,
+                permits_and_fair: false,
+                segments: false,
+            },
+            // PostgreSQL: no shared or fair kinds yet.
+            "postgres" => shop::Offers {
+                read_write: false,
+                permits_and_fair: false,
+                segments: true,
+            },
+            _ => shop::Offers::ALL,
+        };
+        shop::kinds_through_the_attribute(&client, offers).await;
         let sold = shop::sell_120_orders_of_100().await;
         assert_eq!(sold, 100, "120 orders for 100 items: exactly 100 sold");
         let audit = tokio::time::timeout(Duration::from_secs(10), shop::audit(8))

@@ -1,6 +1,7 @@
-//! One behaviour suite, four backends: every test here runs against the
-//! in-process backend, a real `redis-server`, a real MariaDB and a real
-//! ZooKeeper, from the same code, through the public API only.
+//! One behaviour suite, five backends: every test here runs against the
+//! in-process backend, a real `redis-server`, a real MariaDB, a real
+//! ZooKeeper and a real PostgreSQL, from the same code, through the public
+//! API only.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LostReason, fencing_token};
 use lock_tests::monitor::{self, Monitor};
-use lock_tests::{MariaDb, RedisServer, ZooKeeper};
+use lock_tests::{MariaDb, Postgres, RedisServer, ZooKeeper};
 
 /// A client and whatever it needs kept alive.
 struct Fixture {
@@ -35,6 +36,14 @@ async fn mysql() -> Fixture {
     let server = MariaDb::start();
     Fixture {
         locks: LockClient::mysql(&server.url()).await.expect("connect"),
+        _server: Some(Box::new(server)),
+    }
+}
+
+async fn postgres() -> Fixture {
+    let server = Postgres::start();
+    Fixture {
+        locks: LockClient::postgres(&server.url()).await.expect("connect"),
         _server: Some(Box::new(server)),
     }
 }
@@ -79,6 +88,17 @@ macro_rules! on_every_backend {
                 async fn $behaviour() {
                     lock_tests::bounded(stringify!($behaviour), async move {
                         super::$behaviour(super::mysql().await).await;
+                    })
+                    .await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::postgres().await).await;
                     })
                     .await
                 }

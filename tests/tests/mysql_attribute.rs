@@ -23,7 +23,7 @@ fn the_attribute_locks_through_the_table() {
         async {
             let client = LockClient::mysql(&server.url()).await.expect("connect");
             lock_runtime::init(client.clone()).expect("installed once");
-            shop::kinds_through_the_attribute(&client, true).await;
+            shop::kinds_through_the_attribute(&client, shop::Offers::ALL).await;
             let sold = shop::sell_120_orders_of_100().await;
             assert_eq!(sold, 100, "120 orders for 100 items: exactly 100 sold");
             // Released on every path: nothing is left in the table.

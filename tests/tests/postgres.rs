@@ -1,13 +1,15 @@
-//! The test PostgreSQL (`lock_tests::Postgres`): `initdb` and `postgres`
-//! from Debian's `postgresql`, on a free loopback port in a fresh
-//! directory (as the `postgres` user when the tests run as root). The
-//! PostgreSQL backend's tests (issue #33) start their servers this way, and
-//! its fault scenarios kill, restart and stop them: each of those is
-//! checked here first.
+//! The PostgreSQL backend against a real server: the table it keeps, expiry
+//! by the database's clock, a restart under a held lock and a waiting call,
+//! bad input and passwords. First, the test server itself
+//! (`lock_tests::Postgres`): `initdb` and `postgres` from Debian's
+//! `postgresql`, on a free loopback port in a fresh directory (as the
+//! `postgres` user when the tests run as root), killed, restarted and
+//! stopped as the tests below and the fault scenarios need.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use lock_runtime::{LockClient, LockError, fencing_token};
 use lock_tests::Postgres;
 
 /// Whether the server at `port` accepts a connection within a second.
@@ -61,4 +63,308 @@ fn a_paused_server_answers_nothing_until_resumed() {
         query.join().expect("the query's thread")
     });
     assert_eq!(psql, ["42"]);
+}
+
+/// A role `app` that must give its password (`scram-sha-256` from
+/// loopback), and `reader`, who may connect but create nothing.
+fn with_password_roles(server: &Postgres) {
+    server.sql("CREATE ROLE app LOGIN PASSWORD 's3cr3t-Pa55'");
+    server.sql("GRANT CREATE ON SCHEMA public TO app");
+    server.sql("CREATE ROLE reader LOGIN PASSWORD 'r-Pa55'");
+    let hba = server.data_dir().join("pg_hba.conf");
+    let trusted = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+    std::fs::write(
+        &hba,
+        format!("host all app,reader 127.0.0.1/32 scram-sha-256\n{trusted}"),
+    )
+    .expect("write pg_hba.conf");
+    assert_eq!(server.sql("SELECT pg_reload_conf()"), ["t"]);
+}
+
+/// The row of lock `key`: holder, expiry, fence.
+fn row(server: &Postgres, key: &str) -> Option<(String, String, u64)> {
+    let rows = server.sql(&format!(
+        "SELECT holder, expires_at, fence FROM distributed_locks WHERE name = 'lock:{{{key}}}'"
+    ));
+    let line = rows.first()?;
+    let mut columns = line.split('|');
+    let holder = columns.next()?.to_owned();
+    let expiry = columns.next()?.to_owned();
+    let fence = columns.next()?.parse().ok()?;
+    Some((holder, expiry, fence))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_table_holds_a_row_per_held_lock_and_a_fence_per_fenced_key() {
+    lock_tests::bounded(
+        "the_table_holds_a_row_per_held_lock_and_a_fence_per_fenced_key",
+        async move {
+            let server = Postgres::start();
+            let locks = LockClient::postgres(&server.url()).await.expect("connect");
+            let columns = tokio::task::block_in_place(|| {
+                server.sql(
+                    "SELECT column_name FROM information_schema.columns \
+                 WHERE table_name = 'distributed_locks' ORDER BY ordinal_position",
+                )
+            });
+            assert_eq!(
+                columns,
+                ["name", "holder", "expires_at", "fence"],
+                "the client created the table"
+            );
+
+            let guard = locks.lock("plain").acquire().await.expect("acquire");
+            let (holder, _, fence) =
+                tokio::task::block_in_place(|| row(&server, "plain")).expect("a row while held");
+            assert!(!holder.is_empty());
+            assert_eq!(fence, 0, "an unfenced lock counts nothing");
+            guard.release().await.expect("release");
+            assert_eq!(
+                tokio::task::block_in_place(|| row(&server, "plain")),
+                None,
+                "an unfenced release leaves no row"
+            );
+
+            for expected in 1..=3 {
+                let token = locks
+                    .lock("fenced")
+                    .fencing(true)
+                    .run(async { fencing_token() })
+                    .await
+                    .expect("lock")
+                    .expect("token");
+                assert_eq!(token, expected);
+                let (holder, expiry, fence) =
+                    tokio::task::block_in_place(|| row(&server, "fenced")).expect("the counter's row stays");
+                assert_eq!(
+                    (holder.as_str(), expiry.as_str(), fence),
+                    ("", "-infinity", expected),
+                    "freed, counter kept"
+                );
+            }
+            // An unfenced holder in between neither resets nor moves the counter.
+            locks.lock("fenced").run(async {}).await.expect("unfenced");
+            let token = locks
+                .lock("fenced")
+                .fencing(true)
+                .run(async { fencing_token() })
+                .await
+                .expect("lock");
+            assert_eq!(token, Some(4));
+        },
+    )
+    .await
+}
+
+/// Expiry is judged by the database's clock: a row the database finds
+/// expired is taken over (the counter moving on), and its old holder is
+/// told at its next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_row_is_taken_over_and_its_old_holder_is_told() {
+    lock_tests::bounded(
+        "an_expired_row_is_taken_over_and_its_old_holder_is_told",
+        async move {
+            let server = Postgres::start();
+            let locks = LockClient::postgres(&server.url()).await.expect("connect");
+            let guard = locks
+                .lock("job")
+                .fencing(true)
+                .ttl(Duration::from_millis(1500))
+                .acquire()
+                .await
+                .expect("acquire");
+            assert_eq!(guard.fencing_token(), Some(1));
+            // The database's clock says the lease is over.
+            tokio::task::block_in_place(|| {
+                server
+                    .sql("UPDATE distributed_locks SET expires_at = clock_timestamp() - interval '1 second'")
+            });
+            let other = LockClient::postgres(&server.url()).await.expect("connect");
+            let taken = other
+                .lock("job")
+                .fencing(true)
+                .acquire()
+                .await
+                .expect("the expired row is taken");
+            assert_eq!(taken.fencing_token(), Some(2));
+            // Its next renewal finds the row someone else's.
+            tokio::time::timeout(Duration::from_secs(5), guard.lost())
+                .await
+                .expect("the old holder is told within a renewal");
+            let released = guard.release().await;
+            assert!(
+                matches!(released, Err(LockError::Lost { .. } | LockError::NotHeld { .. })),
+                "{released:?}"
+            );
+            assert!(
+                tokio::task::block_in_place(|| row(&server, "job"))
+                    .is_some_and(|(h, _, f)| !h.is_empty() && f == 2)
+            );
+            taken.release().await.expect("release");
+        },
+    )
+    .await
+}
+
+/// The server SIGKILLed and started again on its data: a lock held across
+/// the restart is still the holder's (the row was committed) and is
+/// renewed once the server is back; a call made while the server is down
+/// waits for it within its `wait` instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restart_costs_time_not_errors() {
+    lock_tests::bounded("a_database_restart_costs_time_not_errors", async move {
+        let mut server = Postgres::start();
+        let locks = LockClient::postgres(&server.url()).await.expect("connect");
+        let guard = locks
+            .lock("held")
+            .ttl(Duration::from_secs(6))
+            .acquire()
+            .await
+            .expect("acquire");
+        let (holder, expiry_before, _) = tokio::task::block_in_place(|| row(&server, "held")).expect("row");
+        tokio::task::block_in_place(|| server.kill());
+        let waiting = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                locks
+                    .lock("during")
+                    .wait(Duration::from_secs(20))
+                    .run(async {})
+                    .await
+            })
+        };
+        tokio::task::block_in_place(|| server.revive());
+        waiting
+            .await
+            .expect("the caller's task")
+            .expect("a call made while the server was down succeeds once it is back");
+        let renewed = lock_tests::eventually(Duration::from_secs(10), || {
+            tokio::task::block_in_place(|| row(&server, "held"))
+                .is_some_and(|(h, expiry, _)| h == holder && expiry > expiry_before)
+        })
+        .await;
+        assert!(
+            renewed.is_some() && guard.is_held(),
+            "the lease is renewed on the restarted server"
+        );
+        guard.release().await.expect("release");
+        assert_eq!(tokio::task::block_in_place(|| row(&server, "held")), None);
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_errors_and_no_password_shows() {
+    lock_tests::bounded("bad_input_gets_clear_errors_and_no_password_shows", async move {
+        let server = Postgres::start();
+        tokio::task::block_in_place(|| with_password_roles(&server));
+        let url_as = |user: &str, password: &str| {
+            format!("postgres://{user}:{password}@127.0.0.1:{}/locks", server.port())
+        };
+
+        // A wrong password: refused at start-up, the password nowhere.
+        let err = LockClient::postgres(&url_as("app", "hunter2-wrong"))
+            .await
+            .expect_err("wrong password");
+        let shown = format!("{err} {err:?}");
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{shown}");
+        assert!(!shown.contains("hunter2-wrong"), "{shown}");
+
+        // The right one works, and neither the client's nor the guard's
+        // Debug shows it.
+        let locks = LockClient::postgres(&url_as("app", "s3cr3t-Pa55"))
+            .await
+            .expect("connect as app");
+        let guard = locks.lock("k").acquire().await.expect("acquire as app");
+        let shown = format!("{locks:?} {guard:?}");
+        assert!(!shown.contains("s3cr3t-Pa55"), "{shown}");
+        guard.release().await.expect("release");
+
+        // A user who may not create the table: told which grants it needs.
+        let err = LockClient::builder()
+            .postgres_table("other_locks")
+            .postgres(&url_as("reader", "r-Pa55"))
+            .await
+            .expect_err("no CREATE grant");
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
+        assert!(
+            err.to_string().contains("SELECT, INSERT, UPDATE and DELETE"),
+            "{err}"
+        );
+        assert!(!format!("{err} {err:?}").contains("r-Pa55"));
+
+        // No database, a bad table name, no pool, TLS required, a bad URL.
+        let no_db = format!("postgres://locks@127.0.0.1:{}", server.port());
+        let err = LockClient::postgres(&no_db).await.expect_err("no database");
+        assert!(err.to_string().contains("names no database"), "{err}");
+        let err = LockClient::builder()
+            .postgres_table("locks; DROP TABLE x")
+            .postgres(&server.url())
+            .await
+            .expect_err("bad table name");
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
+        let err = LockClient::builder()
+            .pool_size(0)
+            .postgres(&server.url())
+            .await
+            .expect_err("no pool");
+        assert!(err.to_string().contains("pool size"), "{err}");
+        let err = LockClient::postgres(&format!("{}?sslmode=require", url_as("app", "tls-Pa55")))
+            .await
+            .expect_err("TLS required");
+        assert!(
+            matches!(err, LockError::InvalidConfig { .. }) && err.to_string().contains("TLS"),
+            "{err}"
+        );
+        assert!(!format!("{err} {err:?}").contains("tls-Pa55"), "{err:?}");
+        let err = LockClient::postgres("postgres://app:pw-in-url@[::1/x")
+            .await
+            .expect_err("bad url");
+        assert!(!format!("{err} {err:?}").contains("pw-in-url"), "{err:?}");
+
+        // A name longer than the backend takes: refused before any
+        // statement; one of exactly 2048 bytes is taken.
+        let locks = LockClient::builder()
+            .key_prefix("p".repeat(1024))
+            .postgres(&server.url())
+            .await
+            .expect("connect");
+        let full = locks
+            .lock("k".repeat(1022))
+            .acquire()
+            .await
+            .expect("2048 bytes fit");
+        full.release().await.expect("release");
+        let err = locks
+            .lock("k".repeat(1023))
+            .acquire()
+            .await
+            .expect_err("too long");
+        assert!(
+            matches!(err, LockError::InvalidKey { ref reason, .. } if reason.contains("is 2049 bytes")),
+            "{err}"
+        );
+        let locks = LockClient::postgres(&server.url()).await.expect("connect");
+        for bad in ["nul\0byte", "line\nbreak", ""] {
+            let err = locks.lock(bad).acquire().await.expect_err("bad key");
+            assert!(matches!(err, LockError::InvalidKey { .. }), "{bad:?}: {err}");
+        }
+        // Quotes, backslashes and SQL are data, not SQL.
+        let odd = "it's \\ a \"name\"; DROP TABLE distributed_locks; --";
+        let guard = locks
+            .lock(odd)
+            .fencing(true)
+            .acquire()
+            .await
+            .expect("any text is a name");
+        assert_eq!(guard.fencing_token(), Some(1));
+        guard.release().await.expect("release");
+        let set = locks
+            .lock_all([odd, "o'ther"])
+            .acquire()
+            .await
+            .expect("a set of odd names");
+        set.release().await.expect("release");
+    })
+    .await
 }

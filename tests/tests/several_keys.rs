@@ -1,7 +1,7 @@
 //! Several keys at once (`lock_all`, `keys = [...]`), one body of code over
 //! the in-process backend, one `redis-server`, a Redis Cluster (keys spread
 //! over slots), a Redlock of three masters, a master found through Redis
-//! Sentinel, MariaDB and ZooKeeper: transfers in both directions
+//! Sentinel, MariaDB, ZooKeeper and PostgreSQL: transfers in both directions
 //! never deadlock and never lose money; a set is taken whole or not at all;
 //! nested calls re-enter what they hold.
 
@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{Cluster, MariaDb, RedisServer, Replicated, ZooKeeper, start_masters};
+use lock_tests::{Cluster, MariaDb, Postgres, RedisServer, Replicated, ZooKeeper, start_masters};
 
 /// Two clients on the same locks (two services), and what they need alive.
 struct Fixture {
@@ -27,6 +27,7 @@ enum Servers {
     Sentinel(Replicated),
     Mysql(MariaDb),
     ZooKeeper(ZooKeeper),
+    Postgres(Postgres),
 }
 
 async fn in_memory() -> Fixture {
@@ -96,6 +97,19 @@ async fn mysql() -> Fixture {
             connect().await.expect("connect"),
         ],
         _servers: Servers::Mysql(server),
+    }
+}
+
+async fn postgres() -> Fixture {
+    let server = Postgres::start();
+    let url = server.url();
+    let connect = || LockClient::postgres(&url);
+    Fixture {
+        clients: [
+            connect().await.expect("connect"),
+            connect().await.expect("connect"),
+        ],
+        _servers: Servers::Postgres(server),
     }
 }
 
@@ -173,6 +187,17 @@ macro_rules! on_every_backend {
                 async fn $behaviour() {
                     lock_tests::bounded(stringify!($behaviour), async move {
                     super::$behaviour(super::mysql().await).await;
+                    })
+                    .await
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                    super::$behaviour(super::postgres().await).await;
                     })
                     .await
                 }

@@ -22,13 +22,13 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LockGuard, LockMode, LockRequest, LostReason};
-use lock_tests::{MariaDb, RedisServer, ZooKeeper, zookeeper};
+use lock_tests::{MariaDb, Postgres, RedisServer, ZooKeeper, zookeeper};
 
 /// No test here may hang: every wait on the library is bounded.
 const BOUND: Duration = Duration::from_secs(20);
 
 /// A holder id of this library's shape that no client in this process uses:
-/// the foreign writer of the Redis and MySQL rigs.
+/// the foreign writer of the Redis, MySQL and PostgreSQL rigs.
 const RIVAL: &str = "0123456789abcdef0123456789abcdef:424242";
 
 /// A backend the harness started, with raw access to its lock state.
@@ -36,6 +36,7 @@ enum Rig {
     Redis(RedisServer),
     Mysql(MariaDb),
     ZooKeeper(ZooKeeper),
+    Postgres(Postgres),
 }
 
 /// What another holder's lock looks like from the server, compared whole
@@ -60,6 +61,10 @@ impl Rig {
         Rig::ZooKeeper(ZooKeeper::start())
     }
 
+    fn postgres() -> Rig {
+        Rig::Postgres(Postgres::start())
+    }
+
     /// Whether a nested call asking for a longer lease than the holder's
     /// writes to the server. A ZooKeeper lease is the session, capped at the
     /// session timeout whatever is asked, so the nested call is a re-entry
@@ -73,6 +78,7 @@ impl Rig {
             Rig::Redis(server) => LockClient::connect(&server.url()).await.expect("connect"),
             Rig::Mysql(server) => LockClient::mysql(&server.url()).await.expect("connect"),
             Rig::ZooKeeper(zk) => zookeeper::client(zk).await,
+            Rig::Postgres(server) => LockClient::postgres(&server.url()).await.expect("connect"),
         }
     }
 
@@ -108,6 +114,16 @@ impl Rig {
                          WHERE name = '{name}'"
                     ))
                     .await;
+                None
+            }
+            Rig::Postgres(server) => {
+                tokio::task::block_in_place(|| {
+                    server.sql(&format!(
+                        "UPDATE distributed_locks SET holder = '{RIVAL}', \
+                         expires_at = clock_timestamp() + interval '{ms} milliseconds' \
+                         WHERE name = '{name}'"
+                    ))
+                });
                 None
             }
             Rig::ZooKeeper(zk) => {
@@ -181,6 +197,14 @@ impl Rig {
                         .await,
                 );
                 Snapshot(rows.into_iter().flatten().collect())
+            }
+            Rig::Postgres(server) => {
+                let rows = tokio::task::block_in_place(|| {
+                    server.sql(&format!(
+                        "SELECT holder, expires_at, fence FROM distributed_locks WHERE name = '{name}'"
+                    ))
+                });
+                Snapshot(rows.into_iter().map(Some).collect())
             }
             Rig::ZooKeeper(zk) => {
                 let operator = zookeeper_client::Client::connect(&zk.connect_string())
@@ -459,6 +483,7 @@ impl Rig {
                 };
                 Some(request.acquire().await.expect("the rival takes the freed lock"))
             }
+            Rig::Postgres(_) => unreachable!("PostgreSQL has no shared locks yet"),
         }
     }
 }
@@ -689,6 +714,14 @@ contract! {
         a_stale_reader_extension_leaves_the_writers_lock,
         a_stale_permit_renewal_leaves_the_other_permit_holder,
         a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock,
+    ],
+    on_postgres => postgres: [
+        a_stale_watchdog_renewal_leaves_the_other_holders_lock,
+        a_stale_nested_extension_leaves_the_other_holders_lock,
+        a_stale_release_leaves_the_other_holders_lock,
+        a_stale_unfenced_release_leaves_the_other_holders_lock,
+        a_stale_release_of_several_keys_leaves_the_other_holders_lock,
+        a_stale_release_of_a_segment_leaves_the_other_holders_lock,
     ],
     on_zookeeper => zookeeper: [
         a_stale_watchdog_renewal_leaves_the_other_holders_lock,

@@ -12,6 +12,8 @@ mod contract;
 pub(crate) mod memory;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod redis;
 mod tls;
 #[cfg(feature = "zookeeper")]
@@ -33,6 +35,8 @@ pub(crate) enum AnyBackend {
     Sentinel(redis::RedisBackend<SentinelLink>),
     #[cfg(feature = "mysql")]
     Mysql(mysql::MysqlBackend),
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::PostgresBackend),
     #[cfg(feature = "zookeeper")]
     ZooKeeper(zookeeper::ZooKeeperBackend),
 }
@@ -74,6 +78,8 @@ impl AnyBackend {
             AnyBackend::Memory(_) => false,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => false,
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(_) => false,
             // Each waiter's own watch tells it, not an announcement.
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => false,
@@ -87,6 +93,10 @@ impl AnyBackend {
     pub(crate) fn polls_for_releases(&self) -> bool {
         #[cfg(feature = "mysql")]
         if let AnyBackend::Mysql(_) = self {
+            return true;
+        }
+        #[cfg(feature = "postgres")]
+        if let AnyBackend::Postgres(_) = self {
             return true;
         }
         false
@@ -172,6 +182,8 @@ impl AnyBackend {
             AnyBackend::Memory(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(_) => Err(no_postgres_admin()),
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
         }
@@ -204,6 +216,8 @@ impl AnyBackend {
             AnyBackend::Memory(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(_) => Err(no_postgres_admin()),
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
         }
@@ -225,6 +239,8 @@ impl AnyBackend {
             AnyBackend::Memory(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(_) => Err(no_postgres_admin()),
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
         }
@@ -236,6 +252,8 @@ impl AnyBackend {
             AnyBackend::Redlock(_) => redlock::unsupported(kind),
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => zookeeper::unsupported(kind),
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(_) => postgres::unsupported(kind),
             _ => None,
         }
     }
@@ -251,6 +269,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.acquire(req).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.acquire(req).await,
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(b) => b.acquire(req).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.acquire(req).await,
         }
@@ -265,6 +285,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.release(key, holder).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.release(key, holder).await,
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(b) => b.release(key, holder).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.release(key, holder).await,
         }
@@ -279,6 +301,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.release_many(keys, holder).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.release_many(keys, holder).await,
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(b) => b.release_many(keys, holder).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.release_many(keys, holder).await,
         }
@@ -293,6 +317,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.release_segments(key, count, holder).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.release_segments(key, count, holder).await,
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(b) => b.release_segments(key, count, holder).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.release_segments(key, count, holder).await,
         }
@@ -313,6 +339,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.renew(key, holder, ttl, extend_only).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.renew(key, holder, ttl, extend_only).await,
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(b) => b.renew(key, holder, ttl, extend_only).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.renew(key, holder, ttl, extend_only).await,
         }
@@ -327,6 +355,8 @@ impl Backend for AnyBackend {
             AnyBackend::Sentinel(b) => b.renew_many(items).await,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(b) => b.renew_many(items).await,
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(b) => b.renew_many(items).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.renew_many(items).await,
         }
@@ -359,5 +389,14 @@ fn no_mysql_admin() -> LockError {
     LockError::Unsupported {
         key: String::new(),
         feature: "inspecting locks on the MySQL backend (query its table: see the README)".into(),
+    }
+}
+
+/// Operator tools read the Redis layout; the PostgreSQL table is plain SQL.
+#[cfg(feature = "postgres")]
+fn no_postgres_admin() -> LockError {
+    LockError::Unsupported {
+        key: String::new(),
+        feature: "inspecting locks on the PostgreSQL backend (query its table: see docs/backends.md)".into(),
     }
 }

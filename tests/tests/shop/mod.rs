@@ -167,27 +167,47 @@ pub(crate) async fn outlive_the_lease(id: u64) -> Result<(), LockError> {
     Ok(())
 }
 
+/// The kinds a backend offers beyond exclusive locks and sets of keys.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Offers {
+    pub(crate) read_write: bool,
+    pub(crate) permits_and_fair: bool,
+    pub(crate) segments: bool,
+}
+
+impl Offers {
+    /// Every kind.
+    pub(crate) const ALL: Offers = Offers {
+        read_write: true,
+        permits_and_fair: true,
+        segments: true,
+    };
+}
+
 /// Every kind through the attribute and the global client, from 6 tasks
 /// at once: never more holders than the kind allows, a lost lease ends
 /// the body with `Lost`, and every lock is free afterwards (`locks` is a
-/// client of the same backend, to look). `counted`: the backend offers
-/// permits, segments and fair locks (a Redlock does not).
-pub(crate) async fn kinds_through_the_attribute(locks: &lock_runtime::LockClient, counted: bool) {
+/// client of the same backend, to look), for each kind the backend
+/// `offers`.
+pub(crate) async fn kinds_through_the_attribute(locks: &lock_runtime::LockClient, offers: Offers) {
     let o = Arc::new(Occupancy::default());
     let calls: Vec<_> = (0..6)
         .map(|task| {
             let o = Arc::clone(&o);
             tokio::spawn(async move {
                 for round in 0..8 {
-                    if (task + round) % 4 == 0 {
+                    if !offers.read_write {
+                    } else if (task + round) % 4 == 0 {
                         write_doc(&o, 1).await.expect("write lock");
                     } else {
                         read_doc(&o, 1).await.expect("read lock");
                     }
-                    if counted {
+                    if offers.permits_and_fair {
                         use_pool(&o, 1).await.expect("permit");
-                        use_bin(&o, 1).await.expect("segment");
                         in_line(&o, 1).await.expect("fair lock");
+                    }
+                    if offers.segments {
+                        use_bin(&o, 1).await.expect("segment");
                     }
                     // Opposite orders: all-or-nothing in one sorted order.
                     if task % 2 == 0 {
@@ -215,7 +235,13 @@ pub(crate) async fn kinds_through_the_attribute(locks: &lock_runtime::LockClient
         ("short:1", 1, |l| l),
     ];
     for (key, all, kind) in probes {
-        if !counted && ["pool:1", "bins:1", "line:1"].contains(&key) {
+        let offered = match key {
+            "doc:1" => offers.read_write,
+            "pool:1" | "line:1" => offers.permits_and_fair,
+            "bins:1" => offers.segments,
+            _ => true,
+        };
+        if !offered {
             continue;
         }
         let mut guards = Vec::new();

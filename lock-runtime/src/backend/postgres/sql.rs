@@ -1,0 +1,100 @@
+//! The PostgreSQL backend's SQL, rendered once per client for its table
+//! name. Every expiry is computed and compared with `clock_timestamp()`,
+//! the database's clock at the moment the statement runs (not `now()`,
+//! which stops at the transaction's start).
+
+/// The longest full lock name (prefix, key, segment suffix) accepted, in
+/// bytes: far below what a `text` primary key can index (about 2.7 kB).
+pub(crate) const MAX_NAME_BYTES: usize = 2048;
+
+/// A lease of `$n` microseconds from the database's clock.
+fn lease(param: &str) -> String {
+    format!("clock_timestamp() + {param}::bigint * interval '1 microsecond'")
+}
+
+/// What is left of row `l`'s lease, in whole microseconds, never negative.
+const LEFT_US: &str =
+    "greatest(0, (extract(epoch from (l.expires_at - clock_timestamp())) * 1000000)::bigint)";
+
+/// The statements, rendered once for the client's table name.
+#[derive(Debug)]
+pub(super) struct Statements {
+    pub(super) create: String,
+    pub(super) acquire: String,
+    pub(super) extend: String,
+    pub(super) renew_many: String,
+    pub(super) release: String,
+}
+
+impl Statements {
+    pub(super) fn new(table: &str) -> Self {
+        let t = format!("\"{table}\"");
+        Statements {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 name text PRIMARY KEY, \
+                 holder text NOT NULL, \
+                 expires_at timestamptz NOT NULL, \
+                 fence bigint NOT NULL DEFAULT 0)"
+            ),
+            // Parameters: name, holder, ttl µs, fence step (0 or 1).
+            //
+            // One round trip whatever it finds. The upsert takes the row
+            // when it is missing, expired, or already this holder's (an
+            // earlier attempt applied and its reply was lost); the fence
+            // counter moves on every taking but "already mine". On another
+            // holder's live row the update's condition fails, nothing
+            // changes, and the second half reports what is left of its
+            // lease. (A row inserted by a transaction that committed after
+            // this statement's snapshot is not seen there: then no row
+            // comes back, and the caller looks again shortly.)
+            acquire: format!(
+                "WITH taken AS (\
+                   INSERT INTO {t} AS l (name, holder, expires_at, fence) \
+                   VALUES ($1, $2, {lease}, $4::bigint) \
+                   ON CONFLICT (name) DO UPDATE SET \
+                     fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > clock_timestamp() \
+                       THEN l.fence ELSE l.fence + $4::bigint END, \
+                     holder = EXCLUDED.holder, \
+                     expires_at = EXCLUDED.expires_at \
+                   WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder \
+                   RETURNING fence) \
+                 SELECT true, fence FROM taken \
+                 UNION ALL \
+                 SELECT false, {LEFT_US} FROM {t} l \
+                 WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM taken)",
+                lease = lease("$3"),
+            ),
+            // Parameters: ttl µs, name, holder. A lease that already
+            // ended is not brought back: someone may have taken it since.
+            extend: format!(
+                "UPDATE {t} SET expires_at = greatest(expires_at, {}) \
+                 WHERE name = $2 AND holder = $3 AND expires_at > clock_timestamp()",
+                lease("$1")
+            ),
+            // Parameters: names, holders, ttls µs (arrays, one element per
+            // lease): every lease renewed in one statement (one lease too);
+            // the rows it returns are the leases still held.
+            renew_many: format!(
+                "UPDATE {t} AS l SET expires_at = clock_timestamp() + r.ttl * interval '1 microsecond' \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(name, holder, ttl) \
+                 WHERE l.name = r.name AND l.holder = r.holder AND l.expires_at > clock_timestamp() \
+                 RETURNING l.name, l.holder"
+            ),
+            // Parameters: names, holder. A row that was never fenced goes;
+            // a fenced one stays, freed, so that its counter keeps growing
+            // across holders. Returns how many of the holder's rows there
+            // were.
+            release: format!(
+                "WITH gone AS (\
+                   DELETE FROM {t} WHERE name = ANY($1::text[]) AND holder = $2 AND fence = 0 \
+                   RETURNING 1), \
+                 freed AS (\
+                   UPDATE {t} SET holder = '', expires_at = '-infinity' \
+                   WHERE name = ANY($1::text[]) AND holder = $2 AND fence <> 0 \
+                   RETURNING 1) \
+                 SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM freed)"
+            ),
+        }
+    }
+}

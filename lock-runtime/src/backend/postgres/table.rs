@@ -1,0 +1,304 @@
+//! The lock table's client: the pool, the statements, and how one
+//! operation is run (within the command timeout, creating the table when
+//! missing) and how its failures are classified.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use tokio_postgres::error::SqlState;
+
+use super::sql::{MAX_NAME_BYTES, Statements};
+use crate::backend::contract::{AcquireReply, Failure};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::redact::{redact_secrets, redact_url};
+
+/// A PostgreSQL lock table.
+pub(crate) struct PostgresBackend {
+    pub(super) pool: Pool,
+    pub(super) sql: Statements,
+    pub(super) table: String,
+    /// `host:port/db`, no credentials: what messages name.
+    pub(super) node: String,
+    /// The URL as given, only to scrub its secrets from driver messages.
+    pub(super) url: String,
+    pub(super) timeout: Duration,
+}
+
+impl fmt::Debug for PostgresBackend {
+    // By hand: the pool's configuration holds the password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("node", &self.node)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `name` can name a table without quoting trouble.
+fn table_problem(name: &str) -> Option<String> {
+    // 63: PostgreSQL's longest identifier.
+    let ok =
+        !name.is_empty() && name.len() <= 63 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    (!ok).then(|| format!("the PostgreSQL table name `{name}` must be 1 to 63 ASCII letters, digits or `_`"))
+}
+
+/// An error that a plain retry can get past: the server going away or
+/// coming back, a conflict with another transaction, a full server.
+fn transient_state(state: &SqlState) -> bool {
+    let code = state.code();
+    // Class 08: connection exceptions.
+    code.starts_with("08")
+        || [
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::LOCK_NOT_AVAILABLE,
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::TOO_MANY_CONNECTIONS,
+            SqlState::QUERY_CANCELED,
+        ]
+        .contains(state)
+}
+
+/// A server that is shutting down or crashed: its connections are gone.
+fn closing_state(state: &SqlState) -> bool {
+    [SqlState::ADMIN_SHUTDOWN, SqlState::CRASH_SHUTDOWN].contains(state)
+}
+
+/// The table is missing: create it, then run the statement again.
+fn missing_table(e: &PoolError) -> bool {
+    matches!(e, PoolError::Backend(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE))
+}
+
+impl PostgresBackend {
+    /// Parses `url` (`postgres://user:password@host:port/database`) and
+    /// builds the pool; connects nothing yet.
+    pub(crate) fn new(
+        url: &str,
+        table: &str,
+        pool_size: usize,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let redacted = redact_url(url);
+        let invalid = |reason: String| LockError::InvalidConfig {
+            node: redacted.clone(),
+            reason,
+        };
+        if let Some(problem) = table_problem(table) {
+            return Err(invalid(problem));
+        }
+        if pool_size == 0 {
+            return Err(invalid("the pool size must be at least 1".into()));
+        }
+        let config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| invalid(redact_secrets(&e.to_string(), url)))?;
+        // Without a TLS connector, `prefer` falls back to plain text; a URL
+        // that requires TLS must not find that out only at its first lock.
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(invalid(
+                "the URL requires TLS (sslmode=require), which the PostgreSQL backend does not offer yet"
+                    .into(),
+            ));
+        }
+        let Some(db) = config.get_dbname().map(str::to_owned) else {
+            return Err(invalid(
+                "the URL names no database; give one, `postgres://user:password@host:port/database`".into(),
+            ));
+        };
+        let host = match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+            Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
+            None => "localhost".into(),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let node = format!("{host}:{port}/{db}");
+        // Fast recycling: a connection goes back to the pool as it is, and
+        // one whose server side closed is dropped when next taken. A
+        // verified recycle would cost a round trip per operation.
+        let manager = Manager::from_config(
+            config,
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| invalid(e.to_string()))?;
+        Ok(PostgresBackend {
+            pool,
+            sql: Statements::new(table),
+            table: table.to_owned(),
+            node,
+            url: url.to_owned(),
+            timeout,
+        })
+    }
+
+    pub(crate) fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Connects, and creates the table if it is missing: a wrong password
+    /// or a missing grant fails here, at start-up.
+    pub(crate) async fn verify(&self) -> Result<(), LockError> {
+        let result = tokio::time::timeout(self.timeout, self.create_table()).await;
+        match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(self.config_error(e)),
+            Err(_) => Err(LockError::backend(
+                &self.node,
+                None,
+                format!("no answer within {}ms", self.timeout.as_millis()),
+            )),
+        }
+    }
+
+    /// A start-up failure: refused credentials, a missing database and
+    /// missing grants are the configuration's fault.
+    fn config_error(&self, e: PoolError) -> LockError {
+        let message = redact_secrets(&e.to_string(), &self.url);
+        let state = match &e {
+            PoolError::Backend(e) => e.code().cloned(),
+            _ => None,
+        };
+        let refused = [
+            SqlState::INVALID_PASSWORD,
+            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+            SqlState::INVALID_CATALOG_NAME,
+            SqlState::INSUFFICIENT_PRIVILEGE,
+        ];
+        match state {
+            Some(state) if refused.contains(&state) => LockError::InvalidConfig {
+                node: self.node.clone(),
+                reason: format!(
+                    "{message}; the user needs CREATE on the schema (or an existing table), and SELECT, INSERT, UPDATE and DELETE on the lock table"
+                ),
+            },
+            _ => LockError::backend(&self.node, None, message),
+        }
+    }
+
+    pub(super) fn failure(&self, key: Option<&LockKey>, e: PoolError) -> Failure {
+        let (transient, reconnecting) = match &e {
+            // No connection to be had in time, or one could not be made
+            // (refused, reset, unreachable: the server is down).
+            PoolError::Timeout(_) => (true, false),
+            PoolError::Backend(e) => match e.code() {
+                Some(state) => (transient_state(state), closing_state(state)),
+                // No SQLSTATE: the connection failed or closed under the
+                // request, which may or may not have been applied.
+                None => (true, true),
+            },
+            PoolError::Closed | PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => {
+                (false, false)
+            }
+        };
+        Failure {
+            error: LockError::backend(
+                &self.node,
+                key.map(|k| k.name.as_str()),
+                redact_secrets(&e.to_string(), &self.url),
+            ),
+            transient,
+            reconnecting,
+        }
+    }
+
+    pub(super) fn timed_out(&self, key: &LockKey, what: &str) -> Failure {
+        Failure {
+            error: LockError::backend(
+                &self.node,
+                Some(&key.name),
+                format!("no answer to {what} within {}ms", self.timeout.as_millis()),
+            ),
+            transient: true,
+            reconnecting: false,
+        }
+    }
+
+    /// Runs `work` within the command timeout, creating the table once if
+    /// the server says it is missing (a table dropped under a running
+    /// service, or a lazily built client) and running it again.
+    pub(super) async fn run<T, F, Fut>(&self, key: &LockKey, what: &str, work: F) -> Result<T, Failure>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, PoolError>>,
+    {
+        let attempt = async {
+            match work().await {
+                Err(e) if missing_table(&e) => {
+                    self.create_table().await?;
+                    work().await
+                }
+                other => other,
+            }
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(result) => result.map_err(|e| self.failure(Some(key), e)),
+            Err(_) => Err(self.timed_out(key, what)),
+        }
+    }
+
+    /// The lock table, if missing. Two clients creating it at once can
+    /// both pass `IF NOT EXISTS` and one then fails on the catalog's
+    /// unique index: the table exists either way.
+    async fn create_table(&self) -> Result<(), PoolError> {
+        let client = self.pool.get().await?;
+        match client.batch_execute(&self.sql.create).await {
+            Err(e)
+                if [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE]
+                    .contains(e.code().unwrap_or(&SqlState::SUCCESSFUL_COMPLETION)) =>
+            {
+                Ok(())
+            }
+            other => other.map_err(PoolError::Backend),
+        }
+    }
+
+    pub(super) fn check_name(key: &LockKey, name: &str) -> Result<(), Failure> {
+        if name.len() > MAX_NAME_BYTES {
+            return Err(Failure::permanent(LockError::InvalidKey {
+                key: key.name.clone(),
+                reason: format!(
+                    "with its prefix the lock's name is {} bytes; the PostgreSQL backend takes {MAX_NAME_BYTES}",
+                    name.len()
+                ),
+            }));
+        }
+        if name.contains('\0') {
+            return Err(Failure::permanent(LockError::InvalidKey {
+                key: key.name.clone(),
+                reason: "PostgreSQL text cannot hold a NUL character".into(),
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// The reply for a lock found held, `left` before it frees.
+pub(super) fn held(left: Duration, blocked_by: usize) -> AcquireReply {
+    AcquireReply::Held {
+        pttl: Some(left),
+        claimed: false,
+        blocked_by,
+    }
+}
+
+/// A lease length as the microseconds it is sent as.
+pub(super) fn as_micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// A remaining lease the server reported (µs); under 1 ms counts as 1 ms,
+/// so the caller looks again soon.
+pub(super) fn micros(left: i64) -> Duration {
+    Duration::from_micros(u64::try_from(left).unwrap_or(0)).max(Duration::from_millis(1))
+}
