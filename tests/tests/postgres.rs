@@ -368,3 +368,62 @@ async fn bad_input_gets_clear_errors_and_no_password_shows() {
     })
     .await
 }
+
+/// A freed, fenced row (expiry `-infinity`) that another transaction takes
+/// while an acquisition is under way: the acquisition's snapshot still
+/// shows the freed row, its upsert finds the taker's. It must answer "held"
+/// (here: `Timeout`, since it does not wait), not fail on the infinite
+/// expiry. Found by S3pg: 256 calls failed with "cannot subtract infinite
+/// timestamps".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_row_taken_under_an_acquisition_is_held_not_an_error() {
+    lock_tests::bounded(
+        "a_freed_row_taken_under_an_acquisition_is_held_not_an_error",
+        async move {
+            let server = Postgres::start();
+            // Answers may take as long as the other transaction stays open.
+            let locks = LockClient::builder()
+                .command_timeout(Duration::from_secs(5))
+                .postgres(&server.url())
+                .await
+                .expect("connect");
+            locks
+                .lock("k")
+                .fencing(true)
+                .run(async {})
+                .await
+                .expect("a fenced lock");
+            assert_eq!(
+                tokio::task::block_in_place(|| row(&server, "k")).map(|(h, e, _)| (h, e)),
+                Some((String::new(), "-infinity".to_owned())),
+                "the fenced row stays, freed"
+            );
+            tokio::task::block_in_place(|| {
+                std::thread::scope(|scope| {
+                    // Another session takes the row and keeps its transaction open
+                    // for a moment: `psql -c` runs these in one transaction.
+                    let taker = scope.spawn(|| {
+                        server.sql(
+                            "UPDATE distributed_locks SET holder = 'rival', \
+                     expires_at = clock_timestamp() + interval '30 seconds' WHERE name = 'lock:{k}'; \
+                     SELECT pg_sleep(2)",
+                        )
+                    });
+                    let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'";
+                    while server.sql(sleeping) != ["1"] {
+                        assert!(!taker.is_finished(), "the taker ended before it was seen");
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    let runtime = tokio::runtime::Handle::current();
+                    let attempt = runtime.block_on(locks.lock("k").wait(Duration::ZERO).acquire());
+                    assert!(
+                        matches!(attempt, Err(LockError::Timeout { .. })),
+                        "the row another took is held: {attempt:?}"
+                    );
+                    taker.join().expect("the taker");
+                })
+            });
+        },
+    )
+    .await
+}

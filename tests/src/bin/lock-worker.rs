@@ -428,6 +428,9 @@ async fn connect(target: &str) -> Result<LockClient, LockError> {
     if target.starts_with("mysql://") {
         return builder.mysql(target).await;
     }
+    if target.starts_with("postgres://") {
+        return builder.postgres(target).await;
+    }
     if let Some(connect) = target.strip_prefix("zookeeper=") {
         if let Some(ms) = std::env::var("LOCK_WORKER_SESSION_TIMEOUT_MS")
             .ok()

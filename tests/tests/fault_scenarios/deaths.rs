@@ -1,6 +1,6 @@
 //! DESIGN §11 under the checker: servers and ensemble members that die and
 //! come back, and servers stopped past every lease, under S0's
-//! witness-checked load, on MariaDB and ZooKeeper, with each kind the
+//! witness-checked load, on MariaDB, ZooKeeper and PostgreSQL, with each kind the
 //! backend offers (exclusive, several keys, read-write, permits, segments
 //! and fair locks; fencing tokens checked by the fenced register). Each
 //! call may wait 20 s, longer than
@@ -13,9 +13,9 @@
 
 use super::holders::run_s2;
 use super::*;
-use lock_tests::MariaDb;
 use lock_tests::lab::Workers;
 use lock_tests::zookeeper::{self, ZooKeeper};
+use lock_tests::{MariaDb, Postgres};
 
 /// Each call's `wait` in these scenarios.
 const CALL_WAIT: Duration = Duration::from_secs(20);
@@ -201,6 +201,81 @@ async fn through_mariadb_restarts(
         server.revive();
     })
     .await;
+}
+
+/// `lock` on `keys` while PostgreSQL is SIGKILLed and restarted on its
+/// port and data, twice.
+async fn through_postgres_restarts(
+    id: &'static str,
+    name: &'static str,
+    lock: &'static str,
+    keys: &'static [&'static str],
+) {
+    let mut server = Postgres::start();
+    let deaths = Deaths {
+        id,
+        name,
+        lock,
+        keys,
+        fault: "server-kill-restart",
+        faults: 2,
+        long_body_percent: 1,
+        spacing: Duration::from_secs(3),
+        seconds: 12,
+    };
+    run_deaths(&server.url(), deaths, |_| {
+        server.kill();
+        server.revive();
+    })
+    .await;
+}
+
+/// S3pg: 2 processes × 4 tasks on 3 keys, fenced, while PostgreSQL is
+/// SIGKILLed and restarted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3pg_postgres_killed_and_restarted_under_load() {
+    scenario(
+        "s3pg_postgres_killed_and_restarted_under_load",
+        through_postgres_restarts(
+            "S3pg",
+            "S3 PostgreSQL SIGKILLed and restarted under load",
+            "library",
+            &["s3:a", "s3:b", "s3:c"],
+        ),
+    )
+    .await
+}
+
+/// S3tpg: two-key transfers (`lock_all`, one transaction) while
+/// PostgreSQL is SIGKILLed and restarted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3tpg_transfers_through_postgres_restarts() {
+    scenario(
+        "s3tpg_transfers_through_postgres_restarts",
+        through_postgres_restarts(
+            "S3tpg",
+            "S3 with two-key transfers (lock_all) on PostgreSQL, SIGKILLed and restarted",
+            "library-transfer",
+            &["t:a", "t:b", "t:c", "t:d"],
+        ),
+    )
+    .await
+}
+
+/// S3spg: two segments per key while PostgreSQL is SIGKILLed and restarted
+/// twice: each segment checked as its own fenced lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3spg_segments_through_postgres_restarts() {
+    scenario(
+        "s3spg_segments_through_postgres_restarts",
+        through_postgres_restarts(
+            "S3spg",
+            "S3 with 2 segments per key on PostgreSQL, SIGKILLed and restarted",
+            "library-segments-2",
+            &["s:a", "s:b", "s:c"],
+        ),
+    )
+    .await
 }
 
 /// `lock` on `keys` while each member of a 3-member ensemble is SIGKILLed

@@ -23,6 +23,7 @@ mod holders;
 mod kinds;
 mod links;
 mod mysql;
+mod postgres;
 mod replication;
 mod server_state;
 mod stalls;

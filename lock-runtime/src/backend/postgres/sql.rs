@@ -13,8 +13,12 @@ fn lease(param: &str) -> String {
 }
 
 /// What is left of row `l`'s lease, in whole microseconds, never negative.
-const LEFT_US: &str =
-    "greatest(0, (extract(epoch from (l.expires_at - clock_timestamp())) * 1000000)::bigint)";
+/// A freed row's expiry is `-infinity`, which no timestamp can be
+/// subtracted from: the subtraction starts from the clock at the latest.
+/// (The acquire statement reads a freed row here when another caller took
+/// it after this statement's snapshot was made.)
+const LEFT_US: &str = "greatest(0, (extract(epoch from \
+     (greatest(l.expires_at, clock_timestamp()) - clock_timestamp())) * 1000000)::bigint)";
 
 /// The statements, rendered once for the client's table name.
 #[derive(Debug)]

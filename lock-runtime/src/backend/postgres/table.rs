@@ -69,6 +69,22 @@ fn closing_state(state: &SqlState) -> bool {
     [SqlState::ADMIN_SHUTDOWN, SqlState::CRASH_SHUTDOWN].contains(state)
 }
 
+/// What went wrong, for a message: tokio-postgres shows a server's error as
+/// "db error" and keeps its SQLSTATE and text underneath.
+fn describe(e: &PoolError) -> String {
+    let db = match e {
+        PoolError::Backend(e) => e.as_db_error(),
+        _ => None,
+    };
+    match db {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            Some(source) => format!("{e}: {source}"),
+            None => e.to_string(),
+        },
+    }
+}
+
 /// The table is missing: create it, then run the statement again.
 fn missing_table(e: &PoolError) -> bool {
     matches!(e, PoolError::Backend(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE))
@@ -164,7 +180,7 @@ impl PostgresBackend {
     /// A start-up failure: refused credentials, a missing database and
     /// missing grants are the configuration's fault.
     fn config_error(&self, e: PoolError) -> LockError {
-        let message = redact_secrets(&e.to_string(), &self.url);
+        let message = redact_secrets(&describe(&e), &self.url);
         let state = match &e {
             PoolError::Backend(e) => e.code().cloned(),
             _ => None,
@@ -205,7 +221,7 @@ impl PostgresBackend {
             error: LockError::backend(
                 &self.node,
                 key.map(|k| k.name.as_str()),
-                redact_secrets(&e.to_string(), &self.url),
+                redact_secrets(&describe(&e), &self.url),
             ),
             transient,
             reconnecting,
