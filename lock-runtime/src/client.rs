@@ -111,9 +111,9 @@ impl LockClient {
     /// [`postgres_table`](LockClientBuilder::postgres_table)), created if
     /// missing; every expiry is judged by the database's clock. A lease is
     /// not tied to a connection, so a pooler in between cannot free it.
-    /// Waiters in other processes see a release by polling (see
-    /// [`poll_interval`](LockClientBuilder::poll_interval)); waiters in this
-    /// process are woken at once. Exclusive and segmented locks and
+    /// Waiters hear releases by `LISTEN`/`NOTIFY` on one more connection
+    /// per client; waiters in this process are woken at once. Exclusive
+    /// and segmented locks and
     /// all-or-nothing sets, with fencing tokens; `read`/`write`, `permits`
     /// and `fair` are refused with [`LockError::Unsupported`] (not built
     /// yet). Needs the `postgres` feature.
@@ -606,8 +606,10 @@ impl LockClientBuilder {
         if !c.lazy {
             backend.verify().await?;
         }
+        let notifier = Notifier::new(None);
+        backend.listen(Arc::new(Announcements(Arc::downgrade(&notifier))));
         let node = backend.node().to_owned();
-        Ok(self.build(AnyBackend::Postgres(backend), Notifier::new(None), node))
+        Ok(self.build(AnyBackend::Postgres(backend), notifier, node))
     }
 
     /// A ZooKeeper client; see [`LockClient::zookeeper`].
@@ -670,4 +672,23 @@ pub fn init(client: LockClient) -> Result<(), LockError> {
 
 pub(crate) fn global() -> Result<&'static LockClient, LockError> {
     GLOBAL.get().ok_or(LockError::NotInitialized)
+}
+
+/// The PostgreSQL backend's heard releases, passed to the client's waiters.
+#[cfg(feature = "postgres")]
+struct Announcements(std::sync::Weak<Notifier>);
+
+#[cfg(feature = "postgres")]
+impl crate::backend::postgres::Releases for Announcements {
+    fn released(&self, channel: &str, holder: &str) {
+        if let Some(notifier) = self.0.upgrade() {
+            notifier.released_by(channel, holder);
+        }
+    }
+
+    fn missed(&self) {
+        if let Some(notifier) = self.0.upgrade() {
+            notifier.wake_all();
+        }
+    }
 }

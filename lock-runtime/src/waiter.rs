@@ -197,6 +197,18 @@ impl Notifier {
         }
     }
 
+    /// Announcements may have been missed (the connection that hears them
+    /// was down): every waiter here looks again.
+    pub(crate) fn wake_all(&self) {
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        for c in channels.values() {
+            c.notify.notify_waiters();
+            for waiter in c.named.values() {
+                waiter.notify_one();
+            }
+        }
+    }
+
     /// Registers a waiter on `channel`, subscribing if it is the first.
     /// Returns once the subscription is confirmed (or known to be down).
     pub(crate) async fn watch(self: &Arc<Self>, channel: &str) -> Watch {

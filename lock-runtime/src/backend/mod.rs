@@ -78,8 +78,6 @@ impl AnyBackend {
             AnyBackend::Memory(_) => false,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => false,
-            #[cfg(feature = "postgres")]
-            AnyBackend::Postgres(_) => false,
             // Each waiter's own watch tells it, not an announcement.
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => false,
@@ -93,10 +91,6 @@ impl AnyBackend {
     pub(crate) fn polls_for_releases(&self) -> bool {
         #[cfg(feature = "mysql")]
         if let AnyBackend::Mysql(_) = self {
-            return true;
-        }
-        #[cfg(feature = "postgres")]
-        if let AnyBackend::Postgres(_) = self {
             return true;
         }
         false

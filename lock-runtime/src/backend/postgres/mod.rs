@@ -13,9 +13,12 @@
 //! connection recycled, or a transaction-mode pooler in between, cannot
 //! free it, and it carries a fencing token.
 //!
-//! The files, bottom-up: `sql` the statements, `table` the client and how
-//! one operation runs; this file each kind's attempt and the dispatch of
-//! every operation.
+//! Waiters hear releases: each release statement `NOTIFY`s the table's
+//! channel, and one connection per client `LISTEN`s there (`listen`).
+//!
+//! The files, bottom-up: `sql` the statements, `listen` the release
+//! listener, `table` the client and how one operation runs; this file each
+//! kind's attempt and the dispatch of every operation.
 //!
 //! The driver is `tokio-postgres`, through `deadpool-postgres`'s pool,
 //! which keeps each connection's prepared statements: after the first use
@@ -35,7 +38,11 @@ use crate::spec::Kind;
 // Bottom-up: each file uses only those declared before it.
 mod sql;
 
+mod listen;
+
 mod table;
+
+pub(crate) use self::listen::Releases;
 
 /// Why this backend cannot take a lock of `kind`, if it cannot.
 pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
@@ -56,6 +63,24 @@ enum Taken {
 }
 
 impl PostgresBackend {
+    /// Starts the connection that hears releases and tells `releases`
+    /// (a client's waiters); it lives as long as this backend.
+    pub(crate) fn listen(&self, releases: std::sync::Arc<dyn Releases>) {
+        let task = tokio::spawn(listen::listen(
+            self.config.clone(),
+            self.sql.listen.clone(),
+            self.timeout,
+            releases,
+        ));
+        let mut slot = self
+            .listener
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(old) = slot.replace(task) {
+            old.abort();
+        }
+    }
+
     /// One try at the row `name`, on `client` (a pooled connection, or a
     /// transaction on one).
     async fn take(
@@ -150,11 +175,21 @@ impl PostgresBackend {
         .await
     }
 
-    async fn release_names(&self, key: &LockKey, names: &[&str], holder: &str) -> Result<bool, Failure> {
+    /// Releases `names` (each with the channel its waiters watch), and
+    /// announces each one released.
+    async fn release_names(
+        &self,
+        key: &LockKey,
+        names: &[&str],
+        channels: &[&str],
+        holder: &str,
+    ) -> Result<bool, Failure> {
         self.run(key, "release", || async {
             let client = self.pool.get().await?;
             let statement = client.prepare_cached(&self.sql.release).await?;
-            let row = client.query_one(&statement, &[&names, &holder]).await?;
+            let row = client
+                .query_one(&statement, &[&names, &holder, &channels, &self.sql.channel])
+                .await?;
             Ok(row.try_get::<_, i64>(0)? > 0)
         })
         .await
@@ -171,7 +206,8 @@ impl Backend for PostgresBackend {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        self.release_names(key, &[key.redis_key.as_str()], holder).await
+        self.release_names(key, &[key.redis_key.as_str()], &[key.channel.as_str()], holder)
+            .await
     }
 
     async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
@@ -179,13 +215,16 @@ impl Backend for PostgresBackend {
             return Ok(false);
         };
         let names: Vec<&str> = keys.iter().map(|k| k.redis_key.as_str()).collect();
-        self.release_names(first, &names, holder).await
+        let channels: Vec<&str> = keys.iter().map(|k| k.channel.as_str()).collect();
+        self.release_names(first, &names, &channels, holder).await
     }
 
     async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
         let names: Vec<String> = key.segment_keys(count).collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        self.release_names(key, &names, holder).await
+        // Every segment's waiters watch the lock's channel.
+        let channels = vec![key.channel.as_str(); names.len()];
+        self.release_names(key, &names, &channels, holder).await
     }
 
     async fn renew(

@@ -28,12 +28,18 @@ pub(super) struct Statements {
     pub(super) extend: String,
     pub(super) renew_many: String,
     pub(super) release: String,
+    /// The notification channel releases are announced on: the table's
+    /// name, so that clients of one table hear each other.
+    pub(super) channel: String,
+    pub(super) listen: String,
 }
 
 impl Statements {
     pub(super) fn new(table: &str) -> Self {
         let t = format!("\"{table}\"");
         Statements {
+            channel: table.to_owned(),
+            listen: format!("LISTEN {t}"),
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
                  name text PRIMARY KEY, \
@@ -85,19 +91,27 @@ impl Statements {
                  WHERE l.name = r.name AND l.holder = r.holder AND l.expires_at > clock_timestamp() \
                  RETURNING l.name, l.holder"
             ),
-            // Parameters: names, holder. A row that was never fenced goes;
-            // a fenced one stays, freed, so that its counter keeps growing
-            // across holders. Returns how many of the holder's rows there
-            // were.
+            // Parameters: names, holder, the waiters' channel of each
+            // name, the notification channel. A row that was never fenced
+            // goes; a fenced one stays, freed, so that its counter keeps
+            // growing across holders. Each release is announced to the
+            // clients listening (`holder channel`; delivered when the
+            // statement commits). Returns how many of the holder's rows
+            // there were.
             release: format!(
-                "WITH gone AS (\
-                   DELETE FROM {t} WHERE name = ANY($1::text[]) AND holder = $2 AND fence = 0 \
-                   RETURNING 1), \
+                "WITH r AS (SELECT * FROM unnest($1::text[], $3::text[]) AS r(name, channel)), \
+                 gone AS (\
+                   DELETE FROM {t} l USING r \
+                   WHERE l.name = r.name AND l.holder = $2 AND l.fence = 0 \
+                   RETURNING r.channel), \
                  freed AS (\
-                   UPDATE {t} SET holder = '', expires_at = '-infinity' \
-                   WHERE name = ANY($1::text[]) AND holder = $2 AND fence <> 0 \
-                   RETURNING 1) \
-                 SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM freed)"
+                   UPDATE {t} l SET holder = '', expires_at = '-infinity' FROM r \
+                   WHERE l.name = r.name AND l.holder = $2 AND l.fence <> 0 \
+                   RETURNING r.channel), \
+                 told AS (\
+                   SELECT pg_notify($4, $2 || ' ' || c.channel) \
+                   FROM (SELECT channel FROM gone UNION ALL SELECT channel FROM freed) c) \
+                 SELECT count(*) FROM told"
             ),
         }
     }

@@ -18,6 +18,10 @@ use crate::redact::{redact_secrets, redact_url};
 /// A PostgreSQL lock table.
 pub(crate) struct PostgresBackend {
     pub(super) pool: Pool,
+    /// Where the pool connects, for the release listener's connection.
+    pub(super) config: tokio_postgres::Config,
+    /// The release listener's task, aborted with the backend.
+    pub(super) listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     pub(super) sql: Statements,
     pub(super) table: String,
     /// `host:port/db`, no credentials: what messages name.
@@ -90,6 +94,18 @@ fn missing_table(e: &PoolError) -> bool {
     matches!(e, PoolError::Backend(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE))
 }
 
+impl Drop for PostgresBackend {
+    fn drop(&mut self) {
+        let listener = self
+            .listener
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(task) = listener.take() {
+            task.abort();
+        }
+    }
+}
+
 impl PostgresBackend {
     /// Parses `url` (`postgres://user:password@host:port/database`) and
     /// builds the pool; connects nothing yet.
@@ -137,7 +153,7 @@ impl PostgresBackend {
         // one whose server side closed is dropped when next taken. A
         // verified recycle would cost a round trip per operation.
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             tokio_postgres::NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -150,6 +166,8 @@ impl PostgresBackend {
             .map_err(|e| invalid(e.to_string()))?;
         Ok(PostgresBackend {
             pool,
+            config,
+            listener: std::sync::Mutex::new(None),
             sql: Statements::new(table),
             table: table.to_owned(),
             node,
