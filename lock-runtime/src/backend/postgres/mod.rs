@@ -67,7 +67,7 @@ impl PostgresBackend {
     /// (a client's waiters); it lives as long as this backend.
     pub(crate) fn listen(&self, releases: std::sync::Arc<dyn Releases>) {
         let task = tokio::spawn(listen::listen(
-            self.config.clone(),
+            (*self.config).clone(),
             self.sql.listen.clone(),
             self.timeout,
             releases,

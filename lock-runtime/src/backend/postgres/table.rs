@@ -19,7 +19,9 @@ use crate::redact::{redact_secrets, redact_url};
 pub(crate) struct PostgresBackend {
     pub(super) pool: Pool,
     /// Where the pool connects, for the release listener's connection.
-    pub(super) config: tokio_postgres::Config,
+    /// Boxed: read once, and it would double the size of every client's
+    /// backend.
+    pub(super) config: Box<tokio_postgres::Config>,
     /// The release listener's task, aborted with the backend.
     pub(super) listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     pub(super) sql: Statements,
@@ -166,7 +168,7 @@ impl PostgresBackend {
             .map_err(|e| invalid(e.to_string()))?;
         Ok(PostgresBackend {
             pool,
-            config,
+            config: Box::new(config),
             listener: std::sync::Mutex::new(None),
             sql: Statements::new(table),
             table: table.to_owned(),
