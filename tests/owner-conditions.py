@@ -163,6 +163,14 @@ MUTANTS = [
      "WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder",
      "WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder OR TRUE",
      "behaviour", "postgres::mutual_exclusion"),
+    ("P6", POSTGRES,
+     "WHERE l.name = r.name AND l.member = r.member AND",
+     "WHERE l.name = r.name AND (l.member = r.member OR TRUE) AND",
+     "stale_holder", "on_postgres::a_stale_reader_renewal_leaves_the_writers_lock"),
+    ("P7", POSTGRES,
+     "greatest(expires_at, {}) \\\n                 WHERE name = $2 AND member = $3",
+     "greatest(expires_at, {}) \\\n                 WHERE name = $2 AND (member = $3 OR TRUE)",
+     "stale_holder", "on_postgres::a_stale_reader_extension_leaves_the_writers_lock"),
 ]
 
 

@@ -681,7 +681,14 @@ struct Announcements(std::sync::Weak<Notifier>);
 #[cfg(feature = "postgres")]
 impl crate::backend::postgres::Releases for Announcements {
     fn released(&self, channel: &str, holder: &str) {
-        if let Some(notifier) = self.0.upgrade() {
+        let Some(notifier) = self.0.upgrade() else {
+            return;
+        };
+        if holder.starts_with("f:") {
+            // A fair lock's release names no one: the line's waiters here
+            // look again, and the first in line gets it.
+            notifier.wake_line(channel);
+        } else {
             notifier.released_by(channel, holder);
         }
     }

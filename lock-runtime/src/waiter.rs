@@ -199,6 +199,7 @@ impl Notifier {
 
     /// Announcements may have been missed (the connection that hears them
     /// was down): every waiter here looks again.
+    #[cfg(feature = "postgres")]
     pub(crate) fn wake_all(&self) {
         let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         for c in channels.values() {

@@ -124,12 +124,6 @@ fn one_backend() {
                 permits_and_fair: false,
                 segments: false,
             },
-            // PostgreSQL: no shared or fair kinds yet.
-            "postgres" => shop::Offers {
-                read_write: false,
-                permits_and_fair: false,
-                segments: true,
-            },
             _ => shop::Offers::ALL,
         };
         shop::kinds_through_the_attribute(&client, offers).await;

@@ -4,15 +4,15 @@
 //! to know each waiter is in it), a dead
 //! waiter is skipped within the configured bound, and a waiter whose wait
 //! runs out leaves the line; the same on MariaDB, where the line is rows of
-//! the members table. The in-process backend hands out in order too;
-//! a Redlock refuses fair locks.
+//! the members table, and on PostgreSQL, with the same layout. The
+//! in-process backend hands out in order too; a Redlock refuses fair locks.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
 use lock_tests::monitor::Monitor;
-use lock_tests::{Cluster, MariaDb, RedisServer, Replicated, eventually, start_masters};
+use lock_tests::{Cluster, MariaDb, Postgres, RedisServer, Replicated, eventually, start_masters};
 
 /// A client, and a way to read the fair lock's line on the server.
 struct Fixture {
@@ -21,6 +21,8 @@ struct Fixture {
     server_of: Box<dyn Fn(&str) -> ::redis::Connection + Send>,
     /// The MariaDB whose table holds the locks, on that backend.
     mariadb: Option<MariaDb>,
+    /// The PostgreSQL whose table holds the locks, on that backend.
+    postgres: Option<Postgres>,
     _servers: Vec<Box<dyn std::any::Any + Send>>,
 }
 
@@ -39,6 +41,7 @@ async fn redis_with(builder: lock_runtime::LockClientBuilder) -> Fixture {
                 .expect("admin connection")
         }),
         mariadb: None,
+        postgres: None,
         _servers: vec![Box::new(server)],
     }
 }
@@ -54,6 +57,7 @@ async fn sentinel() -> Fixture {
                 .expect("admin connection")
         }),
         mariadb: None,
+        postgres: None,
         _servers: vec![Box::new(group)],
     }
 }
@@ -64,6 +68,20 @@ async fn mysql() -> Fixture {
         locks: LockClient::mysql(&server.url()).await.expect("mysql client"),
         server_of: Box::new(|_| unreachable!("no Redis server on MariaDB")),
         mariadb: Some(server),
+        postgres: None,
+        _servers: Vec::new(),
+    }
+}
+
+async fn postgres() -> Fixture {
+    let server = Postgres::start();
+    Fixture {
+        locks: LockClient::postgres(&server.url())
+            .await
+            .expect("postgres client"),
+        server_of: Box::new(|_| unreachable!("no Redis server on PostgreSQL")),
+        mariadb: None,
+        postgres: Some(server),
         _servers: Vec::new(),
     }
 }
@@ -84,12 +102,21 @@ async fn cluster() -> Fixture {
                 .expect("admin connection")
         }),
         mariadb: None,
+        postgres: None,
         _servers: vec![Box::new(cluster)],
     }
 }
 
 /// How many waiters stand in the line of fair lock `key`.
 fn line_length(f: &Fixture, key: &str) -> i64 {
+    if let Some(postgres) = &f.postgres {
+        let rows = tokio::task::block_in_place(|| {
+            postgres.sql(&format!(
+                "SELECT count(*) FROM distributed_locks_members WHERE name = 'lock:{{{key}}}'"
+            ))
+        });
+        return rows.first().and_then(|c| c.parse().ok()).expect("a count");
+    }
     if let Some(mariadb) = &f.mariadb {
         let rows = mariadb.block_on_sql(&format!(
             "SELECT COUNT(*) FROM distributed_locks_members WHERE name = 'lock:{{{key}}}'"
@@ -201,6 +228,28 @@ mod mysql {
         })
         .await
     }
+}
+
+/// The fair-lock behaviours that read no Redis key, on PostgreSQL.
+mod postgres {
+    macro_rules! on_postgres {
+        ($($behaviour:ident),+ $(,)?) => {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::postgres().await).await;
+                    })
+                    .await
+                }
+            )+
+        };
+    }
+    on_postgres!(
+        a_held_fair_lock_is_refused_to_everyone_else,
+        waiters_get_the_lock_in_arrival_order,
+        a_waiter_whose_wait_runs_out_leaves_the_line,
+    );
 }
 
 /// While one task holds a fair lock, another's try is refused: the

@@ -3,8 +3,7 @@
 //! `redis-server`, a Redis Cluster, a Redlock of three masters (read-write
 //! only; it refuses permits and segments), a master found through Redis
 //! Sentinel with a replica acknowledging, MariaDB, ZooKeeper and
-//! PostgreSQL (exclusive locks, segments and sets so far; it refuses the
-//! other kinds as not built yet), through the public API. A backend joins a kind's suite by being added to its
+//! PostgreSQL, through the public API. A backend joins a kind's suite by being added to its
 //! list.
 
 use std::collections::BTreeSet;
@@ -158,7 +157,7 @@ macro_rules! on_backend {
 mod read_write {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, redlock, sentinel, mysql, zookeeper] => [
+        [in_memory, redis, cluster, redlock, sentinel, mysql, zookeeper, postgres] => [
             readers_overlap,
             a_writer_never_overlaps_anyone,
             upgrade_is_refused_at_once,
@@ -171,7 +170,7 @@ mod read_write {
 mod permits {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, sentinel, mysql, zookeeper] => [
+        [in_memory, redis, cluster, sentinel, mysql, zookeeper, postgres] => [
             never_more_than_n_holders,
             permits_are_counted_across_clients,
             a_vanished_holders_permit_frees_at_its_ttl_not_before,
@@ -199,23 +198,12 @@ mod checks {
     );
 }
 
-/// The kinds the PostgreSQL backend does not offer yet are refused before
-/// any I/O, each named; the suites above run what it offers.
-mod postgres_not_yet {
-    use super::*;
-    on_backends!(
-        [postgres] => [
-            the_kinds_not_built_are_refused_by_name,
-        ]
-    );
-}
-
 // ZooKeeper keeps a name used as two kinds exclusive instead
 // (`zookeeper_keeps_a_name_used_as_two_kinds_exclusive`).
 mod one_kind_per_name {
     use super::*;
     on_backends!(
-        [in_memory, redis, mysql] => [
+        [in_memory, redis, mysql, postgres] => [
             one_key_is_one_kind,
         ]
     );
@@ -224,7 +212,7 @@ mod one_kind_per_name {
 mod fencing {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, sentinel, mysql, zookeeper] => [
+        [in_memory, redis, cluster, sentinel, mysql, zookeeper, postgres] => [
             writers_and_segments_get_growing_fencing_tokens,
         ]
     );
@@ -261,12 +249,8 @@ enum Shape {
 impl Shape {
     /// The kinds `f`'s backend offers (a Redlock refuses permits,
     /// segments and fair locks: `redlock_refuses_permits_and_segments`,
-    /// and `fair.rs`; PostgreSQL offers no shared or fair kind yet:
-    /// `the_kinds_not_built_are_refused_by_name`).
+    /// and `fair.rs`).
     fn offered(f: &Fixture) -> Vec<Shape> {
-        if matches!(f.servers, Servers::Postgres(_)) {
-            return vec![Shape::Exclusive, Shape::Segments(2), Shape::SeveralKeys];
-        }
         let mut shapes = vec![Shape::Exclusive, Shape::Read, Shape::Write, Shape::SeveralKeys];
         if !matches!(f.servers, Servers::Masters(_)) {
             shapes.extend([Shape::Permits(2), Shape::Segments(2), Shape::Fair]);
@@ -988,33 +972,6 @@ async fn bad_kinds_are_refused_before_any_io(f: Fixture) {
             other => panic!("expected InvalidRequest, got {other:?}"),
         }
     }
-}
-
-async fn the_kinds_not_built_are_refused_by_name(f: Fixture) {
-    let locks = &f.locks;
-    let cases = [
-        ("read-write", locks.lock("k").mode(LockMode::Read).acquire().await),
-        (
-            "read-write",
-            locks.lock("k").mode(LockMode::Write).acquire().await,
-        ),
-        ("permits", locks.lock("k").permits(2).acquire().await),
-        ("fair", locks.lock("k").fair(true).acquire().await),
-    ];
-    for (kind, case) in cases {
-        match case {
-            Err(LockError::Unsupported { key, feature }) => {
-                assert_eq!(key, "k");
-                assert!(
-                    feature.contains(kind) && feature.contains("PostgreSQL"),
-                    "{feature}"
-                );
-            }
-            other => panic!("{kind}: expected Unsupported, got {other:?}"),
-        }
-    }
-    // What it offers is taken.
-    locks.lock("k").run(async {}).await.expect("an exclusive lock");
 }
 
 async fn one_key_is_one_kind(f: Fixture) {

@@ -360,6 +360,16 @@ async fn bad_input_gets_clear_errors_and_no_password_shows() {
             .expect("any text is a name");
         assert_eq!(guard.fencing_token(), Some(1));
         guard.release().await.expect("release");
+        // Every kind takes odd names (the members table holds the shared
+        // kinds' and the fair line's rows).
+        for (what, request) in [
+            ("read", locks.lock(odd).mode(lock_runtime::LockMode::Read)),
+            ("permits", locks.lock("sem'\\").permits(2)),
+            ("fair", locks.lock("line\";").fair(true)),
+        ] {
+            let guard = request.acquire().await.unwrap_or_else(|e| panic!("{what}: {e}"));
+            guard.release().await.unwrap_or_else(|e| panic!("{what}: {e}"));
+        }
         let set = locks
             .lock_all([odd, "o'ther"])
             .acquire()

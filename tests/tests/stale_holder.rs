@@ -200,9 +200,15 @@ impl Rig {
             }
             Rig::Postgres(server) => {
                 let rows = tokio::task::block_in_place(|| {
-                    server.sql(&format!(
+                    let mut rows = server.sql(&format!(
                         "SELECT holder, expires_at, fence FROM distributed_locks WHERE name = '{name}'"
-                    ))
+                    ));
+                    // A shared lock's holders: one row each, with its lease.
+                    rows.extend(server.sql(&format!(
+                        "SELECT member, expires_at FROM distributed_locks_members \
+                         WHERE name = '{name}' ORDER BY member"
+                    )));
+                    rows
                 });
                 Snapshot(rows.into_iter().map(Some).collect())
             }
@@ -483,7 +489,16 @@ impl Rig {
                 };
                 Some(request.acquire().await.expect("the rival takes the freed lock"))
             }
-            Rig::Postgres(_) => unreachable!("PostgreSQL has no shared locks yet"),
+            Rig::Postgres(server) => {
+                tokio::task::block_in_place(|| {
+                    server.sql(&format!(
+                        "DELETE FROM distributed_locks_members WHERE name = '{name}'; \
+                         INSERT INTO distributed_locks_members (name, member, expires_at) \
+                         VALUES ('{name}', '{member}', clock_timestamp() + interval '{lease_ms} milliseconds')"
+                    ))
+                });
+                None
+            }
         }
     }
 }
@@ -722,6 +737,10 @@ contract! {
         a_stale_unfenced_release_leaves_the_other_holders_lock,
         a_stale_release_of_several_keys_leaves_the_other_holders_lock,
         a_stale_release_of_a_segment_leaves_the_other_holders_lock,
+        a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock,
+        a_stale_reader_renewal_leaves_the_writers_lock,
+        a_stale_reader_extension_leaves_the_writers_lock,
+        a_stale_permit_renewal_leaves_the_other_permit_holder,
     ],
     on_zookeeper => zookeeper: [
         a_stale_watchdog_renewal_leaves_the_other_holders_lock,

@@ -9,6 +9,8 @@ use crate::key::LockKey;
 use crate::spec::Kind;
 
 mod contract;
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+mod members;
 pub(crate) mod memory;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -246,8 +248,6 @@ impl AnyBackend {
             AnyBackend::Redlock(_) => redlock::unsupported(kind),
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => zookeeper::unsupported(kind),
-            #[cfg(feature = "postgres")]
-            AnyBackend::Postgres(_) => postgres::unsupported(kind),
             _ => None,
         }
     }

@@ -278,6 +278,38 @@ async fn s3spg_segments_through_postgres_restarts() {
     .await
 }
 
+/// S3rwpg: read-write locks (one writer in four) while PostgreSQL is
+/// SIGKILLed and restarted twice: the members table survives the restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3rwpg_read_write_locks_through_postgres_restarts() {
+    scenario(
+        "s3rwpg_read_write_locks_through_postgres_restarts",
+        through_postgres_restarts(
+            "S3rwpg",
+            "S3 with read-write locks on PostgreSQL, SIGKILLed and restarted",
+            "library-rw",
+            &["rw:a", "rw:b", "rw:c", "rw:d"],
+        ),
+    )
+    .await
+}
+
+/// S3fpg: fair locks (the line in the members table) while PostgreSQL is
+/// SIGKILLed and restarted twice, fenced, the order judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3fpg_fair_locks_through_postgres_restarts() {
+    scenario(
+        "s3fpg_fair_locks_through_postgres_restarts",
+        through_postgres_restarts(
+            "S3fpg",
+            "S3 with fair locks on PostgreSQL, SIGKILLed and restarted",
+            "library-fair",
+            &["f:a", "f:b", "f:c"],
+        ),
+    )
+    .await
+}
+
 /// `lock` on `keys` while each member of a 3-member ensemble is SIGKILLed
 /// and started again in turn: the followers, then the leader (so also
 /// whichever member a worker is connected to).

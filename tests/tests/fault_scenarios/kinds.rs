@@ -12,21 +12,23 @@
 //! arrived gets the lock before it, away from the fault.
 
 use super::*;
-use lock_tests::MariaDb;
 use lock_tests::lab::Workers;
 use lock_tests::report::Verdict;
+use lock_tests::{MariaDb, Postgres};
 
 /// The server a kind's scenario runs on.
 #[derive(Clone, Copy)]
 enum On {
     Redis,
     Mariadb,
+    Postgres,
 }
 
 /// A started server of either backend, stopped the same way.
 enum Started {
     Redis(RedisServer),
     Mariadb(MariaDb),
+    Postgres(Postgres),
 }
 
 impl Started {
@@ -34,6 +36,7 @@ impl Started {
         match on {
             On::Redis => Started::Redis(RedisServer::start()),
             On::Mariadb => Started::Mariadb(MariaDb::start()),
+            On::Postgres => Started::Postgres(Postgres::start()),
         }
     }
 
@@ -41,6 +44,7 @@ impl Started {
         match self {
             Started::Redis(server) => server.url(),
             Started::Mariadb(server) => server.url(),
+            Started::Postgres(server) => server.url(),
         }
     }
 
@@ -49,6 +53,11 @@ impl Started {
         match self {
             Started::Redis(server) => Stall::Stop.apply(&[server], how_long).await,
             Started::Mariadb(server) => {
+                server.pause();
+                tokio::time::sleep(how_long).await;
+                server.resume();
+            }
+            Started::Postgres(server) => {
                 server.pause();
                 tokio::time::sleep(how_long).await;
                 server.resume();
@@ -529,6 +538,61 @@ async fn s0fmy_fair_locks_grant_in_arrival_order_on_mariadb_through_a_server_sto
             "S0fmy",
             On::Mariadb,
             "S0 with fair locks on MariaDB, order judged, server stopped past the leases",
+        ),
+    )
+    .await
+}
+
+/// S0rwpg: S0rw on PostgreSQL (the members table, admission under the
+/// gate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0rwpg_no_writer_beside_anyone_on_postgres_through_server_stops() {
+    scenario(
+        "s0rwpg_no_writer_beside_anyone_on_postgres_through_server_stops",
+        async move {
+            run_kind_scenario(KindScenario {
+                id: "S0rwpg",
+                on: On::Postgres,
+                name: "S0 with read-write locks on PostgreSQL, server stopped past the leases",
+                lock: "library-rw",
+                control: "library-rw-writers-read",
+                control_outlives_leases: false,
+            })
+            .await;
+        },
+    )
+    .await
+}
+
+/// S0ppg: S0p on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0ppg_never_more_than_n_permit_holders_on_postgres_through_server_stops() {
+    scenario(
+        "s0ppg_never_more_than_n_permit_holders_on_postgres_through_server_stops",
+        async move {
+            run_kind_scenario(KindScenario {
+                id: "S0ppg",
+                on: On::Postgres,
+                name: "S0 with 2 permits per key on PostgreSQL, server stopped past the leases",
+                lock: "library-permits-2",
+                control: "library-permits-3-checked-2",
+                control_outlives_leases: false,
+            })
+            .await;
+        },
+    )
+    .await
+}
+
+/// S0fpg: S0f on PostgreSQL (the line rows of the members table).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0fpg_fair_locks_grant_in_arrival_order_on_postgres_through_a_server_stop() {
+    scenario(
+        "s0fpg_fair_locks_grant_in_arrival_order_on_postgres_through_a_server_stop",
+        run_fair_scenario(
+            "S0fpg",
+            On::Postgres,
+            "S0 with fair locks on PostgreSQL, order judged, server stopped past the leases",
         ),
     )
     .await

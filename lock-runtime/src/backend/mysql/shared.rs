@@ -24,71 +24,10 @@ use mysql_async::{Transaction, TxOpts};
 
 use super::table::{Attempted, MysqlBackend, as_micros, micros};
 use crate::backend::contract::{AcquireReply, AcquireRequest, Failure};
+use crate::backend::members::{Admission, admit, marker};
+pub(super) use crate::backend::members::{gate_kind, is_member};
 use crate::key::LockKey;
 use crate::timing::WRITER_CLAIM;
-
-/// Whether `holder` names a member of a shared lock rather than an
-/// exclusive holder (whose ids are hex, never `r`, `w` or `p`).
-pub(super) fn is_member(holder: &str) -> bool {
-    matches!(holder.as_bytes(), [b'r' | b'w' | b'p', b':', ..])
-}
-
-/// The gate marker for the shared lock `member` belongs to.
-fn marker(member: &str) -> &'static str {
-    if member.starts_with("p:") {
-        "#permits"
-    } else {
-        "#rw"
-    }
-}
-
-/// The kind a gate marker stands for, as conflicts name it.
-pub(super) fn gate_kind(holder: &str) -> &'static str {
-    if holder == "#permits" {
-        "semaphore"
-    } else {
-        "read-write lock"
-    }
-}
-
-/// What admission decided, from the members found.
-#[derive(Debug, PartialEq, Eq)]
-enum Admission {
-    /// Already a member: an earlier attempt's reply was lost.
-    Again,
-    Admitted,
-    /// Refused; this much is left of the first lease in the way.
-    Refused(Duration),
-}
-
-/// The rules Redis applies in `acquire_shared.lua`: a reader yields to a
-/// writer and to a writer's claim; a writer to every holder but not to
-/// another writer's claim; a permit is one of at most `permits`. `members`
-/// are the live ones, soonest lease end first.
-fn admit(member: &str, permits: u32, members: &[(String, u64)]) -> Admission {
-    if members.iter().any(|(m, _)| m == member) {
-        return Admission::Again;
-    }
-    if permits > 0 {
-        let full = members.len() >= usize::try_from(permits).unwrap_or(usize::MAX);
-        return match members.first() {
-            Some((_, left)) if full => Admission::Refused(micros(*left)),
-            _ => Admission::Admitted,
-        };
-    }
-    let reader = member.starts_with("r:");
-    let in_the_way = members.iter().find(|(other, _)| {
-        if reader {
-            !other.starts_with("r:")
-        } else {
-            !other.starts_with("q:")
-        }
-    });
-    match in_the_way {
-        Some((_, left)) => Admission::Refused(micros(*left)),
-        None => Admission::Admitted,
-    }
-}
 
 impl MysqlBackend {
     /// The body of a shared acquisition, in `tx`; `Err` names the other
@@ -119,6 +58,8 @@ impl MysqlBackend {
         }
         tx.exec_drop(&sql.expire_members, (name,)).await?;
         let members: Vec<(String, u64)> = tx.exec(&sql.list_members, (name,)).await?;
+        let members: Vec<(String, Duration)> =
+            members.into_iter().map(|(m, left)| (m, micros(left))).collect();
         let ttl_us = as_micros(req.ttl);
         let again = match admit(member, permits, &members) {
             Admission::Again => true,
@@ -223,52 +164,5 @@ impl MysqlBackend {
             })
             .await?;
         Ok(gate_kind(&String::from_utf8_lossy(&holder.unwrap_or_default())))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn live(members: &[&str]) -> Vec<(String, u64)> {
-        members.iter().map(|m| ((*m).to_owned(), 1_000_000)).collect()
-    }
-
-    #[test]
-    fn readers_share_and_yield_to_writers_and_claims() {
-        assert_eq!(admit("r:a:1", 0, &live(&["r:b:1"])), Admission::Admitted);
-        assert!(matches!(
-            admit("r:a:1", 0, &live(&["w:b:1"])),
-            Admission::Refused(_)
-        ));
-        assert!(matches!(
-            admit("r:a:1", 0, &live(&["q:b:1"])),
-            Admission::Refused(_)
-        ));
-    }
-
-    #[test]
-    fn a_writer_yields_to_holders_but_not_to_claims() {
-        assert!(matches!(
-            admit("w:a:1", 0, &live(&["r:b:1"])),
-            Admission::Refused(_)
-        ));
-        assert_eq!(admit("w:a:1", 0, &live(&["q:b:1", "q:a:1"])), Admission::Admitted);
-        assert_eq!(admit("w:a:1", 0, &live(&["w:a:1"])), Admission::Again);
-    }
-
-    #[test]
-    fn permits_count_holders() {
-        assert_eq!(admit("p:a:1", 2, &live(&["p:b:1"])), Admission::Admitted);
-        assert!(matches!(
-            admit("p:a:1", 2, &live(&["p:b:1", "p:c:1"])),
-            Admission::Refused(_)
-        ));
-    }
-
-    #[test]
-    fn members_are_told_from_exclusive_holders() {
-        assert!(is_member("r:ab:1") && is_member("w:ab:1") && is_member("p:ab:1"));
-        assert!(!is_member("ab12:3") && !is_member("q:ab:1"));
     }
 }

@@ -29,8 +29,9 @@ use std::time::Duration;
 
 use deadpool_postgres::PoolError;
 
+use self::shared::{gate_kind, is_member};
 pub(crate) use self::table::PostgresBackend;
-use self::table::{as_micros, held, micros};
+use self::table::{as_micros, conflict, held, micros};
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 use crate::key::LockKey;
 use crate::spec::Kind;
@@ -42,17 +43,11 @@ mod listen;
 
 mod table;
 
-pub(crate) use self::listen::Releases;
+mod shared;
 
-/// Why this backend cannot take a lock of `kind`, if it cannot.
-pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
-    match kind {
-        Kind::Exclusive | Kind::Segments(_) => None,
-        Kind::Read | Kind::Write => Some("read-write locks on PostgreSQL (not built yet)"),
-        Kind::Permits(_) => Some("permits on PostgreSQL (not built yet)"),
-        Kind::Fair => Some("fair locks on PostgreSQL (not built yet)"),
-    }
-}
+mod fair;
+
+pub(crate) use self::listen::Releases;
 
 /// What one acquisition statement found.
 enum Taken {
@@ -60,6 +55,8 @@ enum Taken {
     Ours(u64),
     /// Another holder's, with this much of its lease left.
     Held(Duration),
+    /// A shared lock's gate (its marker): another kind of lock.
+    Gate(String),
 }
 
 impl PostgresBackend {
@@ -99,6 +96,8 @@ impl PostgresBackend {
             Some(row) if row.try_get::<_, bool>(0)? => {
                 Taken::Ours(u64::try_from(row.try_get::<_, i64>(1)?).unwrap_or(0))
             }
+            // What is left is -1 for a gate alone (its expiry is infinite).
+            Some(row) if row.try_get::<_, i64>(1)? < 0 => Taken::Gate(row.try_get(2)?),
             Some(row) => Taken::Held(micros(row.try_get(1)?)),
             // Held by a row this statement's snapshot did not see: look
             // again soon.
@@ -114,11 +113,13 @@ impl PostgresBackend {
         self.run(req.key, "acquire", || async {
             let client = self.pool.get().await?;
             Ok(match self.take(&client, name, req.holder, ttl_us, step).await? {
-                Taken::Ours(token) => AcquireReply::acquired(req.fencing.then_some(token)),
-                Taken::Held(left) => held(left, 0),
+                Taken::Ours(token) => Ok(AcquireReply::acquired(req.fencing.then_some(token))),
+                Taken::Held(left) => Ok(held(left, 0)),
+                Taken::Gate(marker) => Err(marker),
             })
         })
-        .await
+        .await?
+        .map_err(|marker| conflict(req.key, gate_kind(&marker)))
     }
 
     /// Any free segment of `count`, tried in order.
@@ -136,17 +137,19 @@ impl PostgresBackend {
             for (i, name) in (0..count).zip(&names) {
                 match self.take(&client, name, req.holder, ttl_us, step).await? {
                     Taken::Ours(token) => {
-                        return Ok(AcquireReply::Acquired {
+                        return Ok(Ok(AcquireReply::Acquired {
                             token: req.fencing.then_some(token),
                             segment: Some(i),
-                        });
+                        }));
                     }
                     Taken::Held(left) => soonest = soonest.min(left),
+                    Taken::Gate(marker) => return Ok(Err(marker)),
                 }
             }
-            Ok(held(soonest, 0))
+            Ok(Ok(held(soonest, 0)))
         })
-        .await
+        .await?
+        .map_err(|marker| conflict(req.key, gate_kind(&marker)))
     }
 
     /// Every lock of a set or none, in one transaction: a row that is held
@@ -164,19 +167,52 @@ impl PostgresBackend {
             // half-way included), before the connection is reused.
             let tx = client.transaction().await?;
             for (i, key) in set.iter().enumerate() {
-                if let Taken::Held(left) = self.take(&tx, &key.redis_key, req.holder, ttl_us, 0).await? {
-                    tx.rollback().await?;
-                    return Ok(held(left, i));
+                match self.take(&tx, &key.redis_key, req.holder, ttl_us, 0).await? {
+                    Taken::Ours(_) => {}
+                    Taken::Held(left) => {
+                        tx.rollback().await?;
+                        return Ok(Ok(held(left, i)));
+                    }
+                    Taken::Gate(marker) => {
+                        tx.rollback().await?;
+                        return Ok(Err((i, marker)));
+                    }
                 }
             }
             tx.commit().await?;
-            Ok(AcquireReply::acquired(None))
+            Ok(Ok(AcquireReply::acquired(None)))
         })
-        .await
+        .await?
+        .map_err(|(i, marker)| conflict(set[i], gate_kind(&marker)))
     }
 
     /// Releases `names` (each with the channel its waiters watch), and
     /// announces each one released.
+    /// Renews `items` with `sql` (`renew_many` of either table) in one
+    /// statement: the (name, holder) of each lease still held.
+    async fn renew_batch(
+        &self,
+        items: &[&RenewItem<'_>],
+        sql: &str,
+    ) -> Result<HashSet<(String, String)>, Failure> {
+        let Some(first) = items.first() else {
+            return Ok(HashSet::new());
+        };
+        let names: Vec<&str> = items.iter().map(|i| i.key.redis_key.as_str()).collect();
+        let holders: Vec<&str> = items.iter().map(|i| i.holder).collect();
+        let ttls: Vec<i64> = items.iter().map(|i| as_micros(i.ttl)).collect();
+        self.run(first.key, "renew", || async {
+            let client = self.pool.get().await?;
+            let statement = client.prepare_cached(sql).await?;
+            let rows = client.query(&statement, &[&names, &holders, &ttls]).await?;
+            rows.iter()
+                .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                .collect::<Result<_, tokio_postgres::Error>>()
+                .map_err(PoolError::Backend)
+        })
+        .await
+    }
+
     async fn release_names(
         &self,
         key: &LockKey,
@@ -199,6 +235,9 @@ impl PostgresBackend {
 impl Backend for PostgresBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         match req.kind {
+            Kind::Read | Kind::Write => self.acquire_shared(req, 0).await,
+            Kind::Permits(n) => self.acquire_shared(req, n).await,
+            Kind::Fair => self.acquire_fair(req).await,
             Kind::Segments(n) => self.acquire_segment(req, n).await,
             _ if !req.also.is_empty() => self.acquire_set(req).await,
             _ => self.acquire_one(req).await,
@@ -206,8 +245,17 @@ impl Backend for PostgresBackend {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        self.release_names(key, &[key.redis_key.as_str()], &[key.channel.as_str()], holder)
-            .await
+        if is_member(holder) {
+            return self.release_member(key, holder).await;
+        }
+        let released = self
+            .release_names(key, &[key.redis_key.as_str()], &[key.channel.as_str()], holder)
+            .await?;
+        if !released && holder.starts_with("f:") {
+            // A fair lock's waiter that stops waiting gives up its place.
+            return self.leave_line(key, holder).await;
+        }
+        Ok(released)
     }
 
     async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
@@ -238,6 +286,9 @@ impl Backend for PostgresBackend {
             let renewed = self.renew_many(&[RenewItem { key, holder, ttl }]).await?;
             return Ok(renewed == [Renewal::Renewed]);
         }
+        if is_member(holder) {
+            return self.extend_member(key, holder, ttl).await;
+        }
         let name = key.redis_key.as_str();
         self.run(key, "renew", || async {
             let client = self.pool.get().await?;
@@ -253,23 +304,12 @@ impl Backend for PostgresBackend {
     }
 
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
-        let Some(first) = items.first() else {
-            return Ok(Vec::new());
-        };
-        let names: Vec<&str> = items.iter().map(|i| i.key.redis_key.as_str()).collect();
-        let holders: Vec<&str> = items.iter().map(|i| i.holder).collect();
-        let ttls: Vec<i64> = items.iter().map(|i| as_micros(i.ttl)).collect();
-        let renewed: HashSet<(String, String)> = self
-            .run(first.key, "renew", || async {
-                let client = self.pool.get().await?;
-                let statement = client.prepare_cached(&self.sql.renew_many).await?;
-                let rows = client.query(&statement, &[&names, &holders, &ttls]).await?;
-                rows.iter()
-                    .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-                    .collect::<Result<_, tokio_postgres::Error>>()
-                    .map_err(PoolError::Backend)
-            })
-            .await?;
+        // Exclusive leases are rows of the lock table, shared ones of the
+        // members table: one statement for each that has any.
+        let (members, rows): (Vec<&RenewItem<'_>>, Vec<&RenewItem<'_>>) =
+            items.iter().partition(|item| is_member(item.holder));
+        let mut renewed = self.renew_batch(&rows, &self.sql.renew_many).await?;
+        renewed.extend(self.renew_batch(&members, &self.members.renew_many).await?);
         Ok(items
             .iter()
             .map(|item| {

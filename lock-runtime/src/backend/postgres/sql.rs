@@ -12,13 +12,18 @@ fn lease(param: &str) -> String {
     format!("clock_timestamp() + {param}::bigint * interval '1 microsecond'")
 }
 
-/// What is left of row `l`'s lease, in whole microseconds, never negative.
-/// A freed row's expiry is `-infinity`, which no timestamp can be
-/// subtracted from: the subtraction starts from the clock at the latest.
-/// (The acquire statement reads a freed row here when another caller took
-/// it after this statement's snapshot was made.)
-const LEFT_US: &str = "greatest(0, (extract(epoch from \
-     (greatest(l.expires_at, clock_timestamp()) - clock_timestamp())) * 1000000)::bigint)";
+/// What is left of row `l`'s lease, in whole microseconds, never negative;
+/// -1 for a shared lock's gate, whose expiry is `infinity`. A freed row's
+/// expiry is `-infinity`: no timestamp can be subtracted from either, so
+/// the subtraction starts from the clock at the latest. (The acquire
+/// statement reads a freed row here when another caller took it after
+/// this statement's snapshot was made.)
+const LEFT_US: &str = "CASE WHEN l.expires_at = 'infinity' THEN -1 ELSE greatest(0, (extract(epoch from \
+     (greatest(l.expires_at, clock_timestamp()) - clock_timestamp())) * 1000000)::bigint) END";
+
+/// A shared lock's gate: the lock's row in the main table, whose expiry no
+/// clock reaches.
+pub(super) const GATE_EXPIRY: &str = "'infinity'";
 
 /// The statements, rendered once for the client's table name.
 #[derive(Debug)]
@@ -69,9 +74,9 @@ impl Statements {
                      expires_at = EXCLUDED.expires_at \
                    WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder \
                    RETURNING fence) \
-                 SELECT true, fence FROM taken \
+                 SELECT true, fence, '' FROM taken \
                  UNION ALL \
-                 SELECT false, {LEFT_US} FROM {t} l \
+                 SELECT false, {LEFT_US}, l.holder FROM {t} l \
                  WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM taken)",
                 lease = lease("$3"),
             ),
@@ -112,6 +117,108 @@ impl Statements {
                    SELECT pg_notify($4, $2 || ' ' || c.channel) \
                    FROM (SELECT channel FROM gone UNION ALL SELECT channel FROM freed) c) \
                  SELECT count(*) FROM told"
+            ),
+        }
+    }
+}
+
+/// The statements of shared locks (read-write, permits) and of fair locks'
+/// lines, on the members table, rendered once for the client's table.
+#[derive(Debug)]
+pub(super) struct MemberStatements {
+    pub(super) create: String,
+    pub(super) open_gate: String,
+    pub(super) read_gate: String,
+    pub(super) mark_gate: String,
+    pub(super) set_fence: String,
+    pub(super) drop_gate: String,
+    pub(super) free_gate: String,
+    pub(super) expire_members: String,
+    pub(super) list_members: String,
+    pub(super) count_members: String,
+    pub(super) put_member: String,
+    pub(super) delete_member: String,
+    pub(super) extend: String,
+    pub(super) renew_many: String,
+    pub(super) notify: String,
+    pub(super) open_line: String,
+    pub(super) read_line_lock: String,
+    pub(super) take: String,
+    pub(super) first: String,
+    pub(super) stand: String,
+}
+
+impl MemberStatements {
+    pub(super) fn new(table: &str) -> Self {
+        let t = format!("\"{table}\"");
+        let m = format!("\"{table}_members\"");
+        MemberStatements {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {m} (\
+                 name text NOT NULL, \
+                 member text NOT NULL, \
+                 expires_at timestamptz NOT NULL, \
+                 queued_at timestamptz NOT NULL DEFAULT '-infinity', \
+                 PRIMARY KEY (name, member))"
+            ),
+            // The gate is inserted if missing and locked, in one statement:
+            // every change to a lock's members holds it, so two attempts
+            // never interleave. (Not `DO NOTHING` and a `FOR UPDATE` after:
+            // a gate the last member's release deleted meanwhile would
+            // leave that read with no row, and no lock.)
+            open_gate: format!(
+                "INSERT INTO {t} (name, holder, expires_at, fence) VALUES ($1, $2, {GATE_EXPIRY}, 0) \
+                 ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name"
+            ),
+            read_gate: format!(
+                "SELECT holder, expires_at > clock_timestamp(), fence FROM {t} WHERE name = $1 FOR UPDATE"
+            ),
+            mark_gate: format!("UPDATE {t} SET holder = $1, expires_at = {GATE_EXPIRY} WHERE name = $2"),
+            set_fence: format!("UPDATE {t} SET fence = $1 WHERE name = $2"),
+            drop_gate: format!("DELETE FROM {t} WHERE name = $1 AND holder = $2 AND fence = 0"),
+            free_gate: format!(
+                "UPDATE {t} SET holder = '', expires_at = '-infinity' WHERE name = $1 AND holder = $2"
+            ),
+            expire_members: format!("DELETE FROM {m} WHERE name = $1 AND expires_at <= clock_timestamp()"),
+            list_members: format!("SELECT member, {LEFT_US} FROM {m} l WHERE name = $1 ORDER BY expires_at"),
+            count_members: format!("SELECT count(*) FROM {m} WHERE name = $1"),
+            put_member: format!(
+                "INSERT INTO {m} (name, member, expires_at) VALUES ($1, $2, {}) \
+                 ON CONFLICT (name, member) DO UPDATE SET expires_at = EXCLUDED.expires_at",
+                lease("$3")
+            ),
+            delete_member: format!("DELETE FROM {m} WHERE name = $1 AND member = $2"),
+            extend: format!(
+                "UPDATE {m} SET expires_at = greatest(expires_at, {}) \
+                 WHERE name = $2 AND member = $3 AND expires_at > clock_timestamp()",
+                lease("$1")
+            ),
+            renew_many: format!(
+                "UPDATE {m} AS l SET expires_at = clock_timestamp() + r.ttl * interval '1 microsecond' \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(name, member, ttl) \
+                 WHERE l.name = r.name AND l.member = r.member AND l.expires_at > clock_timestamp() \
+                 RETURNING l.name, l.member"
+            ),
+            // Parameters: the notification channel, `holder channel`.
+            notify: "SELECT pg_notify($1, $2)".into(),
+            // Inserted if missing and locked, as `open_gate`.
+            open_line: format!(
+                "INSERT INTO {t} (name, holder, expires_at, fence) VALUES ($1, '', '-infinity', 0) \
+                 ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name"
+            ),
+            read_line_lock: format!("SELECT holder, {LEFT_US}, fence FROM {t} l WHERE name = $1 FOR UPDATE"),
+            take: format!(
+                "UPDATE {t} SET holder = $1, expires_at = {}, fence = $3 WHERE name = $4",
+                lease("$2")
+            ),
+            first: format!(
+                "SELECT member, {LEFT_US} FROM {m} l WHERE name = $1 ORDER BY queued_at, member LIMIT 1"
+            ),
+            stand: format!(
+                "INSERT INTO {m} (name, member, expires_at, queued_at) \
+                 VALUES ($1, $2, {}, clock_timestamp()) \
+                 ON CONFLICT (name, member) DO UPDATE SET expires_at = EXCLUDED.expires_at",
+                lease("$3")
             ),
         }
     }

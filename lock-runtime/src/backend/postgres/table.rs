@@ -9,7 +9,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 use tokio_postgres::error::SqlState;
 
-use super::sql::{MAX_NAME_BYTES, Statements};
+use super::sql::{MAX_NAME_BYTES, MemberStatements, Statements};
 use crate::backend::contract::{AcquireReply, Failure};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -25,6 +25,9 @@ pub(crate) struct PostgresBackend {
     /// The release listener's task, aborted with the backend.
     pub(super) listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     pub(super) sql: Statements,
+    /// Boxed: read only by shared and fair locks, and it would double the
+    /// size of every client's backend.
+    pub(super) members: Box<MemberStatements>,
     pub(super) table: String,
     /// `host:port/db`, no credentials: what messages name.
     pub(super) node: String,
@@ -45,10 +48,11 @@ impl fmt::Debug for PostgresBackend {
 
 /// Whether `name` can name a table without quoting trouble.
 fn table_problem(name: &str) -> Option<String> {
-    // 63: PostgreSQL's longest identifier.
+    // 55: the members table's name, `<name>_members`, must fit
+    // PostgreSQL's 63.
     let ok =
-        !name.is_empty() && name.len() <= 63 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    (!ok).then(|| format!("the PostgreSQL table name `{name}` must be 1 to 63 ASCII letters, digits or `_`"))
+        !name.is_empty() && name.len() <= 55 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    (!ok).then(|| format!("the PostgreSQL table name `{name}` must be 1 to 55 ASCII letters, digits or `_`"))
 }
 
 /// An error that a plain retry can get past: the server going away or
@@ -171,6 +175,7 @@ impl PostgresBackend {
             config: Box::new(config),
             listener: std::sync::Mutex::new(None),
             sql: Statements::new(table),
+            members: Box::new(MemberStatements::new(table)),
             table: table.to_owned(),
             node,
             url: url.to_owned(),
@@ -283,20 +288,20 @@ impl PostgresBackend {
         }
     }
 
-    /// The lock table, if missing. Two clients creating it at once can
-    /// both pass `IF NOT EXISTS` and one then fails on the catalog's
-    /// unique index: the table exists either way.
+    /// The lock table and the members table, if missing. Two clients
+    /// creating one at once can both pass `IF NOT EXISTS` and one then
+    /// fails on the catalog's unique index: the table exists either way.
     async fn create_table(&self) -> Result<(), PoolError> {
         let client = self.pool.get().await?;
-        match client.batch_execute(&self.sql.create).await {
-            Err(e)
-                if [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE]
-                    .contains(e.code().unwrap_or(&SqlState::SUCCESSFUL_COMPLETION)) =>
-            {
-                Ok(())
+        for create in [&self.sql.create, &self.members.create] {
+            match client.batch_execute(create).await {
+                Err(e)
+                    if [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE]
+                        .contains(e.code().unwrap_or(&SqlState::SUCCESSFUL_COMPLETION)) => {}
+                other => other.map_err(PoolError::Backend)?,
             }
-            other => other.map_err(PoolError::Backend),
         }
+        Ok(())
     }
 
     pub(super) fn check_name(key: &LockKey, name: &str) -> Result<(), Failure> {
@@ -337,4 +342,17 @@ pub(super) fn as_micros(d: Duration) -> i64 {
 /// so the caller looks again soon.
 pub(super) fn micros(left: i64) -> Duration {
     Duration::from_micros(u64::try_from(left).unwrap_or(0)).max(Duration::from_millis(1))
+}
+
+/// What one attempt found: a reply, or (`Err`) the kind of lock that holds
+/// the name instead.
+pub(super) type Attempted = Result<AcquireReply, &'static str>;
+
+/// `key` is a lock of another kind (`found`): refused, never waited for.
+pub(super) fn conflict(key: &LockKey, found: &str) -> Failure {
+    Failure::permanent(LockError::KeyConflict {
+        key: key.name.clone(),
+        redis_key: key.redis_key.clone(),
+        found_type: found.into(),
+    })
 }
