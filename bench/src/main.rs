@@ -10,6 +10,7 @@
 //! cargo run --release -p lock-bench -- --plot target/bench-plots  # SVG charts
 //! cargo run --release -p lock-bench -- --only WM    # MariaDB (MySQL backend)
 //! cargo run --release -p lock-bench -- --only WZ    # ZooKeeper
+//! cargo run --release -p lock-bench -- --only WG    # PostgreSQL
 //! cargo run --release -p lock-bench -- --only W1,W2,W3,W4,WP   # against rslock 0.10
 //! ```
 //!
@@ -56,6 +57,7 @@ mod w4_scale_out;
 mod w5_reentry;
 mod w6_watchdog;
 mod w7_transfer;
+mod wg_postgres;
 mod wk_kinds;
 mod wm_mysql;
 mod wp_rslock;
@@ -72,6 +74,7 @@ use w4_scale_out::*;
 use w5_reentry::*;
 use w6_watchdog::*;
 use w7_transfer::*;
+use wg_postgres::*;
 use wk_kinds::*;
 use wm_mysql::*;
 use wp_rslock::*;
@@ -182,6 +185,12 @@ async fn main() -> Result<(), Error> {
             reports.push(report);
         }
     }
+    if wanted("WG") {
+        for report in wg_postgres().await? {
+            println!("{}", report.json());
+            reports.push(report);
+        }
+    }
     if wanted("WZ") {
         for report in wz_zookeeper().await? {
             println!("{}", report.json());
@@ -259,6 +268,48 @@ fn summarise(reports: &[Report]) {
                     figure(l) / figure(p)
                 );
             }
+        }
+    }
+    if find("WG1").is_some() {
+        // The best of the alternating rounds, for the floor and library alike.
+        let best_p50 = |prefix: &str| {
+            reports
+                .iter()
+                .filter(|r| r.workload.starts_with(prefix))
+                .map(Report::p50)
+                .fold(f64::INFINITY, f64::min)
+        };
+        let figure = |prefix: &str, f: fn(&Report) -> f64| find(prefix).map_or(f64::NAN, f);
+        println!(
+            "\n| PostgreSQL, against the floors | library | floor | library / floor |\n|---|---|---|---|"
+        );
+        for (name, floor) in [
+            ("WG1 p50 µs vs pg_try_advisory_lock pair", "WG0a"),
+            ("WG1 p50 µs vs lease row pair", "WG0b"),
+        ] {
+            let (l, f) = (best_p50("WG1"), best_p50(floor));
+            println!("| {name} | {l:.1} | {f:.1} | {:.2} |", l / f);
+        }
+        let (l, f) = (
+            figure("WG2 PostgreSQL cross", Report::p50),
+            figure("WG2 PostgreSQL floor", Report::p50),
+        );
+        println!(
+            "| WG2 handoff p50 µs vs 100 ms polling | {l:.1} | {f:.1} | {:.3} |",
+            l / f
+        );
+        for (name, library) in [
+            ("WG3 increments/s, one client", "WG3 PostgreSQL 16"),
+            ("WG3c increments/s, 4 clients", "WG3c"),
+        ] {
+            let (l, f) = (
+                figure(library, Report::per_second),
+                figure("WG3 PostgreSQL floor", Report::per_second),
+            );
+            println!(
+                "| {name} vs advisory retry loop | {l:.1} | {f:.1} | {:.2} |",
+                l / f
+            );
         }
     }
     println!("\n| workload | ops | ops/s | p50 µs | p99 µs |");
