@@ -112,11 +112,10 @@ impl LockClient {
     /// missing; every expiry is judged by the database's clock. A lease is
     /// not tied to a connection, so a pooler in between cannot free it.
     /// Waiters hear releases by `LISTEN`/`NOTIFY` on one more connection
-    /// per client; waiters in this process are woken at once. Exclusive
-    /// and segmented locks and
-    /// all-or-nothing sets, with fencing tokens; `read`/`write`, `permits`
-    /// and `fair` are refused with [`LockError::Unsupported`] (not built
-    /// yet). Needs the `postgres` feature.
+    /// per client; waiters in this process are woken at once. Every kind
+    /// of lock (exclusive, `read`/`write`, `permits`, `fair`, segments,
+    /// all-or-nothing sets), with fencing tokens. Needs the `postgres`
+    /// feature.
     #[cfg(feature = "postgres")]
     pub async fn postgres(url: &str) -> Result<LockClient, LockError> {
         LockClient::builder().postgres(url).await
@@ -303,7 +302,8 @@ impl LockClientBuilder {
     }
 
     /// The PostgreSQL backend's table (default `distributed_locks`): 1 to
-    /// 63 ASCII letters, digits or `_`.
+    /// 55 ASCII letters, digits or `_`. Shared and fair locks also use
+    /// `<table>_members`.
     #[cfg(feature = "postgres")]
     pub fn postgres_table(mut self, table: impl Into<String>) -> Self {
         self.config.table = table.into();

@@ -13,7 +13,7 @@ use lock_runtime::{LockClient, LockError, fencing_token};
 use lock_tests::Postgres;
 use lock_tests::monitor::{self, Monitor};
 
-/// Whether the server at `port` accepts a connection within a second.
+/// Whether the server at `port` accepts a TCP connection within 3 s.
 fn answers(port: u16) -> bool {
     Command::new("timeout")
         .args(["3", "bash", "-c"])

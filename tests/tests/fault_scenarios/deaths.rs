@@ -176,42 +176,15 @@ async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
     }
 }
 
-/// `lock` on `keys` while MariaDB is SIGKILLed and restarted on its port
-/// and data, twice.
-async fn through_mariadb_restarts(
+/// `lock` on `keys` while a database server (MariaDB, PostgreSQL) is
+/// SIGKILLed and restarted on its port and data, twice.
+async fn through_restarts<D: Database>(
     id: &'static str,
     name: &'static str,
     lock: &'static str,
     keys: &'static [&'static str],
 ) {
-    let mut server = MariaDb::start();
-    let deaths = Deaths {
-        id,
-        name,
-        lock,
-        keys,
-        fault: "server-kill-restart",
-        faults: 2,
-        long_body_percent: 1,
-        spacing: Duration::from_secs(3),
-        seconds: 12,
-    };
-    run_deaths(&server.url(), deaths, |_| {
-        server.kill();
-        server.revive();
-    })
-    .await;
-}
-
-/// `lock` on `keys` while PostgreSQL is SIGKILLed and restarted on its
-/// port and data, twice.
-async fn through_postgres_restarts(
-    id: &'static str,
-    name: &'static str,
-    lock: &'static str,
-    keys: &'static [&'static str],
-) {
-    let mut server = Postgres::start();
+    let mut server = D::start();
     let deaths = Deaths {
         id,
         name,
@@ -236,7 +209,7 @@ async fn through_postgres_restarts(
 async fn s3pg_postgres_killed_and_restarted_under_load() {
     scenario(
         "s3pg_postgres_killed_and_restarted_under_load",
-        through_postgres_restarts(
+        through_restarts::<Postgres>(
             "S3pg",
             "S3 PostgreSQL SIGKILLed and restarted under load",
             "library",
@@ -252,7 +225,7 @@ async fn s3pg_postgres_killed_and_restarted_under_load() {
 async fn s3tpg_transfers_through_postgres_restarts() {
     scenario(
         "s3tpg_transfers_through_postgres_restarts",
-        through_postgres_restarts(
+        through_restarts::<Postgres>(
             "S3tpg",
             "S3 with two-key transfers (lock_all) on PostgreSQL, SIGKILLed and restarted",
             "library-transfer",
@@ -268,7 +241,7 @@ async fn s3tpg_transfers_through_postgres_restarts() {
 async fn s3spg_segments_through_postgres_restarts() {
     scenario(
         "s3spg_segments_through_postgres_restarts",
-        through_postgres_restarts(
+        through_restarts::<Postgres>(
             "S3spg",
             "S3 with 2 segments per key on PostgreSQL, SIGKILLed and restarted",
             "library-segments-2",
@@ -284,7 +257,7 @@ async fn s3spg_segments_through_postgres_restarts() {
 async fn s3rwpg_read_write_locks_through_postgres_restarts() {
     scenario(
         "s3rwpg_read_write_locks_through_postgres_restarts",
-        through_postgres_restarts(
+        through_restarts::<Postgres>(
             "S3rwpg",
             "S3 with read-write locks on PostgreSQL, SIGKILLed and restarted",
             "library-rw",
@@ -300,7 +273,7 @@ async fn s3rwpg_read_write_locks_through_postgres_restarts() {
 async fn s3fpg_fair_locks_through_postgres_restarts() {
     scenario(
         "s3fpg_fair_locks_through_postgres_restarts",
-        through_postgres_restarts(
+        through_restarts::<Postgres>(
             "S3fpg",
             "S3 with fair locks on PostgreSQL, SIGKILLed and restarted",
             "library-fair",
@@ -348,7 +321,7 @@ async fn through_ensemble_member_deaths(
 async fn s3my_mariadb_killed_and_restarted_under_load() {
     scenario(
         "s3my_mariadb_killed_and_restarted_under_load",
-        through_mariadb_restarts(
+        through_restarts::<MariaDb>(
             "S3my",
             "S3 MariaDB SIGKILLed and restarted under load",
             "library",
@@ -364,7 +337,7 @@ async fn s3my_mariadb_killed_and_restarted_under_load() {
 async fn s3tmy_transfers_through_mariadb_restarts() {
     scenario(
         "s3tmy_transfers_through_mariadb_restarts",
-        through_mariadb_restarts(
+        through_restarts::<MariaDb>(
             "S3tmy",
             "S3 with two-key transfers (lock_all) on MariaDB, SIGKILLed and restarted",
             "library-transfer",
@@ -380,7 +353,7 @@ async fn s3tmy_transfers_through_mariadb_restarts() {
 async fn s3fmy_fair_locks_through_mariadb_restarts() {
     scenario(
         "s3fmy_fair_locks_through_mariadb_restarts",
-        through_mariadb_restarts(
+        through_restarts::<MariaDb>(
             "S3fmy",
             "S3 with fair locks on MariaDB, SIGKILLed and restarted",
             "library-fair",
@@ -396,7 +369,7 @@ async fn s3fmy_fair_locks_through_mariadb_restarts() {
 async fn s3rwmy_read_write_locks_through_mariadb_restarts() {
     scenario(
         "s3rwmy_read_write_locks_through_mariadb_restarts",
-        through_mariadb_restarts(
+        through_restarts::<MariaDb>(
             "S3rwmy",
             "S3 with read-write locks on MariaDB, SIGKILLed and restarted",
             "library-rw",
@@ -412,7 +385,7 @@ async fn s3rwmy_read_write_locks_through_mariadb_restarts() {
 async fn s3smy_segments_through_mariadb_restarts() {
     scenario(
         "s3smy_segments_through_mariadb_restarts",
-        through_mariadb_restarts(
+        through_restarts::<MariaDb>(
             "S3smy",
             "S3 with 2 segments per key on MariaDB, SIGKILLed and restarted",
             "library-segments-2",
@@ -428,7 +401,7 @@ async fn s3smy_segments_through_mariadb_restarts() {
 async fn s3pmy_permits_through_mariadb_restarts() {
     scenario(
         "s3pmy_permits_through_mariadb_restarts",
-        through_mariadb_restarts(
+        through_restarts::<MariaDb>(
             "S3pmy",
             "S3 with 2 permits per key on MariaDB, SIGKILLed and restarted",
             "library-permits-2",

@@ -52,16 +52,8 @@ impl Started {
     async fn stop_for(&self, how_long: Duration) {
         match self {
             Started::Redis(server) => Stall::Stop.apply(&[server], how_long).await,
-            Started::Mariadb(server) => {
-                server.pause();
-                tokio::time::sleep(how_long).await;
-                server.resume();
-            }
-            Started::Postgres(server) => {
-                server.pause();
-                tokio::time::sleep(how_long).await;
-                server.resume();
-            }
+            Started::Mariadb(server) => stop_for(server, how_long).await,
+            Started::Postgres(server) => stop_for(server, how_long).await,
         }
     }
 }

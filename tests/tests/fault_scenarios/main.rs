@@ -31,6 +31,51 @@ mod zookeeper;
 
 pub(crate) const T: Duration = Duration::from_millis(1500);
 
+/// A database server the scenarios start, kill and restart, and stop and
+/// resume, the same way whichever it is.
+pub(crate) trait Database {
+    fn start() -> Self;
+    fn url(&self) -> String;
+    fn kill(&mut self);
+    fn revive(&mut self);
+    fn pause(&self);
+    fn resume(&self);
+}
+
+macro_rules! database {
+    ($server:ty) => {
+        impl Database for $server {
+            fn start() -> Self {
+                <$server>::start()
+            }
+            fn url(&self) -> String {
+                <$server>::url(self)
+            }
+            fn kill(&mut self) {
+                <$server>::kill(self);
+            }
+            fn revive(&mut self) {
+                <$server>::revive(self);
+            }
+            fn pause(&self) {
+                <$server>::pause(self);
+            }
+            fn resume(&self) {
+                <$server>::resume(self);
+            }
+        }
+    };
+}
+database!(lock_tests::MariaDb);
+database!(lock_tests::Postgres);
+
+/// Stops `server` (SIGSTOP) for `how_long`, then resumes it.
+pub(crate) async fn stop_for(server: &impl Database, how_long: Duration) {
+    server.pause();
+    tokio::time::sleep(how_long).await;
+    server.resume();
+}
+
 /// Runs one scenario's `body` under the suite's time limit
 /// ([`lock_tests::bounded`]), and alone: scenarios run one at a time
 /// whatever the test harness's thread count. Two at once on a 2-core
