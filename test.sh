@@ -59,10 +59,12 @@ if ! "$PYTHON" -c 'import redis' >/dev/null 2>&1; then
 fi
 
 redis-server --version
-java -cp /usr/share/java/zookeeper.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-nop.jar org.apache.zookeeper.Version 2>/dev/null | head -1 | sed 's/^/ZooKeeper /' || echo "ZooKeeper jars present"
+java -cp /usr/share/java/zookeeper.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-nop.jar org.apache.zookeeper.Version 2>/dev/null | sed -n '1s/^/ZooKeeper /p' || echo "ZooKeeper jars present"
 "$(command -v mariadbd || echo /usr/sbin/mariadbd)" --version
 "$(compgen -G '/usr/lib/postgresql/*/bin/postgres' | sort -V | tail -1)" --version
-etcd --version | head -1
+# `sed -n 1p` reads to the end: `head -1` would close the pipe early, and
+# under pipefail the writer's SIGPIPE (exit 141) would fail the command.
+etcd --version | sed -n 1p
 "$PYTHON" -c 'import redis; print("redis-py", redis.__version__)'
 
 if [ "${1:-}" = "--install-only" ]; then
