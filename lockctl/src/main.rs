@@ -31,18 +31,30 @@ struct Cli {
 #[derive(Debug, Args)]
 struct Target {
     /// One Redis node (`redis://[user:password@]host[:port][/db]`).
-    #[arg(long, global = true, default_value = "redis://127.0.0.1:6379/", conflicts_with_all = ["cluster", "redlock", "sentinel"])]
+    #[arg(long, global = true, default_value = "redis://127.0.0.1:6379/", conflicts_with_all = ["cluster", "redlock", "sentinel", "postgres"])]
     url: String,
     /// A Redis Cluster: one or more seed URLs (comma-separated or repeated).
-    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redlock", "sentinel"])]
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redlock", "sentinel", "postgres"])]
     cluster: Vec<String>,
     /// A Redlock: every master's URL (comma-separated or repeated).
-    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with = "sentinel")]
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["sentinel", "postgres"])]
     redlock: Vec<String>,
     /// A master found through Sentinel, as `NAME@URL,URL,...` (the master's
     /// name, then the sentinels' URLs).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, conflicts_with = "postgres")]
     sentinel: Option<String>,
+    /// A PostgreSQL lock table's database
+    /// (`postgres://user:password@host:port/database`).
+    #[arg(long, global = true)]
+    postgres: Option<String>,
+    /// The PostgreSQL lock table's name, as the services' `postgres_table`.
+    #[arg(
+        long,
+        global = true,
+        default_value = "distributed_locks",
+        requires = "postgres"
+    )]
+    postgres_table: String,
     /// The key prefix the services use.
     #[arg(long, global = true, default_value = "lock:")]
     prefix: String,
@@ -126,7 +138,12 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
 
 async fn connect(target: &Target) -> Result<LockClient, LockError> {
     let builder = || LockClient::builder().key_prefix(target.prefix.clone());
-    if !target.cluster.is_empty() {
+    if let Some(url) = &target.postgres {
+        builder()
+            .postgres_table(target.postgres_table.clone())
+            .postgres(url)
+            .await
+    } else if !target.cluster.is_empty() {
         builder().cluster(&target.cluster).await
     } else if !target.redlock.is_empty() {
         builder().redlock(&target.redlock).await

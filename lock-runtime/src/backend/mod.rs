@@ -179,7 +179,7 @@ impl AnyBackend {
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
             #[cfg(feature = "postgres")]
-            AnyBackend::Postgres(_) => Err(no_postgres_admin()),
+            AnyBackend::Postgres(b) => b.scan_keys(pattern).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
         }
@@ -213,7 +213,7 @@ impl AnyBackend {
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
             #[cfg(feature = "postgres")]
-            AnyBackend::Postgres(_) => Err(no_postgres_admin()),
+            AnyBackend::Postgres(b) => Ok(on(b.node(), b.inspect(key).await?)),
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
         }
@@ -236,7 +236,7 @@ impl AnyBackend {
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
             #[cfg(feature = "postgres")]
-            AnyBackend::Postgres(_) => Err(no_postgres_admin()),
+            AnyBackend::Postgres(b) => Ok(usize::from(b.force_unlock(key).await?)),
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
         }
@@ -383,14 +383,5 @@ fn no_mysql_admin() -> LockError {
     LockError::Unsupported {
         key: String::new(),
         feature: "inspecting locks on the MySQL backend (query its table: see the README)".into(),
-    }
-}
-
-/// Operator tools read the Redis layout; the PostgreSQL table is plain SQL.
-#[cfg(feature = "postgres")]
-fn no_postgres_admin() -> LockError {
-    LockError::Unsupported {
-        key: String::new(),
-        feature: "inspecting locks on the PostgreSQL backend (query its table: see docs/backends.md)".into(),
     }
 }

@@ -17,8 +17,9 @@
 //! channel, and one connection per client `LISTEN`s there (`listen`).
 //!
 //! The files, bottom-up: `sql` the statements, `listen` the release
-//! listener, `table` the client and how one operation runs; this file each
-//! kind's attempt and the dispatch of every operation.
+//! listener, `table` the client and how one operation runs, `shared` and
+//! `fair` those kinds' attempts, `admin` what `lockctl` asks; this file the
+//! exclusive attempt and the dispatch of every operation.
 //!
 //! The driver is `tokio-postgres`, through `deadpool-postgres`'s pool,
 //! which keeps each connection's prepared statements: after the first use
@@ -46,6 +47,8 @@ mod table;
 mod shared;
 
 mod fair;
+
+mod admin;
 
 pub(crate) use self::listen::Releases;
 

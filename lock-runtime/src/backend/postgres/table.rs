@@ -81,7 +81,7 @@ fn closing_state(state: &SqlState) -> bool {
 
 /// What went wrong, for a message: tokio-postgres shows a server's error as
 /// "db error" and keeps its SQLSTATE and text underneath.
-fn describe(e: &PoolError) -> String {
+pub(super) fn describe(e: &PoolError) -> String {
     let db = match e {
         PoolError::Backend(e) => e.as_db_error(),
         _ => None,

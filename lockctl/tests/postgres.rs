@@ -1,0 +1,279 @@
+//! `lockctl --postgres`: the built binary against a PostgreSQL lock table
+//! the harness starts (`initdb` + `postgres`), while services' locks of
+//! every kind are held in this process.
+
+use std::process::Output;
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError, LockMode, LostReason};
+use lock_tests::Postgres;
+use serde_json::Value;
+
+/// Every test waits on something; none may hang the suite.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// The table the services use: not the default, so `--postgres-table` is
+/// what finds it.
+const TABLE: &str = "shop_locks";
+
+fn lockctl(url: &str, args: &[&str]) -> Output {
+    let mut all = vec!["--postgres", url, "--postgres-table", TABLE];
+    all.extend_from_slice(args);
+    lock_tests::output_within_limit(
+        std::process::Command::new(env!("CARGO_BIN_EXE_lockctl")).args(&all),
+        &format!("lockctl {}", args.join(" ")),
+    )
+}
+
+fn json_lines(output: &Output) -> Vec<Value> {
+    assert!(
+        output.status.success(),
+        "lockctl failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect()
+}
+
+fn find<'a>(locks: &'a [Value], key: &str) -> &'a Value {
+    locks
+        .iter()
+        .find(|l| l["key"] == key)
+        .unwrap_or_else(|| panic!("{key} not listed in {locks:?}"))
+}
+
+async fn client(server: &Postgres) -> LockClient {
+    LockClient::builder()
+        .postgres_table(TABLE)
+        .postgres(&server.url())
+        .await
+        .expect("connect")
+}
+
+/// Until `n` waiters stand in the fair lock `key`'s line.
+async fn until_in_line(server: &Postgres, key: &str, n: usize) {
+    let query = format!("SELECT count(*) FROM {TABLE}_members WHERE name = 'lock:{{{key}}}'");
+    let stood = lock_tests::eventually(BOUND, || server.sql(&query) == [n.to_string()]).await;
+    assert!(stood.is_some(), "{n} waiters never stood in {key}'s line");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_inspect_show_every_kind_with_holders_time_left_fence_and_line() {
+    lock_tests::bounded(
+        "list_and_inspect_show_every_kind_with_holders_time_left_fence_and_line",
+        async move {
+            let server = Postgres::start();
+            let url = server.url();
+            let locks = client(&server).await;
+            let fenced = locks
+                .lock("stock:1")
+                .ttl(Duration::from_secs(30))
+                .fencing(true)
+                .acquire()
+                .await
+                .expect("free");
+            let token = fenced.fencing_token().expect("a token was asked for");
+            let readers = [
+                locks
+                    .lock("catalog")
+                    .mode(LockMode::Read)
+                    .acquire()
+                    .await
+                    .expect("read"),
+                locks
+                    .lock("catalog")
+                    .mode(LockMode::Read)
+                    .acquire()
+                    .await
+                    .expect("read"),
+            ];
+            let permit = locks.lock("pool").permits(3).acquire().await.expect("permit");
+            let segment = locks
+                .lock("counter")
+                .segments(4)
+                .acquire()
+                .await
+                .expect("segment");
+            let fair = locks.lock("queue").fair(true).acquire().await.expect("free");
+            let waiter = {
+                let locks = locks.clone();
+                tokio::spawn(async move {
+                    let guard = locks
+                        .lock("queue")
+                        .fair(true)
+                        .wait(Duration::from_secs(60))
+                        .acquire()
+                        .await?;
+                    guard.release().await
+                })
+            };
+            until_in_line(&server, "queue", 1).await;
+
+            let listed = json_lines(&lockctl(&url, &["--json", "list"]));
+            let stock = find(&listed, "stock:1");
+            assert_eq!(stock["kind"], "exclusive");
+            assert_eq!(stock["fence"], token);
+            let left = stock["holders"][0]["time_left_ms"].as_u64().expect("an expiry");
+            assert!(left > 0 && left <= 30_000, "time left {left} ms of a 30 s lease");
+            let catalog = find(&listed, "catalog");
+            assert_eq!(catalog["kind"], "read-write");
+            let roles: Vec<&Value> = catalog["holders"].as_array().into_iter().flatten().collect();
+            assert_eq!(roles.len(), 2, "{catalog}");
+            assert!(roles.iter().all(|h| h["role"] == "reader"), "{catalog}");
+            assert_eq!(find(&listed, "pool")["kind"], "permits");
+            let seg = format!("counter#{}", segment.segment().expect("a segment"));
+            assert_eq!(find(&listed, &seg)["kind"], "segment");
+            let queue = find(&listed, "queue");
+            assert_eq!(queue["kind"], "fair");
+            assert_eq!(queue["in_line"], 1);
+            assert_eq!(queue["waiters"], true);
+            assert_eq!(listed.len(), 5, "{listed:?}");
+
+            // A glob narrows the list on the server, with its `?` and `[…]`.
+            let narrowed = json_lines(&lockctl(&url, &["--json", "list", "st?ck:[0-9]"]));
+            assert_eq!(narrowed.len(), 1, "{narrowed:?}");
+            assert_eq!(narrowed[0]["key"], "stock:1");
+            assert!(json_lines(&lockctl(&url, &["--json", "list", "stock:[2-9]"])).is_empty());
+            let unclosed = lockctl(&url, &["list", "stock:[1"]);
+            assert_eq!(unclosed.status.code(), Some(1));
+            assert!(String::from_utf8_lossy(&unclosed.stderr).contains("`[`"));
+
+            let inspected = json_lines(&lockctl(&url, &["--json", "inspect", "catalog"]));
+            assert_eq!(inspected[0]["held"], true);
+            assert_eq!(
+                inspected[0]["locks"][0]["holders"].as_array().map(Vec::len),
+                Some(2)
+            );
+            let free = json_lines(&lockctl(&url, &["--json", "inspect", "nothing:here"]));
+            assert_eq!(free[0]["held"], false);
+
+            // Released locks leave the list; a fenced row kept for its
+            // counter is not a lock.
+            fenced.release().await.expect("release");
+            let [a, b] = readers;
+            a.release().await.expect("release");
+            b.release().await.expect("release");
+            permit.release().await.expect("release");
+            segment.release().await.expect("release");
+            fair.release().await.expect("release");
+            tokio::time::timeout(BOUND, waiter)
+                .await
+                .expect("the waiter got the lock")
+                .expect("join")
+                .expect("acquired and released");
+            let listed = json_lines(&lockctl(&url, &["--json", "list"]));
+            assert!(listed.is_empty(), "{listed:?}");
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_force_stops_the_holder_hands_over_and_keeps_tokens_growing() {
+    lock_tests::bounded(
+        "unlock_force_stops_the_holder_hands_over_and_keeps_tokens_growing",
+        async move {
+            let server = Postgres::start();
+            let url = server.url();
+            let holder = client(&server).await;
+            let other = client(&server).await;
+            let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+            // Renewed for ever: only a forced unlock lets anyone else in.
+            let running = tokio::spawn(async move {
+                holder
+                    .lock("stuck-job")
+                    .ttl(Duration::from_millis(600))
+                    .fencing(true)
+                    .run(async move {
+                        let _ = started_tx.send(lock_runtime::fencing_token());
+                        std::future::pending::<()>().await;
+                    })
+                    .await
+            });
+            let stuck_token = tokio::time::timeout(BOUND, started_rx)
+                .await
+                .expect("the body started")
+                .expect("sender kept")
+                .expect("a token was asked for");
+
+            let refused = lockctl(&url, &["unlock", "stuck-job"]);
+            assert_eq!(refused.status.code(), Some(2));
+            assert!(String::from_utf8_lossy(&refused.stderr).contains("--force"));
+
+            let forced = json_lines(&lockctl(&url, &["--json", "unlock", "stuck-job", "--force"]));
+            assert_eq!(forced[0]["freed"], true);
+            let lost = tokio::time::timeout(BOUND, running)
+                .await
+                .expect("the holder's body was stopped")
+                .expect("join");
+            assert!(
+                matches!(
+                    lost,
+                    Err(LockError::Lost {
+                        reason: LostReason::TakenOver,
+                        ..
+                    })
+                ),
+                "{lost:?}"
+            );
+            let next = other
+                .lock("stuck-job")
+                .fencing(true)
+                .wait(BOUND)
+                .acquire()
+                .await
+                .expect("free after the forced unlock");
+            let next_token = next.fencing_token().expect("a token was asked for");
+            assert!(next_token > stuck_token, "{next_token} after {stuck_token}");
+            next.release().await.expect("release");
+            let again = json_lines(&lockctl(&url, &["--json", "unlock", "stuck-job", "--force"]));
+            assert_eq!(again[0]["freed"], false, "nothing left to free");
+
+            // A read-write lock loses every reader at once: a writer gets in.
+            let reader = other
+                .lock("catalog")
+                .mode(LockMode::Read)
+                .acquire()
+                .await
+                .expect("read");
+            let forced = json_lines(&lockctl(&url, &["--json", "unlock", "catalog", "--force"]));
+            assert_eq!(forced[0]["freed"], true);
+            let writer = other
+                .lock("catalog")
+                .mode(LockMode::Write)
+                .wait(Duration::ZERO)
+                .acquire()
+                .await
+                .expect("no reader left");
+            writer.release().await.expect("release");
+            assert!(matches!(reader.release().await, Err(LockError::NotHeld { .. })));
+
+            // A fair lock's line stays: its first waiter gets the lock.
+            let fair = other.lock("queue").fair(true).acquire().await.expect("free");
+            let waiter = {
+                let locks = other.clone();
+                tokio::spawn(async move {
+                    let guard = locks
+                        .lock("queue")
+                        .fair(true)
+                        .wait(Duration::from_secs(60))
+                        .acquire()
+                        .await?;
+                    guard.release().await
+                })
+            };
+            until_in_line(&server, "queue", 1).await;
+            let forced = json_lines(&lockctl(&url, &["--json", "unlock", "queue", "--force"]));
+            assert_eq!(forced[0]["freed"], true);
+            tokio::time::timeout(BOUND, waiter)
+                .await
+                .expect("the first in line got the lock")
+                .expect("join")
+                .expect("acquired and released");
+            assert!(matches!(fair.release().await, Err(LockError::NotHeld { .. })));
+        },
+    )
+    .await
+}
