@@ -273,8 +273,9 @@ impl LockClientBuilder {
         self
     }
 
-    /// Verify `rediss://` servers against this PEM root certificate (your
-    /// own CA) instead of the system's roots. Needs the `tls` feature.
+    /// Verify `rediss://` servers, and PostgreSQL servers reached with
+    /// `sslmode=require`, against this PEM root certificate (your own CA)
+    /// instead of the system's roots. Needs the `tls` feature.
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.config.tls_root = Some(pem.into().into());
@@ -602,7 +603,13 @@ impl LockClientBuilder {
         use crate::backend::postgres::PostgresBackend;
         self.check(&redact_url(url))?;
         let c = &self.config;
-        let backend = PostgresBackend::new(url, &c.table, c.pool_size, c.command_timeout)?;
+        let backend = PostgresBackend::new(
+            url,
+            &c.table,
+            c.pool_size,
+            c.command_timeout,
+            c.tls_root.as_deref(),
+        )?;
         if !c.lazy {
             backend.verify().await?;
         }

@@ -6,6 +6,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod certificates;
 pub mod cluster;
 pub mod lab;
 pub mod load;
@@ -19,6 +20,7 @@ pub mod server;
 pub mod witness;
 pub mod zookeeper;
 
+pub use certificates::make_certificates;
 pub use cluster::Cluster;
 pub use mariadb::MariaDb;
 pub use postgres::Postgres;

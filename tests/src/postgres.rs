@@ -193,6 +193,29 @@ impl Postgres {
         self.dir.path().join("data")
     }
 
+    /// Serves TLS with `cert` and `key` (PEM), copied into the data
+    /// directory and given to its owner (the server reads a key only when
+    /// no one else can), and puts `hba` in front of `pg_hba.conf`'s rules;
+    /// both take effect at a reload, without a restart.
+    pub fn serve_tls(&self, cert: &Path, key: &Path, hba: &str) {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let data = self.data_dir();
+        let owner = std::fs::metadata(&data).expect("the data directory");
+        for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+            let copy = data.join(to);
+            std::fs::copy(from, &copy).expect("copy a certificate into the data directory");
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o600))
+                .expect("restrict the key");
+            std::os::unix::fs::chown(&copy, Some(owner.uid()), Some(owner.gid()))
+                .expect("give the certificate to the server's user");
+        }
+        let rules = data.join("pg_hba.conf");
+        let before = std::fs::read_to_string(&rules).expect("pg_hba.conf");
+        std::fs::write(&rules, format!("{hba}\n{before}")).expect("write pg_hba.conf");
+        self.sql("ALTER SYSTEM SET ssl = on");
+        assert_eq!(self.sql("SELECT pg_reload_conf()"), ["t"]);
+    }
+
     fn run_psql(&self, database: &str, sql: &str) -> Output {
         Command::new(program("psql"))
             .args([

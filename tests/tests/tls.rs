@@ -2,74 +2,10 @@
 //! with a certificate from a CA the test makes (with the `openssl` command,
 //! which the README's test command installs).
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{RedisServer, free_port};
-
-/// A CA, and a certificate it signed for 127.0.0.1 and localhost.
-fn make_certificates(dir: &Path) {
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("run openssl (apt-get install openssl)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=lock-tests CA",
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=localhost",
-    ]);
-    std::fs::write(dir.join("san.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-        .expect("write san.cnf");
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "san.cnf",
-    ]);
-}
+use lock_tests::{RedisServer, free_port, make_certificates};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_over_tls_with_a_private_ca() {
@@ -125,6 +61,80 @@ async fn locks_over_tls_with_a_private_ca() {
         lock_tests::until_waiting(&server, "tls:1").await;
         guard.release().await.expect("release over TLS");
         tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the waiter got in")
+            .expect("join")
+            .expect("lock after release");
+    })
+    .await
+}
+
+/// PostgreSQL with `sslmode=require` and the `tls` feature: the server is
+/// verified (an unknown issuer refused), and every connection, the release
+/// listener's too, goes over TLS; `pg_hba.conf` refuses the role anything
+/// else, so a lock taken proves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_over_tls_with_a_private_ca() {
+    lock_tests::bounded("postgres_over_tls_with_a_private_ca", async move {
+        let certs = tempfile::tempdir().expect("cert dir");
+        make_certificates(certs.path());
+        let server = lock_tests::Postgres::start();
+        server.sql("CREATE ROLE app LOGIN");
+        server.sql("GRANT CREATE ON SCHEMA public TO app");
+        server.serve_tls(
+            &certs.path().join("server.crt"),
+            &certs.path().join("server.key"),
+            "hostssl all app 127.0.0.1/32 trust\nhostnossl all app 127.0.0.1/32 reject",
+        );
+        let url = |mode: &str| format!("postgres://app@127.0.0.1:{}/locks?sslmode={mode}", server.port());
+        let ca = std::fs::read(certs.path().join("ca.crt")).expect("read ca.crt");
+
+        let unverified = LockClient::builder()
+            .command_timeout(Duration::from_secs(2))
+            .postgres(&url("require"))
+            .await
+            .expect_err("an unknown issuer is refused");
+        assert!(unverified.to_string().to_lowercase().contains("certificate"), "{unverified}");
+        let plain = LockClient::builder()
+            .command_timeout(Duration::from_secs(2))
+            .postgres(&url("disable"))
+            .await
+            .expect_err("the role may not connect without TLS");
+        assert!(plain.to_string().contains("no encryption"), "{plain}");
+
+        let locks = LockClient::builder()
+            .tls_root_certificate(ca)
+            .postgres(&url("require"))
+            .await
+            .expect("trusting the private CA");
+        let guard = locks
+            .lock("tls:1")
+            .fencing(true)
+            .acquire()
+            .await
+            .expect("lock over TLS");
+        let other = LockClient::builder()
+            .tls_root_certificate(std::fs::read(certs.path().join("ca.crt")).expect("read ca.crt"))
+            .postgres(&url("require"))
+            .await
+            .expect("a second client");
+        // The other client's waiter hears the release on its TLS listener.
+        let waiting = tokio::spawn(async move {
+            other
+                .lock("tls:1")
+                .wait(Duration::from_secs(10))
+                .run(async {})
+                .await
+        });
+        let encrypted = lock_tests::eventually(Duration::from_secs(10), || {
+            server.sql("SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE usename = 'app' AND NOT ssl")
+                == ["0"]
+                && server.sql("SELECT count(*) >= 2 FROM pg_stat_activity WHERE usename = 'app'") == ["t"]
+        })
+        .await;
+        assert!(encrypted.is_some(), "the app's connections are all encrypted");
+        guard.release().await.expect("release over TLS");
+        tokio::time::timeout(Duration::from_secs(15), waiting)
             .await
             .expect("the waiter got in")
             .expect("join")

@@ -1,5 +1,6 @@
-//! `rediss://`: TLS through rustls, with the `tls` feature; without it, a
-//! clear error instead of a connection that cannot work.
+//! `rediss://` and PostgreSQL's `sslmode=require`: TLS through rustls, with
+//! the `tls` feature; without it, a clear error instead of a connection
+//! that cannot work.
 
 #[cfg(feature = "tls")]
 pub(crate) fn open(url: &str, tls_root: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
@@ -33,4 +34,45 @@ pub(crate) fn tls_certificates(root_pem: &[u8]) -> redis::TlsCertificates {
         client_tls: None,
         root_cert: Some(root_pem.to_vec()),
     }
+}
+
+/// The TLS connector of a PostgreSQL client: its server is verified against
+/// `root_pem` (a private CA) when given, else against the system's roots.
+/// Hostname and chain are always checked: stricter than libpq's
+/// `sslmode=require`, which encrypts without verifying.
+#[cfg(all(feature = "tls", feature = "postgres"))]
+pub(crate) fn postgres_connector(
+    root_pem: Option<&[u8]>,
+) -> Result<tokio_postgres_rustls::MakeRustlsConnect, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    install_tls_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    match root_pem {
+        Some(pem) => {
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                let cert = cert.map_err(|e| format!("the root certificate is not PEM: {e}"))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("the root certificate cannot be used: {e}"))?;
+            }
+            if roots.is_empty() {
+                return Err("the root certificate PEM holds no certificate".into());
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err(
+                    "no system root certificates were found; give your CA with `tls_root_certificate`".into(),
+                );
+            }
+        }
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio_postgres::AsyncMessage;
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{AsyncMessage, Socket};
 
 /// Where heard releases go (the client's waiters).
 pub(crate) trait Releases: Send + Sync + 'static {
@@ -31,16 +32,20 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Listens for as long as the task runs (the backend aborts it when it is
 /// dropped), connecting again whenever the connection fails.
-pub(super) async fn listen(
+pub(super) async fn listen<T>(
     config: tokio_postgres::Config,
+    tls: T,
     listen: String,
     timeout: Duration,
     releases: Arc<dyn Releases>,
-) {
+) where
+    T: MakeTlsConnect<Socket> + Clone,
+    T::Stream: Send + 'static,
+{
     let mut backoff = FIRST_BACKOFF;
     loop {
         if let Ok(Ok((client, mut connection))) =
-            tokio::time::timeout(timeout, config.connect(tokio_postgres::NoTls)).await
+            tokio::time::timeout(timeout, config.connect(tls.clone())).await
         {
             // The connection's messages: the driver hands notifications
             // out here, and this stream must be polled for the client's

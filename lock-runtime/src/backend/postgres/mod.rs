@@ -32,7 +32,7 @@ use deadpool_postgres::PoolError;
 
 use self::shared::{gate_kind, is_member};
 pub(crate) use self::table::PostgresBackend;
-use self::table::{as_micros, conflict, held, micros};
+use self::table::{Connector, as_micros, conflict, held, micros};
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 use crate::key::LockKey;
 use crate::spec::Kind;
@@ -66,12 +66,25 @@ impl PostgresBackend {
     /// Starts the connection that hears releases and tells `releases`
     /// (a client's waiters); it lives as long as this backend.
     pub(crate) fn listen(&self, releases: std::sync::Arc<dyn Releases>) {
-        let task = tokio::spawn(listen::listen(
-            (*self.config).clone(),
-            self.sql.listen.clone(),
-            self.timeout,
-            releases,
-        ));
+        let config = (*self.config).clone();
+        let listen = self.sql.listen.clone();
+        let task = match &self.connector {
+            Connector::Plain => tokio::spawn(listen::listen(
+                config,
+                tokio_postgres::NoTls,
+                listen,
+                self.timeout,
+                releases,
+            )),
+            #[cfg(feature = "tls")]
+            Connector::Tls(tls) => tokio::spawn(listen::listen(
+                config,
+                tls.clone(),
+                listen,
+                self.timeout,
+                releases,
+            )),
+        };
         let mut slot = self
             .listener
             .lock()

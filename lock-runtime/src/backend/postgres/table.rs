@@ -22,6 +22,8 @@ pub(crate) struct PostgresBackend {
     /// Boxed: read once, and it would double the size of every client's
     /// backend.
     pub(super) config: Box<tokio_postgres::Config>,
+    /// How connections are opened: plain, or TLS.
+    pub(super) connector: Connector,
     /// The release listener's task, aborted with the backend.
     pub(super) listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     pub(super) sql: Statements,
@@ -43,6 +45,50 @@ impl fmt::Debug for PostgresBackend {
             .field("node", &self.node)
             .field("table", &self.table)
             .finish_non_exhaustive()
+    }
+}
+
+/// How a client's connections are opened.
+#[derive(Clone)]
+pub(super) enum Connector {
+    /// In plain text: the URL's `sslmode` is `disable` or `prefer` (which,
+    /// with no TLS offered, libpq would also end in plain text).
+    Plain,
+    /// Over TLS, the server verified: the URL says `sslmode=require`.
+    #[cfg(feature = "tls")]
+    Tls(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+impl Connector {
+    /// The connector the URL asks for. A URL that requires TLS gets it or
+    /// an error now, never a plain connection at its first lock.
+    fn for_url(config: &tokio_postgres::Config, tls_root: Option<&[u8]>) -> Result<Self, String> {
+        if config.get_ssl_mode() != tokio_postgres::config::SslMode::Require {
+            return Ok(Connector::Plain);
+        }
+        #[cfg(feature = "tls")]
+        {
+            crate::backend::tls::postgres_connector(tls_root).map(Connector::Tls)
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = tls_root;
+            Err("the URL requires TLS (sslmode=require): enable lock-runtime's `tls` feature".into())
+        }
+    }
+
+    fn manager(&self, config: tokio_postgres::Config) -> Manager {
+        let recycling = || ManagerConfig {
+            // Fast recycling: a connection goes back to the pool as it is,
+            // and one whose server side closed is dropped when next taken.
+            // A verified recycle would cost a round trip per operation.
+            recycling_method: RecyclingMethod::Fast,
+        };
+        match self {
+            Connector::Plain => Manager::from_config(config, tokio_postgres::NoTls, recycling()),
+            #[cfg(feature = "tls")]
+            Connector::Tls(tls) => Manager::from_config(config, tls.clone(), recycling()),
+        }
     }
 }
 
@@ -88,10 +134,21 @@ pub(super) fn describe(e: &PoolError) -> String {
     };
     match db {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => match std::error::Error::source(e) {
-            Some(source) => format!("{e}: {source}"),
-            None => e.to_string(),
-        },
+        // The whole chain of causes, each once: the pool and the driver
+        // repeat their own words ("error performing TLS handshake") and
+        // keep the reason (an unknown issuer) at the bottom.
+        None => {
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                let said = c.to_string();
+                if !text.contains(&said) {
+                    text = format!("{text}: {said}");
+                }
+                cause = c.source();
+            }
+            text
+        }
     }
 }
 
@@ -120,6 +177,7 @@ impl PostgresBackend {
         table: &str,
         pool_size: usize,
         timeout: Duration,
+        tls_root: Option<&[u8]>,
     ) -> Result<Self, LockError> {
         let redacted = redact_url(url);
         let invalid = |reason: String| LockError::InvalidConfig {
@@ -135,14 +193,7 @@ impl PostgresBackend {
         let config: tokio_postgres::Config = url
             .parse()
             .map_err(|e: tokio_postgres::Error| invalid(redact_secrets(&e.to_string(), url)))?;
-        // Without a TLS connector, `prefer` falls back to plain text; a URL
-        // that requires TLS must not find that out only at its first lock.
-        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(invalid(
-                "the URL requires TLS (sslmode=require), which the PostgreSQL backend does not offer yet"
-                    .into(),
-            ));
-        }
+        let connector = Connector::for_url(&config, tls_root).map_err(&invalid)?;
         let Some(db) = config.get_dbname().map(str::to_owned) else {
             return Err(invalid(
                 "the URL names no database; give one, `postgres://user:password@host:port/database`".into(),
@@ -155,16 +206,7 @@ impl PostgresBackend {
         };
         let port = config.get_ports().first().copied().unwrap_or(5432);
         let node = format!("{host}:{port}/{db}");
-        // Fast recycling: a connection goes back to the pool as it is, and
-        // one whose server side closed is dropped when next taken. A
-        // verified recycle would cost a round trip per operation.
-        let manager = Manager::from_config(
-            config.clone(),
-            tokio_postgres::NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager = connector.manager(config.clone());
         let pool = Pool::builder(manager)
             .max_size(pool_size)
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -173,6 +215,7 @@ impl PostgresBackend {
         Ok(PostgresBackend {
             pool,
             config: Box::new(config),
+            connector,
             listener: std::sync::Mutex::new(None),
             sql: Statements::new(table),
             members: Box::new(MemberStatements::new(table)),
