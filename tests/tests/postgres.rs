@@ -110,7 +110,7 @@ async fn the_table_holds_a_row_per_held_lock_and_a_fence_per_fenced_key() {
             });
             assert_eq!(
                 columns,
-                ["name", "holder", "expires_at", "fence"],
+                ["name", "holder", "expires_at", "fence", "waiting"],
                 "the client created the table"
             );
 
@@ -312,11 +312,8 @@ async fn bad_input_gets_clear_errors_and_no_password_shows() {
         assert!(err.to_string().contains("pool size"), "{err}");
         let err = LockClient::postgres(&format!("{}?sslmode=require", url_as("app", "tls-Pa55")))
             .await
-            .expect_err("TLS required");
-        assert!(
-            matches!(err, LockError::InvalidConfig { .. }) && err.to_string().contains("TLS"),
-            "{err}"
-        );
+            .expect_err("TLS required, and this server does not offer it");
+        assert!(err.to_string().contains("does not support TLS"), "{err}");
         assert!(!format!("{err} {err:?}").contains("tls-Pa55"), "{err:?}");
         let err = LockClient::postgres("postgres://app:pw-in-url@[::1/x")
             .await
@@ -471,9 +468,9 @@ async fn a_waiter_in_another_client_hears_the_release() {
                         (Instant::now(), guard)
                     })
                 };
-                // Until the waiter has looked and is waiting: a second
-                // attempt of its own would be a poll.
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                // Until the waiter has looked and marked the row as
+                // waited for: its next attempt of its own would be a poll.
+                until_marked(&server, &key).await;
                 let released = Instant::now();
                 held.release().await.expect("release");
                 let (entered, guard) = waiting.await.expect("the waiter's task");
@@ -495,6 +492,99 @@ async fn a_waiter_in_another_client_hears_the_release() {
             );
             eprintln!("run {run} INVALID: starved {:?}", monitor.worst());
         }
+    })
+    .await
+}
+
+/// Until a waiter has marked lock `key`'s row as waited for.
+async fn until_marked(server: &Postgres, key: &str) {
+    let query = format!("SELECT waiting FROM distributed_locks WHERE name = 'lock:{{{key}}}'");
+    let marked = lock_tests::eventually(Duration::from_secs(10), || server.sql(&query) == ["t"]).await;
+    assert!(marked.is_some(), "no waiter marked {key}");
+}
+
+/// A release is announced only when someone waits for it: a waiter's first
+/// attempt marks the row, and only a marked row's release notifies (a
+/// notification costs the server a sixth of an uncontended lock's time).
+/// Counted on a connection of the test's own that listens on the table's
+/// channel; notifications arrive in commit order, so every release before
+/// the waited one has been sent, or not, when it arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_release_someone_waits_for_is_announced() {
+    lock_tests::bounded("only_a_release_someone_waits_for_is_announced", async move {
+        let server = Postgres::start();
+        let locks = LockClient::postgres(&server.url()).await.expect("connect");
+        let other = LockClient::postgres(&server.url()).await.expect("connect");
+        let (listener, mut connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+            .await
+            .expect("the test's own connection");
+        let (heard_tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
+                if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                    let _ = heard_tx.send(n.payload().to_owned());
+                }
+            }
+        });
+        listener
+            .batch_execute("LISTEN distributed_locks")
+            .await
+            .expect("listen");
+
+        // Nobody waits: neither release is announced, fenced or not.
+        locks
+            .lock("quiet")
+            .acquire()
+            .await
+            .expect("free")
+            .release()
+            .await
+            .expect("release");
+        let fenced = locks
+            .lock("quiet:fenced")
+            .fencing(true)
+            .acquire()
+            .await
+            .expect("free");
+        fenced.release().await.expect("release");
+
+        let held = locks
+            .lock("busy")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .expect("free");
+        let waiting = tokio::spawn(async move {
+            let guard = other.lock("busy").wait(Duration::from_secs(20)).acquire().await?;
+            guard.release().await
+        });
+        until_marked(&server, "busy").await;
+        held.release().await.expect("release");
+        let first = tokio::time::timeout(Duration::from_secs(10), heard.recv())
+            .await
+            .expect("the waited-for release was announced")
+            .expect("the listener runs");
+        assert!(
+            first.ends_with("lock:{busy}:released"),
+            "announced first: {first}"
+        );
+        tokio::time::timeout(Duration::from_secs(20), waiting)
+            .await
+            .expect("the waiter got in")
+            .expect("join")
+            .expect("acquired and released");
+        // The waiter's own release was waited for by no one: a marker sent
+        // after it, through the same queue, is the next thing heard.
+        listener
+            .batch_execute("NOTIFY distributed_locks, 'end'")
+            .await
+            .expect("notify");
+        let next = tokio::time::timeout(Duration::from_secs(10), heard.recv())
+            .await
+            .expect("the marker arrives")
+            .expect("the listener runs");
+        assert_eq!(next, "end", "an unwaited release was announced");
     })
     .await
 }

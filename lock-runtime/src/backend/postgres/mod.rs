@@ -56,8 +56,10 @@ pub(crate) use self::listen::Releases;
 enum Taken {
     /// The row is ours, with its fence counter.
     Ours(u64),
-    /// Another holder's, with this much of its lease left.
-    Held(Duration),
+    /// Another holder's, with this much of its lease left; with that
+    /// holder's id when the row is not yet marked as waited for (see
+    /// [`PostgresBackend::mark`]).
+    Held(Duration, Option<String>),
     /// A shared lock's gate (its marker): another kind of lock.
     Gate(String),
 }
@@ -114,11 +116,32 @@ impl PostgresBackend {
             }
             // What is left is -1 for a gate alone (its expiry is infinite).
             Some(row) if row.try_get::<_, i64>(1)? < 0 => Taken::Gate(row.try_get(2)?),
-            Some(row) => Taken::Held(micros(row.try_get(1)?)),
+            Some(row) => {
+                let unmarked = (!row.try_get::<_, bool>(3)?)
+                    .then(|| row.try_get(2))
+                    .transpose()?;
+                Taken::Held(micros(row.try_get(1)?), unmarked)
+            }
             // Held by a row this statement's snapshot did not see: look
             // again soon.
-            None => Taken::Held(micros(0)),
+            None => Taken::Held(micros(0), None),
         })
+    }
+
+    /// Marks the row `name` as waited for while `seen` holds it, so that
+    /// its release is announced; then how long to wait: `left`, or nothing
+    /// when `seen` no longer holds it (its release may have gone
+    /// unannounced: look again at once).
+    async fn mark(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        name: &str,
+        seen: &str,
+        left: Duration,
+    ) -> Result<Duration, PoolError> {
+        let statement = client.prepare_cached(&self.sql.mark).await?;
+        let marked = client.query_opt(&statement, &[&name, &seen]).await?.is_some();
+        Ok(if marked { left } else { micros(0) })
     }
 
     async fn acquire_one(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
@@ -130,7 +153,8 @@ impl PostgresBackend {
             let client = self.pool.get().await?;
             Ok(match self.take(&client, name, req.holder, ttl_us, step).await? {
                 Taken::Ours(token) => Ok(AcquireReply::acquired(req.fencing.then_some(token))),
-                Taken::Held(left) => Ok(held(left, 0)),
+                Taken::Held(left, None) => Ok(held(left, 0)),
+                Taken::Held(left, Some(seen)) => Ok(held(self.mark(&client, name, &seen, left).await?, 0)),
                 Taken::Gate(marker) => Err(marker),
             })
         })
@@ -158,7 +182,12 @@ impl PostgresBackend {
                             segment: Some(i),
                         }));
                     }
-                    Taken::Held(left) => soonest = soonest.min(left),
+                    Taken::Held(left, None) => soonest = soonest.min(left),
+                    // Every segment's release must be announced: a waiter
+                    // takes whichever frees first.
+                    Taken::Held(left, Some(seen)) => {
+                        soonest = soonest.min(self.mark(&client, name, &seen, left).await?);
+                    }
                     Taken::Gate(marker) => return Ok(Err(marker)),
                 }
             }
@@ -185,9 +214,15 @@ impl PostgresBackend {
             for (i, key) in set.iter().enumerate() {
                 match self.take(&tx, &key.redis_key, req.holder, ttl_us, 0).await? {
                     Taken::Ours(_) => {}
-                    Taken::Held(left) => {
+                    Taken::Held(left, unmarked) => {
                         tx.rollback().await?;
-                        return Ok(Ok(held(left, i)));
+                        // Marked outside the rolled-back transaction, or
+                        // the mark would go with it.
+                        let wait = match unmarked {
+                            Some(seen) => self.mark(&client, &key.redis_key, &seen, left).await?,
+                            None => left,
+                        };
+                        return Ok(Ok(held(wait, i)));
                     }
                     Taken::Gate(marker) => {
                         tx.rollback().await?;

@@ -33,6 +33,7 @@ pub(super) struct Statements {
     pub(super) extend: String,
     pub(super) renew_many: String,
     pub(super) release: String,
+    pub(super) mark: String,
     /// The notification channel releases are announced on: the table's
     /// name, so that clients of one table hear each other.
     pub(super) channel: String,
@@ -50,7 +51,8 @@ impl Statements {
                  name text PRIMARY KEY, \
                  holder text NOT NULL, \
                  expires_at timestamptz NOT NULL, \
-                 fence bigint NOT NULL DEFAULT 0)"
+                 fence bigint NOT NULL DEFAULT 0, \
+                 waiting boolean NOT NULL DEFAULT false)"
             ),
             // Parameters: name, holder, ttl µs, fence step (0 or 1).
             //
@@ -70,13 +72,15 @@ impl Statements {
                    ON CONFLICT (name) DO UPDATE SET \
                      fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > clock_timestamp() \
                        THEN l.fence ELSE l.fence + $4::bigint END, \
+                     waiting = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > clock_timestamp() \
+                       THEN l.waiting ELSE false END, \
                      holder = EXCLUDED.holder, \
                      expires_at = EXCLUDED.expires_at \
                    WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder \
                    RETURNING fence) \
-                 SELECT true, fence, '' FROM taken \
+                 SELECT true, fence, '', true FROM taken \
                  UNION ALL \
-                 SELECT false, {LEFT_US}, l.holder FROM {t} l \
+                 SELECT false, {LEFT_US}, l.holder, l.waiting FROM {t} l \
                  WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM taken)",
                 lease = lease("$3"),
             ),
@@ -99,24 +103,42 @@ impl Statements {
             // Parameters: names, holder, the waiters' channel of each
             // name, the notification channel. A row that was never fenced
             // goes; a fenced one stays, freed, so that its counter keeps
-            // growing across holders. Each release is announced to the
-            // clients listening (`holder channel`; delivered when the
-            // statement commits). Returns how many of the holder's rows
-            // there were.
+            // growing across holders. A release that someone waits for
+            // (the row is marked, or it is a fair lock's, whose line the
+            // next attempt reads) is announced to the clients listening
+            // (`holder channel`; delivered when the statement commits): a
+            // notification costs the server a queue entry and a signal to
+            // every listener, a sixth of an uncontended lock's time, so
+            // a release nobody waits for sends none. Returns how many of
+            // the holder's rows there were.
             release: format!(
                 "WITH r AS (SELECT * FROM unnest($1::text[], $3::text[]) AS r(name, channel)), \
                  gone AS (\
                    DELETE FROM {t} l USING r \
                    WHERE l.name = r.name AND l.holder = $2 AND l.fence = 0 \
-                   RETURNING r.channel), \
+                   RETURNING r.channel, l.waiting), \
                  freed AS (\
                    UPDATE {t} l SET holder = '', expires_at = '-infinity' FROM r \
                    WHERE l.name = r.name AND l.holder = $2 AND l.fence <> 0 \
-                   RETURNING r.channel), \
+                   RETURNING r.channel, l.waiting), \
+                 done AS (SELECT * FROM gone UNION ALL SELECT * FROM freed), \
                  told AS (\
-                   SELECT pg_notify($4, $2 || ' ' || c.channel) \
-                   FROM (SELECT channel FROM gone UNION ALL SELECT channel FROM freed) c) \
-                 SELECT count(*) FROM told"
+                   SELECT pg_notify($4, $2 || ' ' || d.channel) FROM done d \
+                   WHERE d.waiting OR left($2, 2) = 'f:') \
+                 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM told)"
+            ),
+            // Parameters: name, the holder a waiter found there. Marks the
+            // row so that its release is announced: a waiter's first
+            // attempt that finds it unmarked sends this. No row comes back
+            // when the holder changed meanwhile (the waiter looks again at
+            // once). The commit is not waited for on disk: a mark lost in
+            // a crash only costs a waiter its wake-up, and waiters look
+            // again within a poll anyway.
+            mark: format!(
+                "WITH quiet AS (SELECT set_config('synchronous_commit', 'off', true)) \
+                 UPDATE {t} l SET waiting = true FROM quiet \
+                 WHERE l.name = $1 AND l.holder = $2 AND l.expires_at > clock_timestamp() \
+                 RETURNING true"
             ),
         }
     }
