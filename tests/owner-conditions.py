@@ -171,6 +171,10 @@ MUTANTS = [
      "greatest(expires_at, {}) \\\n                 WHERE name = $2 AND member = $3",
      "greatest(expires_at, {}) \\\n                 WHERE name = $2 AND (member = $3 OR TRUE)",
      "stale_holder", "on_postgres::a_stale_reader_extension_leaves_the_writers_lock"),
+    ("P8", POSTGRES,
+     "WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp()",
+     "WHERE name = $1 AND (holder = $2 OR TRUE) AND expires_at > clock_timestamp()",
+     "postgres", "a_stale_holder_hands_over_nothing_of_a_lock_another_client_took"),
 ]
 
 

@@ -2,7 +2,8 @@
 //!
 //! A waiter that found the lock held leaves a standing [`Offer`] with the
 //! notifier. A release that finds one sends a single owner-checked call
-//! (`hand_over.lua`) that makes the waiter the holder, instead of a release,
+//! (`hand_over.lua`, or one `UPDATE` on PostgreSQL) that makes the waiter
+//! the holder, instead of a release,
 //! a wake-up and the waiter's own attempt: one round trip per handoff
 //! instead of two, and no other waiter is woken to lose.
 //!

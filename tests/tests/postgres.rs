@@ -515,22 +515,7 @@ async fn only_a_release_someone_waits_for_is_announced() {
         let server = Postgres::start();
         let locks = LockClient::postgres(&server.url()).await.expect("connect");
         let other = LockClient::postgres(&server.url()).await.expect("connect");
-        let (listener, mut connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
-            .await
-            .expect("the test's own connection");
-        let (heard_tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-            while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
-                if let tokio_postgres::AsyncMessage::Notification(n) = message {
-                    let _ = heard_tx.send(n.payload().to_owned());
-                }
-            }
-        });
-        listener
-            .batch_execute("LISTEN distributed_locks")
-            .await
-            .expect("listen");
+        let (listener, mut heard) = listen_for_releases(&server).await;
 
         // Nobody waits: neither release is announced, fenced or not.
         locks
@@ -574,17 +559,179 @@ async fn only_a_release_someone_waits_for_is_announced() {
             .expect("the waiter got in")
             .expect("join")
             .expect("acquired and released");
-        // The waiter's own release was waited for by no one: a marker sent
-        // after it, through the same queue, is the next thing heard.
-        listener
-            .batch_execute("NOTIFY distributed_locks, 'end'")
-            .await
-            .expect("notify");
-        let next = tokio::time::timeout(Duration::from_secs(10), heard.recv())
-            .await
-            .expect("the marker arrives")
-            .expect("the listener runs");
-        assert_eq!(next, "end", "an unwaited release was announced");
+        // The waiter's own release was waited for by no one.
+        assert_eq!(
+            next_heard(&listener, &mut heard).await,
+            "end",
+            "an unwaited release was announced"
+        );
     })
+    .await
+}
+
+/// A connection of the test's own listening on the lock table's channel,
+/// and what it hears.
+async fn listen_for_releases(
+    server: &Postgres,
+) -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (listener, mut connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .expect("the test's own connection");
+    let (heard_tx, heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = futures_util::StreamExt::next(&mut messages).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = heard_tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    listener
+        .batch_execute("LISTEN distributed_locks")
+        .await
+        .expect("listen");
+    (listener, heard)
+}
+
+/// The next notification heard after everything committed so far: a
+/// marker (`end`) sent now, through the same queue, comes after every
+/// release already announced, so `end` means none was.
+async fn next_heard(
+    listener: &tokio_postgres::Client,
+    heard: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+) -> String {
+    listener
+        .batch_execute("NOTIFY distributed_locks, 'end'")
+        .await
+        .expect("notify");
+    tokio::time::timeout(Duration::from_secs(10), heard.recv())
+        .await
+        .expect("the marker arrives")
+        .expect("the listener runs")
+}
+
+/// Counts the acquisition statements the server runs on the lock table: a
+/// statement-level trigger fires on every `INSERT … ON CONFLICT`, whether
+/// it takes the row or not.
+fn count_attempts(server: &Postgres) {
+    server.sql(
+        "CREATE TABLE attempts (n bigint NOT NULL); INSERT INTO attempts VALUES (0); \
+         CREATE FUNCTION count_attempt() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN UPDATE attempts SET n = n + 1; RETURN NULL; END $$; \
+         CREATE TRIGGER counted AFTER INSERT ON distributed_locks \
+         FOR EACH STATEMENT EXECUTE FUNCTION count_attempt()",
+    );
+}
+
+fn attempts(server: &Postgres) -> u64 {
+    server.sql("SELECT n FROM attempts")[0].parse().expect("a count")
+}
+
+/// A holder of `key` in a task of its own, and a waiter of the same client
+/// whose offer to be handed the lock stands: it has made the attempt it
+/// makes after offering (its second), so a release from now on finds the
+/// offer.
+async fn held_with_a_waiter_here(
+    server: &Postgres,
+    locks: &LockClient,
+    key: &str,
+) -> (
+    lock_runtime::LockGuard,
+    tokio::task::JoinHandle<lock_runtime::LockGuard>,
+) {
+    let holder = lock_tests::guard_from_another_task(locks, key).await;
+    let before = attempts(server);
+    let waiter = {
+        let (locks, key) = (locks.clone(), key.to_owned());
+        tokio::spawn(async move {
+            locks
+                .lock(key)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .expect("the waiter gets the lock")
+        })
+    };
+    let offered = lock_tests::eventually(Duration::from_secs(10), || attempts(server) >= before + 2).await;
+    assert!(offered.is_some(), "the waiter never made its second attempt");
+    (holder, waiter)
+}
+
+/// A release with a waiter of the same client hands it the lock in one
+/// owner-checked `UPDATE`: no release is announced (though the row is
+/// marked as waited for), and the waiter makes no attempt of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_a_waiter_here_in_one_statement() {
+    lock_tests::bounded(
+        "a_release_hands_the_lock_to_a_waiter_here_in_one_statement",
+        async move {
+            let server = Postgres::start();
+            let locks = LockClient::postgres(&server.url()).await.expect("connect");
+            count_attempts(&server);
+            let (listener, mut heard) = listen_for_releases(&server).await;
+            let (holder, waiter) = held_with_a_waiter_here(&server, &locks, "relay").await;
+            let before = attempts(&server);
+            holder.release().await.expect("release");
+            let handed = tokio::time::timeout(Duration::from_secs(10), waiter)
+                .await
+                .expect("the waiter was handed the lock")
+                .expect("join");
+            assert!(handed.is_held());
+            assert_eq!(
+                attempts(&server),
+                before,
+                "the waiter tried again instead of being handed the lock"
+            );
+            assert_eq!(
+                next_heard(&listener, &mut heard).await,
+                "end",
+                "the handoff was announced as a release"
+            );
+            handed.release().await.expect("the handed lock is released");
+            assert_eq!(
+                server.sql("SELECT count(*) FROM distributed_locks WHERE name = 'lock:{relay}'"),
+                ["0"]
+            );
+        },
+    )
+    .await
+}
+
+/// The stale-holder contract for the handoff: a holder whose lock another
+/// client has taken behind its back hands nothing to its waiter, and the
+/// other's row (holder, expiry, fence) is left as it was. Fails without
+/// the hand-over statement's `holder = $2` (owner condition P8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_holder_hands_over_nothing_of_a_lock_another_client_took() {
+    lock_tests::bounded(
+        "a_stale_holder_hands_over_nothing_of_a_lock_another_client_took",
+        async move {
+            let server = Postgres::start();
+            let locks = LockClient::postgres(&server.url()).await.expect("connect");
+            count_attempts(&server);
+            let (holder, waiter) = held_with_a_waiter_here(&server, &locks, "stale").await;
+            server.sql(
+                "UPDATE distributed_locks SET holder = '0123456789abcdef0123456789abcdef:424242', \
+                 expires_at = clock_timestamp() + interval '20 seconds', fence = 7 \
+                 WHERE name = 'lock:{stale}'",
+            );
+            let before = row(&server, "stale");
+            let released = holder.release().await;
+            assert!(matches!(released, Err(LockError::NotHeld { .. })), "{released:?}");
+            assert_eq!(
+                row(&server, "stale"),
+                before,
+                "the stale holder changed the other's row"
+            );
+            assert!(
+                !waiter.is_finished(),
+                "the waiter got a lock another client holds"
+            );
+            waiter.abort();
+        },
+    )
     .await
 }

@@ -112,12 +112,15 @@ impl AnyBackend {
     /// Whether an exclusive lock can be handed from its holder to a waiter
     /// in one owner-checked call ([`hand_over`](Self::hand_over)): on a
     /// Redis node, a Sentinel's master or a cluster, unless every write
-    /// must wait for replicas (a handed lock would have to wait too).
+    /// must wait for replicas (a handed lock would have to wait too), and
+    /// on PostgreSQL.
     pub(crate) fn hands_over(&self) -> bool {
         match self {
             AnyBackend::Redis(b) => b.hands_over(),
             AnyBackend::Cluster(b) => b.hands_over(),
             AnyBackend::Sentinel(b) => b.hands_over(),
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(_) => true,
             _ => false,
         }
     }
@@ -136,6 +139,8 @@ impl AnyBackend {
             AnyBackend::Redis(b) => b.hand_over(key, from, to, ttl, fencing).await,
             AnyBackend::Cluster(b) => b.hand_over(key, from, to, ttl, fencing).await,
             AnyBackend::Sentinel(b) => b.hand_over(key, from, to, ttl, fencing).await,
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(b) => b.hand_over(key, from, to, ttl, fencing).await,
             // Never offered: `hands_over` is false here.
             _ => Ok(HandOver::NotHeld),
         }

@@ -33,7 +33,7 @@ use deadpool_postgres::PoolError;
 use self::shared::{gate_kind, is_member};
 pub(crate) use self::table::PostgresBackend;
 use self::table::{Connector, as_micros, conflict, held, micros};
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal};
 use crate::key::LockKey;
 use crate::spec::Kind;
 
@@ -237,8 +237,35 @@ impl PostgresBackend {
         .map_err(|(i, marker)| conflict(set[i], gate_kind(&marker)))
     }
 
-    /// Releases `names` (each with the channel its waiters watch), and
-    /// announces each one released.
+    /// Gives the exclusive lock `key` from `from` to `to` (a waiter of this
+    /// client) with a lease of `ttl` from now, if `from` still holds it.
+    pub(crate) async fn hand_over(
+        &self,
+        key: &LockKey,
+        from: &str,
+        to: &str,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<HandOver, Failure> {
+        let name = key.redis_key.as_str();
+        let ttl_us = as_micros(ttl);
+        let step = i64::from(fencing);
+        self.run(key, "hand over", || async {
+            let client = self.pool.get().await?;
+            let statement = client.prepare_cached(&self.sql.hand_over).await?;
+            let row = client
+                .query_opt(&statement, &[&name, &from, &to, &ttl_us, &step])
+                .await?;
+            Ok(match row {
+                Some(row) => HandOver::Handed {
+                    token: fencing.then_some(u64::try_from(row.try_get::<_, i64>(0)?).unwrap_or(0)),
+                },
+                None => HandOver::NotHeld,
+            })
+        })
+        .await
+    }
+
     /// Renews `items` with `sql` (`renew_many` of either table) in one
     /// statement: the (name, holder) of each lease still held.
     async fn renew_batch(
@@ -264,6 +291,8 @@ impl PostgresBackend {
         .await
     }
 
+    /// Releases `names` (each with the channel its waiters watch), and
+    /// announces each one that someone waits for.
     async fn release_names(
         &self,
         key: &LockKey,

@@ -34,6 +34,7 @@ pub(super) struct Statements {
     pub(super) renew_many: String,
     pub(super) release: String,
     pub(super) mark: String,
+    pub(super) hand_over: String,
     /// The notification channel releases are announced on: the table's
     /// name, so that clients of one table hear each other.
     pub(super) channel: String,
@@ -139,6 +140,19 @@ impl Statements {
                  UPDATE {t} l SET waiting = true FROM quiet \
                  WHERE l.name = $1 AND l.holder = $2 AND l.expires_at > clock_timestamp() \
                  RETURNING true"
+            ),
+            // Parameters: name, giver, taker, ttl µs, fence step (0 or
+            // 1). Gives the lock from its holder to a waiter of the same
+            // client in one statement, if the giver still holds it: no
+            // release, no announcement, no attempt of the waiter's own.
+            // The row's mark stays, so that waiters elsewhere still hear
+            // the release that ends the run. Returns the fence counter, or
+            // no row when the lock was not the giver's (nothing written).
+            hand_over: format!(
+                "UPDATE {t} SET holder = $3, expires_at = {}, fence = fence + $5::bigint \
+                 WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp() \
+                 RETURNING fence",
+                lease("$4")
             ),
         }
     }
