@@ -290,6 +290,13 @@ fn summarise(reports: &[Report]) {
             let (l, f) = (best_p50("WG1"), best_p50(floor));
             println!("| {name} | {l:.1} | {f:.1} | {:.2} |", l / f);
         }
+        let median = reports
+            .iter()
+            .filter(|r| r.workload.starts_with("WG1"))
+            .map(|r| r.extra("median_round_p50_ratio_to_lease_row"))
+            .find(|ratio| !ratio.is_nan())
+            .unwrap_or(f64::NAN);
+        println!("| WG1 p50 vs lease row pair, median of the rounds' ratios | | | {median:.2} |");
         let (l, f) = (
             figure("WG2 PostgreSQL cross", Report::p50),
             figure("WG2 PostgreSQL floor", Report::p50),
@@ -302,14 +309,22 @@ fn summarise(reports: &[Report]) {
             ("WG3 increments/s, one client", "WG3 PostgreSQL 16"),
             ("WG3c increments/s, 4 clients", "WG3c"),
         ] {
-            let (l, f) = (
-                figure(library, Report::per_second),
-                figure("WG3 PostgreSQL floor", Report::per_second),
-            );
-            println!(
-                "| {name} vs advisory retry loop | {l:.1} | {f:.1} | {:.2} |",
-                l / f
-            );
+            for (against, floor) in [
+                (
+                    "advisory retry loop",
+                    "WG3 PostgreSQL floor 16 connections x 1 key, advisory",
+                ),
+                (
+                    "lease row retry loop",
+                    "WG3 PostgreSQL floor 16 connections x 1 key, lease",
+                ),
+            ] {
+                let (l, f) = (
+                    figure(library, Report::per_second),
+                    figure(floor, Report::per_second),
+                );
+                println!("| {name} vs {against} | {l:.1} | {f:.1} | {:.2} |", l / f);
+            }
         }
     }
     println!("\n| workload | ops | ops/s | p50 µs | p99 µs |");
