@@ -417,6 +417,19 @@ async fn a_stale_release_of_a_segment_leaves_the_other_holders_lock(rig: Rig) {
     .await;
 }
 
+/// Fenced segments (a row that keeps its counter, released with the
+/// others of its set: an update).
+async fn a_stale_fenced_release_of_a_segment_leaves_the_other_holders_lock(rig: Rig) {
+    let segment = format!("{}#0", name("fseg"));
+    stale_release(
+        rig,
+        &segment,
+        |l| l.lock("fseg").segments(2).fencing(true),
+        |l| l.lock("fseg").segments(2),
+    )
+    .await;
+}
+
 /// A fair lock's release.
 async fn a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock(rig: Rig) {
     stale_release(
@@ -737,6 +750,7 @@ contract! {
         a_stale_unfenced_release_leaves_the_other_holders_lock,
         a_stale_release_of_several_keys_leaves_the_other_holders_lock,
         a_stale_release_of_a_segment_leaves_the_other_holders_lock,
+        a_stale_fenced_release_of_a_segment_leaves_the_other_holders_lock,
         a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock,
         a_stale_reader_renewal_leaves_the_writers_lock,
         a_stale_reader_extension_leaves_the_writers_lock,

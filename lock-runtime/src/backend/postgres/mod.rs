@@ -303,10 +303,19 @@ impl PostgresBackend {
         self.run(key, "release", || async {
             let client = self.pool.get().await?;
             let statement = client.prepare_cached(&self.sql.release).await?;
-            let row = client
-                .query_one(&statement, &[&names, &holder, &channels, &self.sql.channel])
-                .await?;
-            Ok(row.try_get::<_, i64>(0)? > 0)
+            // One statement a name, sent together: the connection
+            // pipelines them, so several cost about one round trip.
+            let (client, statement) = (&client, &statement);
+            let releases = names.iter().zip(channels).map(|(name, channel)| async move {
+                client
+                    .query_one(statement, &[name, &holder, channel, &self.sql.channel])
+                    .await
+            });
+            let mut released = false;
+            for row in futures_util::future::try_join_all(releases).await? {
+                released |= row.try_get::<_, i64>(0)? > 0;
+            }
+            Ok(released)
         })
         .await
     }
