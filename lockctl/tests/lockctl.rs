@@ -5,13 +5,13 @@
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockMode, LostReason};
+use lock_runtime::{LockClient, LockError, LockMode};
 use lock_tests::{Cluster, RedisServer, Replicated, start_masters, until_waiting};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
-/// Every test waits on something; none may hang the suite.
-const BOUND: Duration = Duration::from_secs(20);
+mod common;
+use common::{BOUND, find, json_lines, stdout};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 fn lockctl(args: &[&str]) -> Output {
     lock_tests::output_within_limit(
@@ -20,31 +20,8 @@ fn lockctl(args: &[&str]) -> Output {
     )
 }
 
-fn stdout(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "lockctl failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).expect("utf-8 output")
-}
-
-fn json_lines(output: &Output) -> Vec<Value> {
-    stdout(output)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON line"))
-        .collect()
-}
-
 fn holder_of(server: &RedisServer, key: &str) -> String {
     server.query::<String>(redis::cmd("GET").arg(format!("lock:{{{key}}}")))
-}
-
-fn find<'a>(locks: &'a [Value], key: &str) -> &'a Value {
-    locks
-        .iter()
-        .find(|l| l["key"] == key)
-        .unwrap_or_else(|| panic!("{key} not listed in {locks:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,24 +150,7 @@ async fn unlock_force_is_seen_as_lost_by_the_running_holder_and_wakes_a_waiter()
             let url = server.url();
             let holder = LockClient::connect(&url).await.expect("connect");
             let waiter = LockClient::connect(&url).await.expect("connect");
-            let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-            // Renewed forever: only a forced unlock lets anyone else in.
-            let running = tokio::spawn(async move {
-                holder
-                    .lock("stuck-job")
-                    .ttl(Duration::from_millis(600))
-                    .fencing(true)
-                    .run(async move {
-                        let _ = started_tx.send(lock_runtime::fencing_token());
-                        std::future::pending::<()>().await;
-                    })
-                    .await
-            });
-            let stuck_token = tokio::time::timeout(BOUND, started_rx)
-                .await
-                .expect("the body started")
-                .expect("sender kept")
-                .expect("a token was asked for");
+            let (running, stuck_token) = common::stuck_holder(holder, "stuck-job").await;
             let waiting = tokio::spawn(async move {
                 let guard = waiter
                     .lock("stuck-job")
@@ -233,20 +193,7 @@ async fn unlock_force_is_seen_as_lost_by_the_running_holder_and_wakes_a_waiter()
                 .expect("a text payload");
             assert_eq!(announced, "w:forced");
             drop(announcements);
-            let lost = tokio::time::timeout(BOUND, running)
-                .await
-                .expect("the holder's body was stopped")
-                .expect("join");
-            assert!(
-                matches!(
-                    lost,
-                    Err(LockError::Lost {
-                        reason: LostReason::TakenOver,
-                        ..
-                    })
-                ),
-                "{lost:?}"
-            );
+            common::expect_taken_over(running).await;
             let next_token = tokio::time::timeout(BOUND, waiting)
                 .await
                 .expect("the waiter got the lock")
@@ -449,18 +396,7 @@ async fn a_fair_lock_shows_its_line_and_a_forced_unlock_hands_it_to_the_first_wa
             let url = server.url();
             let locks = LockClient::connect(&url).await.expect("connect");
             let held = locks.lock("queue").fair(true).acquire().await.expect("free");
-            let waiter = {
-                let locks = locks.clone();
-                tokio::spawn(async move {
-                    let guard = locks
-                        .lock("queue")
-                        .fair(true)
-                        .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await?;
-                    guard.release().await
-                })
-            };
+            let waiter = common::fair_waiter(&locks, "queue");
             until_waiting(&server, "queue").await;
             let listed = json_lines(&lockctl(&["--url", &url, "--json", "list"]));
             let queue = find(&listed, "queue");

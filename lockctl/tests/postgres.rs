@@ -5,12 +5,12 @@
 use std::process::Output;
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockMode, LostReason};
+use lock_runtime::{LockClient, LockError, LockMode};
 use lock_tests::Postgres;
 use serde_json::Value;
 
-/// Every test waits on something; none may hang the suite.
-const BOUND: Duration = Duration::from_secs(20);
+mod common;
+use common::{BOUND, find, json_lines};
 
 /// The table the services use: not the default, so `--postgres-table` is
 /// what finds it.
@@ -23,25 +23,6 @@ fn lockctl(url: &str, args: &[&str]) -> Output {
         std::process::Command::new(env!("CARGO_BIN_EXE_lockctl")).args(&all),
         &format!("lockctl {}", args.join(" ")),
     )
-}
-
-fn json_lines(output: &Output) -> Vec<Value> {
-    assert!(
-        output.status.success(),
-        "lockctl failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON line"))
-        .collect()
-}
-
-fn find<'a>(locks: &'a [Value], key: &str) -> &'a Value {
-    locks
-        .iter()
-        .find(|l| l["key"] == key)
-        .unwrap_or_else(|| panic!("{key} not listed in {locks:?}"))
 }
 
 async fn client(server: &Postgres) -> LockClient {
@@ -97,18 +78,7 @@ async fn list_and_inspect_show_every_kind_with_holders_time_left_fence_and_line(
                 .await
                 .expect("segment");
             let fair = locks.lock("queue").fair(true).acquire().await.expect("free");
-            let waiter = {
-                let locks = locks.clone();
-                tokio::spawn(async move {
-                    let guard = locks
-                        .lock("queue")
-                        .fair(true)
-                        .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await?;
-                    guard.release().await
-                })
-            };
+            let waiter = common::fair_waiter(&locks, "queue");
             until_in_line(&server, "queue", 1).await;
 
             let listed = json_lines(&lockctl(&url, &["--json", "list"]));
@@ -179,24 +149,7 @@ async fn unlock_force_stops_the_holder_hands_over_and_keeps_tokens_growing() {
             let url = server.url();
             let holder = client(&server).await;
             let other = client(&server).await;
-            let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-            // Renewed for ever: only a forced unlock lets anyone else in.
-            let running = tokio::spawn(async move {
-                holder
-                    .lock("stuck-job")
-                    .ttl(Duration::from_millis(600))
-                    .fencing(true)
-                    .run(async move {
-                        let _ = started_tx.send(lock_runtime::fencing_token());
-                        std::future::pending::<()>().await;
-                    })
-                    .await
-            });
-            let stuck_token = tokio::time::timeout(BOUND, started_rx)
-                .await
-                .expect("the body started")
-                .expect("sender kept")
-                .expect("a token was asked for");
+            let (running, stuck_token) = common::stuck_holder(holder, "stuck-job").await;
 
             let refused = lockctl(&url, &["unlock", "stuck-job"]);
             assert_eq!(refused.status.code(), Some(2));
@@ -204,20 +157,7 @@ async fn unlock_force_stops_the_holder_hands_over_and_keeps_tokens_growing() {
 
             let forced = json_lines(&lockctl(&url, &["--json", "unlock", "stuck-job", "--force"]));
             assert_eq!(forced[0]["freed"], true);
-            let lost = tokio::time::timeout(BOUND, running)
-                .await
-                .expect("the holder's body was stopped")
-                .expect("join");
-            assert!(
-                matches!(
-                    lost,
-                    Err(LockError::Lost {
-                        reason: LostReason::TakenOver,
-                        ..
-                    })
-                ),
-                "{lost:?}"
-            );
+            common::expect_taken_over(running).await;
             let next = other
                 .lock("stuck-job")
                 .fencing(true)
@@ -252,18 +192,7 @@ async fn unlock_force_stops_the_holder_hands_over_and_keeps_tokens_growing() {
 
             // A fair lock's line stays: its first waiter gets the lock.
             let fair = other.lock("queue").fair(true).acquire().await.expect("free");
-            let waiter = {
-                let locks = other.clone();
-                tokio::spawn(async move {
-                    let guard = locks
-                        .lock("queue")
-                        .fair(true)
-                        .wait(Duration::from_secs(60))
-                        .acquire()
-                        .await?;
-                    guard.release().await
-                })
-            };
+            let waiter = common::fair_waiter(&other, "queue");
             until_in_line(&server, "queue", 1).await;
             let forced = json_lines(&lockctl(&url, &["--json", "unlock", "queue", "--force"]));
             assert_eq!(forced[0]["freed"], true);
