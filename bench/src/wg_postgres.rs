@@ -272,21 +272,18 @@ async fn wg3_floor(url: &str, lock: FloorLock) -> Result<Report, Error> {
             let (url, data) = (url.to_owned(), Arc::clone(&data));
             tokio::spawn(async move {
                 let conn = connect(&url).await?;
-                let (take, free) = match lock {
+                // The advisory lock's key is the name alone; the lease row
+                // is the name's, held by this task.
+                let (take, free, holder) = match lock {
                     FloorLock::Advisory => (
                         "SELECT pg_try_advisory_lock(hashtext($1 || $2))",
                         "SELECT pg_advisory_unlock(hashtext($1 || $2))",
+                        String::new(),
                     ),
-                    FloorLock::LeaseRow => (LEASE_TRY, LEASE_FREE),
+                    FloorLock::LeaseRow => (LEASE_TRY, LEASE_FREE, format!("floor:{task}")),
                 };
                 let (take, free) = (conn.prepare(take).await?, conn.prepare(free).await?);
-                // The advisory lock's key is the name alone; the lease row
-                // is the name's, held by this task.
-                let (name, holder) = match lock {
-                    FloorLock::Advisory => ("wg3".to_owned(), String::new()),
-                    FloorLock::LeaseRow => ("wg3".to_owned(), format!("floor:{task}")),
-                };
-                let args: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&name, &holder];
+                let args: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&"wg3", &holder];
                 let mut waits = Vec::new();
                 for _ in 0..WG3_INCREMENTS {
                     let asked = Instant::now();
