@@ -53,11 +53,14 @@ pub(crate) fn redact_secrets(message: &str, url: &str) -> String {
 fn secrets_of(url: &str) -> Vec<String> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let mut raw: Vec<&str> = Vec::new();
-    if let Some((userinfo, _)) = rest.rsplit_once('@') {
+    // A userinfo without `:` is a user name alone: no secret, and masking
+    // it would mangle every word of a message that holds it (a user `locks`
+    // made the table `distributed_locks` read `distributed_***`).
+    if let Some((userinfo, _)) = rest.rsplit_once('@')
+        && let Some((_, password)) = userinfo.split_once(':')
+    {
         raw.push(userinfo);
-        if let Some((_, password)) = userinfo.split_once(':') {
-            raw.push(password);
-        }
+        raw.push(password);
     }
     if let Some((_, query)) = rest.split_once('?') {
         raw.extend(
@@ -102,6 +105,14 @@ mod tests {
         assert!(!msg.contains("hunter2"), "{msg}");
         let msg = redact_secrets("password `a/b` refused", "redis://u:a%2Fb@x");
         assert!(!msg.contains("a/b"), "{msg}");
+        let msg = redact_secrets(
+            "type \"distributed_locks\" already exists",
+            "postgres://locks@db/locks",
+        );
+        assert_eq!(
+            msg, "type \"distributed_locks\" already exists",
+            "a user name alone is no secret"
+        );
     }
 
     /// Every printable ASCII character, alone in a password and all of them

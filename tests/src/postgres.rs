@@ -216,8 +216,24 @@ impl Postgres {
         assert_eq!(self.sql("SELECT pg_reload_conf()"), ["t"]);
     }
 
-    fn run_psql(&self, database: &str, sql: &str) -> Output {
-        Command::new(program("psql"))
+    /// A `psql` session in [`DATABASE`] that runs what is sent to it, in
+    /// order, until dropped: for a transaction the test keeps open while
+    /// clients run into it.
+    pub fn session(&self) -> Session {
+        let child = self
+            .psql(DATABASE)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run psql: {e}; install postgresql (apt-get install postgresql)")
+            });
+        Session { child }
+    }
+
+    fn psql(&self, database: &str) -> Command {
+        let mut command = Command::new(program("psql"));
+        command
             .args([
                 "-X",
                 "-q",
@@ -232,7 +248,13 @@ impl Postgres {
                 "-p",
             ])
             .arg(self.port.to_string())
-            .args(["-d", database, "-c", sql])
+            .args(["-d", database]);
+        command
+    }
+
+    fn run_psql(&self, database: &str, sql: &str) -> Output {
+        self.psql(database)
+            .args(["-c", sql])
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| {
@@ -323,6 +345,36 @@ fn parent_of(stat: &Path) -> Option<i32> {
     let text = std::fs::read_to_string(stat).ok()?;
     let after_name = &text[text.rfind(')')? + 1..];
     after_name.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// An open `psql` session (see [`Postgres::session`]).
+#[derive(Debug)]
+pub struct Session {
+    child: Child,
+}
+
+impl Session {
+    /// Sends `sql` to the session; it runs once the server gets to it.
+    pub fn send(&mut self, sql: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("the session's input");
+        writeln!(stdin, "{sql}").expect("write to psql");
+        stdin.flush().expect("flush to psql");
+    }
+
+    /// Ends the input and waits for what was sent to have run.
+    pub fn finish(mut self) {
+        drop(self.child.stdin.take());
+        let status = self.child.wait().expect("psql exits");
+        assert!(status.success(), "the psql session failed: {status}");
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Drop for Postgres {

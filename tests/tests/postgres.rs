@@ -157,6 +157,75 @@ async fn the_table_holds_a_row_per_held_lock_and_a_fence_per_fenced_key() {
     .await
 }
 
+/// Service instances starting at once against a database without the
+/// table all start: whichever creates it, the others find it made. Two
+/// `CREATE TABLE IF NOT EXISTS` at once can both pass the check, and the
+/// later then fails on the catalog's unique index for the table's row type
+/// (a fault scenario's workers once died of it). Here another instance's
+/// creation is held open until the clients have run into it; a name truly
+/// taken still fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_starting_at_once_on_a_fresh_database_all_start() {
+    lock_tests::bounded(
+        "clients_starting_at_once_on_a_fresh_database_all_start",
+        async move {
+            let server = Postgres::start();
+            let mut other_instance = server.session();
+            other_instance.send(
+                "BEGIN; CREATE TABLE started_together (name text PRIMARY KEY, holder text NOT NULL, \
+             expires_at timestamptz NOT NULL, fence bigint NOT NULL DEFAULT 0, \
+             waiting boolean NOT NULL DEFAULT false);",
+            );
+            let open = lock_tests::eventually(Duration::from_secs(20), || {
+                server.sql("SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'")
+                    == ["1"]
+            })
+            .await;
+            assert!(open.is_some(), "the other instance's creation is under way");
+            let url = server.url();
+            let starts: Vec<_> = (0..4)
+                .map(|_| {
+                    let url = url.clone();
+                    tokio::spawn(async move {
+                        LockClient::builder()
+                            .postgres_table("started_together")
+                            .postgres(&url)
+                            .await
+                    })
+                })
+                .collect();
+            let blocked = lock_tests::eventually(Duration::from_secs(20), || {
+                server.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") == ["4"]
+            })
+            .await;
+            assert!(
+                blocked.is_some(),
+                "the clients' creations wait for the other instance's"
+            );
+            other_instance.send("COMMIT;");
+            other_instance.finish();
+            for start in starts {
+                let locks = start
+                    .await
+                    .expect("joined")
+                    .expect("started on the table another made");
+                locks.lock("k").run(async {}).await.expect("the table works");
+            }
+
+            // A name truly taken (a type of the table's name, no table) is
+            // reported at start-up, not taken for a table made meanwhile.
+            tokio::task::block_in_place(|| server.sql("CREATE TYPE clashing AS ENUM ('x')"));
+            let err = LockClient::builder()
+                .postgres_table("clashing")
+                .postgres(&url)
+                .await
+                .expect_err("the name is a type's");
+            assert!(err.to_string().contains("already exists"), "{err}");
+        },
+    )
+    .await
+}
+
 /// Expiry is judged by the database's clock: a row the database finds
 /// expired is taken over (the counter moving on), and its old holder is
 /// told at its next renewal.

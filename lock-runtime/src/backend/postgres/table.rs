@@ -331,18 +331,24 @@ impl PostgresBackend {
         }
     }
 
-    /// The lock table and the members table, if missing. Two clients
-    /// creating one at once can both pass `IF NOT EXISTS` and one then
-    /// fails on the catalog's unique index: the table exists either way.
+    /// The lock table and the members table, if missing.
+    ///
+    /// Two clients creating one at once can both pass `IF NOT EXISTS`, and
+    /// the later then fails on the catalog: on its unique index if it waited
+    /// for the other's transaction, or with "type already exists" if that
+    /// committed between its look for the table and its look for the
+    /// table's row type. Neither says the table is there (a type of that
+    /// name alone fails the same way), so the creation runs once more: by
+    /// then the other's table is visible and `IF NOT EXISTS` passes, while
+    /// a true clash fails again and is reported.
     async fn create_table(&self) -> Result<(), PoolError> {
         let client = self.pool.get().await?;
         for create in [&self.sql.create, &self.members.create] {
-            match client.batch_execute(create).await {
-                Err(e)
-                    if [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE]
-                        .contains(e.code().unwrap_or(&SqlState::SUCCESSFUL_COMPLETION)) => {}
-                other => other.map_err(PoolError::Backend)?,
-            }
+            let created = match client.batch_execute(create).await {
+                Err(e) if lost_creation_race(&e) => client.batch_execute(create).await,
+                other => other,
+            };
+            created.map_err(PoolError::Backend)?;
         }
         Ok(())
     }
@@ -365,6 +371,18 @@ impl PostgresBackend {
         }
         Ok(())
     }
+}
+
+/// Whether a creation failed because another made the same name meanwhile.
+fn lost_creation_race(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|state| {
+        [
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::DUPLICATE_TABLE,
+            SqlState::DUPLICATE_OBJECT,
+        ]
+        .contains(state)
+    })
 }
 
 /// The reply for a lock found held, `left` before it frees.
