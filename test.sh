@@ -18,6 +18,9 @@
 #     /usr/lib/postgresql/<major>/bin): the PostgreSQL tests start servers in
 #     fresh data directories
 #   - Debian package `etcd-server` (etcd), for the etcd backend's clusters
+#   - Debian packages `protobuf-compiler` and `libprotobuf-dev` (protoc and
+#     its well-known .proto files): the etcd driver `etcd-client` compiles
+#     etcd's API definitions when it is built
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -39,6 +42,8 @@ if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
   missing_debs+=(postgresql)
 fi
 command -v etcd >/dev/null 2>&1 || missing_debs+=(etcd-server)
+command -v protoc >/dev/null 2>&1 || missing_debs+=(protobuf-compiler)
+[ -f /usr/include/google/protobuf/descriptor.proto ] || missing_debs+=(libprotobuf-dev)
 if [ "${#missing_debs[@]}" -gt 0 ]; then
   echo "--- installing ${missing_debs[*]} (Debian)"
   $SUDO apt-get update -qq
@@ -65,6 +70,7 @@ java -cp /usr/share/java/zookeeper.jar:/usr/share/java/slf4j-api.jar:/usr/share/
 # `sed -n 1p` reads to the end: `head -1` would close the pipe early, and
 # under pipefail the writer's SIGPIPE (exit 141) would fail the command.
 etcd --version | sed -n 1p
+protoc --version
 "$PYTHON" -c 'import redis; print("redis-py", redis.__version__)'
 
 if [ "${1:-}" = "--install-only" ]; then

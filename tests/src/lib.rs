@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 pub mod certificates;
 pub mod cluster;
+pub mod etcd;
 pub mod lab;
 pub mod load;
 pub mod mariadb;
@@ -22,6 +23,7 @@ pub mod zookeeper;
 
 pub use certificates::make_certificates;
 pub use cluster::Cluster;
+pub use etcd::Etcd;
 pub use mariadb::MariaDb;
 pub use postgres::Postgres;
 pub use proxy::Proxy;
