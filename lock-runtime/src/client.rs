@@ -139,6 +139,25 @@ impl LockClient {
         LockClient::builder().zookeeper(connect).await
     }
 
+    /// An etcd 3.4+ cluster: its members' client endpoints,
+    /// `http://host:port` (or `host:port`). Each lock is a line of keys
+    /// under `/distributed-locks` (see
+    /// [`etcd_root`](LockClientBuilder::etcd_root)), each put with this
+    /// client's one lease: the key with the lowest create revision holds
+    /// it, each waiter watches only the key before its own, and a crashed
+    /// holder's keys go with its lease (see
+    /// [`etcd_lease_ttl`](LockClientBuilder::etcd_lease_ttl)). Mutual
+    /// exclusion among live clients rests on the cluster's consensus, not
+    /// on clocks. A lock's lease is trusted for at most two thirds of the
+    /// etcd lease past an attempt or a renewal, so a longer `ttl` is
+    /// shortened to that. Every kind of lock (a line is `fair` anyway),
+    /// with fencing tokens (the key's create revision). Needs the `etcd`
+    /// feature.
+    #[cfg(feature = "etcd")]
+    pub async fn etcd(endpoints: &[&str]) -> Result<LockClient, LockError> {
+        LockClient::builder().etcd(endpoints).await
+    }
+
     /// Options: key prefix, default ttl and wait, retry backoff, command
     /// timeout.
     pub fn builder() -> LockClientBuilder {
@@ -336,6 +355,25 @@ impl LockClientBuilder {
     #[cfg(feature = "zookeeper")]
     pub fn zookeeper_session_timeout(mut self, timeout: Duration) -> Self {
         self.config.session_timeout = timeout;
+        self
+    }
+
+    /// The etcd key prefix under which lock lines live (default
+    /// `/distributed-locks`), without a trailing `/`.
+    #[cfg(feature = "etcd")]
+    pub fn etcd_root(mut self, root: impl Into<String>) -> Self {
+        self.config.etcd_root = root.into();
+        self
+    }
+
+    /// The ttl of the lease each etcd client keeps (default 10 s; whole
+    /// seconds, at least 2). A crashed holder's locks are free this long
+    /// after its last keep-alive; a lock's lease is at most two thirds of
+    /// it, so a connection cut stops a body before the etcd lease could
+    /// have expired.
+    #[cfg(feature = "etcd")]
+    pub fn etcd_lease_ttl(mut self, ttl: Duration) -> Self {
+        self.config.etcd_lease_ttl = ttl;
         self
     }
 
@@ -632,6 +670,21 @@ impl LockClientBuilder {
         }
         let node = backend.node().to_owned();
         Ok(self.build(AnyBackend::ZooKeeper(backend), Notifier::new(None), node))
+    }
+
+    /// An etcd client; see [`LockClient::etcd`].
+    #[cfg(feature = "etcd")]
+    pub async fn etcd(self, endpoints: &[&str]) -> Result<LockClient, LockError> {
+        use crate::backend::etcd::EtcdBackend;
+        let node = format!("etcd({})", endpoints.join(", "));
+        self.check(&node)?;
+        let c = &self.config;
+        let backend = EtcdBackend::new(endpoints, &c.etcd_root, c.etcd_lease_ttl, c.command_timeout)?;
+        if !c.lazy {
+            backend.verify().await?;
+        }
+        let node = backend.node().to_owned();
+        Ok(self.build(AnyBackend::Etcd(backend), Notifier::new(None), node))
     }
 
     /// An in-process client with these options; see

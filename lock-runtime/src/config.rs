@@ -25,6 +25,15 @@ pub(crate) const DEFAULT_ROOT: &str = "/distributed-locks";
 #[cfg(feature = "zookeeper")]
 pub(crate) const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Where etcd locks live unless the builder names another root.
+#[cfg(feature = "etcd")]
+pub(crate) const DEFAULT_ETCD_ROOT: &str = "/distributed-locks";
+
+/// The etcd lease ttl asked of the cluster unless the builder says
+/// otherwise.
+#[cfg(feature = "etcd")]
+pub(crate) const DEFAULT_ETCD_LEASE_TTL: Duration = Duration::from_secs(10);
+
 /// What every lock call of one client shares.
 #[derive(Debug, Clone)]
 pub(crate) struct ClientConfig {
@@ -63,6 +72,12 @@ pub(crate) struct ClientConfig {
     /// The session timeout asked of a ZooKeeper ensemble.
     #[cfg(feature = "zookeeper")]
     pub(crate) session_timeout: Duration,
+    /// The key prefix under which every etcd lock's line lives.
+    #[cfg(feature = "etcd")]
+    pub(crate) etcd_root: String,
+    /// The ttl of the etcd lease each client keeps.
+    #[cfg(feature = "etcd")]
+    pub(crate) etcd_lease_ttl: Duration,
 }
 
 impl Default for ClientConfig {
@@ -89,6 +104,10 @@ impl Default for ClientConfig {
             zookeeper_root: DEFAULT_ROOT.into(),
             #[cfg(feature = "zookeeper")]
             session_timeout: DEFAULT_SESSION_TIMEOUT,
+            #[cfg(feature = "etcd")]
+            etcd_root: DEFAULT_ETCD_ROOT.into(),
+            #[cfg(feature = "etcd")]
+            etcd_lease_ttl: DEFAULT_ETCD_LEASE_TTL,
         }
     }
 }

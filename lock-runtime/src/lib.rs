@@ -35,6 +35,11 @@
 //!   `LockClientBuilder::zookeeper`, locks as queues of ephemeral
 //!   sequential nodes on a ZooKeeper 3.5+ ensemble, through
 //!   `zookeeper-client`.
+//! - `postgres`: `LockClient::postgres` and `LockClientBuilder::postgres`,
+//!   leases as rows of a PostgreSQL 13+ table, through `tokio-postgres`.
+//! - `etcd`: `LockClient::etcd` and `LockClientBuilder::etcd`, locks as
+//!   keys on one lease per client on etcd 3.4+, through `etcd-client`
+//!   (whose build needs `protoc`).
 //! - `tls`: `rediss://` URLs, through rustls with its `ring` provider
 //!   (installed when a TLS connection is opened, unless the application
 //!   installed one first).

@@ -119,6 +119,22 @@ impl Member {
     }
 }
 
+/// The etcd lease the suite's clients ask for: a lock's lease is at most
+/// two thirds of it (2.67 s), so the suite's leases (1.5 s) are what they
+/// ask for, and a killed holder's keys go 4 s after its last keep-alive.
+pub const LEASE_TTL: Duration = Duration::from_secs(4);
+
+/// A client of `etcd`, every member an endpoint, asking for [`LEASE_TTL`].
+pub async fn client(etcd: &Etcd) -> lock_runtime::LockClient {
+    let endpoints = etcd.endpoints();
+    let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    lock_runtime::LockClient::builder()
+        .etcd_lease_ttl(LEASE_TTL)
+        .etcd(&endpoints)
+        .await
+        .expect("connect to the test etcd")
+}
+
 /// Whether the member serving clients on `port` says it is healthy: it
 /// has a leader and answers a read through the cluster (etcd's `/health`).
 pub fn healthy(port: u16) -> bool {

@@ -1,7 +1,7 @@
-//! One behaviour suite, five backends: every test here runs against the
+//! One behaviour suite, six backends: every test here runs against the
 //! in-process backend, a real `redis-server`, a real MariaDB, a real
-//! ZooKeeper and a real PostgreSQL, from the same code, through the public
-//! API only.
+//! ZooKeeper, a real PostgreSQL and a real etcd, from the same code,
+//! through the public API only.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LostReason, fencing_token};
 use lock_tests::monitor::{self, Monitor};
-use lock_tests::{MariaDb, Postgres, RedisServer, ZooKeeper};
+use lock_tests::{Etcd, MariaDb, Postgres, RedisServer, ZooKeeper};
 
 /// A client and whatever it needs kept alive.
 struct Fixture {
@@ -54,6 +54,14 @@ async fn zookeeper() -> Fixture {
         locks: LockClient::zookeeper(&server.connect_string())
             .await
             .expect("connect"),
+        _server: Some(Box::new(server)),
+    }
+}
+
+async fn etcd() -> Fixture {
+    let server = Etcd::start();
+    Fixture {
+        locks: lock_tests::etcd::client(&server).await,
         _server: Some(Box::new(server)),
     }
 }
@@ -110,6 +118,17 @@ macro_rules! on_every_backend {
                 async fn $behaviour() {
                     lock_tests::bounded(stringify!($behaviour), async move {
                         super::$behaviour(super::zookeeper().await).await;
+                    })
+                    .await
+                }
+            )*
+        }
+        mod etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                        super::$behaviour(super::etcd().await).await;
                     })
                     .await
                 }

@@ -2,9 +2,9 @@
 //! every backend that claims them: the in-process backend, one
 //! `redis-server`, a Redis Cluster, a Redlock of three masters (read-write
 //! only; it refuses permits and segments), a master found through Redis
-//! Sentinel with a replica acknowledging, MariaDB, ZooKeeper and
-//! PostgreSQL, through the public API. A backend joins a kind's suite by being added to its
-//! list.
+//! Sentinel with a replica acknowledging, MariaDB, ZooKeeper, PostgreSQL
+//! and etcd, through the public API. A backend joins a kind's suite by
+//! being added to its list.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LockMode, LostReason, segment};
 use lock_tests::monitor::Monitor;
-use lock_tests::{Cluster, MariaDb, Postgres, RedisServer, Replicated, ZooKeeper, start_masters};
+use lock_tests::{Cluster, Etcd, MariaDb, Postgres, RedisServer, Replicated, ZooKeeper, start_masters};
 use tokio::sync::Barrier;
 
 /// A client and the servers it needs kept alive.
@@ -31,6 +31,7 @@ enum Servers {
     Mysql(MariaDb),
     ZooKeeper(ZooKeeper),
     Postgres(Postgres),
+    Etcd(Etcd),
 }
 
 async fn in_memory() -> Fixture {
@@ -106,6 +107,7 @@ impl Fixture {
             Servers::Sentinel(group) => lock_tests::sentinel::client(group).await,
             Servers::Mysql(server) => LockClient::mysql(&server.url()).await.expect("mysql client"),
             Servers::ZooKeeper(zk) => zookeeper_client(zk).await,
+            Servers::Etcd(etcd) => lock_tests::etcd::client(etcd).await,
             Servers::Postgres(server) => LockClient::postgres(&server.url())
                 .await
                 .expect("postgres client"),
@@ -128,6 +130,14 @@ async fn zookeeper() -> Fixture {
     Fixture {
         locks: zookeeper_client(&zk).await,
         servers: Servers::ZooKeeper(zk),
+    }
+}
+
+async fn etcd() -> Fixture {
+    let etcd = Etcd::start();
+    Fixture {
+        locks: lock_tests::etcd::client(&etcd).await,
+        servers: Servers::Etcd(etcd),
     }
 }
 
@@ -157,7 +167,7 @@ macro_rules! on_backend {
 mod read_write {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, redlock, sentinel, mysql, zookeeper, postgres] => [
+        [in_memory, redis, cluster, redlock, sentinel, mysql, zookeeper, postgres, etcd] => [
             readers_overlap,
             a_writer_never_overlaps_anyone,
             upgrade_is_refused_at_once,
@@ -170,7 +180,7 @@ mod read_write {
 mod permits {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, sentinel, mysql, zookeeper, postgres] => [
+        [in_memory, redis, cluster, sentinel, mysql, zookeeper, postgres, etcd] => [
             never_more_than_n_holders,
             permits_are_counted_across_clients,
             a_vanished_holders_permit_frees_at_its_ttl_not_before,
@@ -182,7 +192,7 @@ mod permits {
 mod segments {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, sentinel, mysql, zookeeper, postgres] => [
+        [in_memory, redis, cluster, sentinel, mysql, zookeeper, postgres, etcd] => [
             n_holders_on_distinct_segments_and_the_next_takes_the_first_freed,
             segments_exclude_like_locks,
         ]
@@ -192,7 +202,7 @@ mod segments {
 mod checks {
     use super::*;
     on_backends!(
-        [in_memory, redis, mysql, zookeeper, postgres] => [
+        [in_memory, redis, mysql, zookeeper, postgres, etcd] => [
             bad_kinds_are_refused_before_any_io,
         ]
     );
@@ -212,7 +222,7 @@ mod one_kind_per_name {
 mod fencing {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, sentinel, mysql, zookeeper, postgres] => [
+        [in_memory, redis, cluster, sentinel, mysql, zookeeper, postgres, etcd] => [
             writers_and_segments_get_growing_fencing_tokens,
         ]
     );
@@ -225,7 +235,7 @@ mod fencing {
 mod every_kind {
     use super::*;
     on_backends!(
-        [in_memory, redis, cluster, redlock, sentinel, mysql, zookeeper, postgres] => [
+        [in_memory, redis, cluster, redlock, sentinel, mysql, zookeeper, postgres, etcd] => [
             every_exit_path_releases_every_kind,
             a_lost_lease_cancels_the_body_of_every_kind,
             waiting_times_out_for_every_kind,

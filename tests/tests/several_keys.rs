@@ -1,16 +1,16 @@
 //! Several keys at once (`lock_all`, `keys = [...]`), one body of code over
 //! the in-process backend, one `redis-server`, a Redis Cluster (keys spread
 //! over slots), a Redlock of three masters, a master found through Redis
-//! Sentinel, MariaDB, ZooKeeper and PostgreSQL: transfers in both directions
-//! never deadlock and never lose money; a set is taken whole or not at all;
-//! nested calls re-enter what they hold.
+//! Sentinel, MariaDB, ZooKeeper, PostgreSQL and etcd: transfers in both
+//! directions never deadlock and never lose money; a set is taken whole or
+//! not at all; nested calls re-enter what they hold.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{Cluster, MariaDb, Postgres, RedisServer, Replicated, ZooKeeper, start_masters};
+use lock_tests::{Cluster, Etcd, MariaDb, Postgres, RedisServer, Replicated, ZooKeeper, start_masters};
 
 /// Two clients on the same locks (two services), and what they need alive.
 struct Fixture {
@@ -28,6 +28,7 @@ enum Servers {
     Mysql(MariaDb),
     ZooKeeper(ZooKeeper),
     Postgres(Postgres),
+    Etcd(Etcd),
 }
 
 async fn in_memory() -> Fixture {
@@ -124,6 +125,17 @@ async fn zookeeper() -> Fixture {
     }
 }
 
+async fn etcd() -> Fixture {
+    let etcd = Etcd::start();
+    Fixture {
+        clients: [
+            lock_tests::etcd::client(&etcd).await,
+            lock_tests::etcd::client(&etcd).await,
+        ],
+        _servers: Servers::Etcd(etcd),
+    }
+}
+
 macro_rules! on_every_backend {
     ($($behaviour:ident),+ $(,)?) => {
         mod in_memory {
@@ -209,6 +221,17 @@ macro_rules! on_every_backend {
                 async fn $behaviour() {
                     lock_tests::bounded(stringify!($behaviour), async move {
                     super::$behaviour(super::zookeeper().await).await;
+                    })
+                    .await
+                }
+            )+
+        }
+        mod etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    lock_tests::bounded(stringify!($behaviour), async move {
+                    super::$behaviour(super::etcd().await).await;
                     })
                     .await
                 }

@@ -9,6 +9,8 @@ use crate::key::LockKey;
 use crate::spec::Kind;
 
 mod contract;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod members;
 pub(crate) mod memory;
@@ -16,6 +18,8 @@ pub(crate) mod memory;
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+mod queue;
 pub(crate) mod redis;
 mod tls;
 #[cfg(feature = "zookeeper")]
@@ -41,6 +45,8 @@ pub(crate) enum AnyBackend {
     Postgres(postgres::PostgresBackend),
     #[cfg(feature = "zookeeper")]
     ZooKeeper(zookeeper::ZooKeeperBackend),
+    #[cfg(feature = "etcd")]
+    Etcd(etcd::EtcdBackend),
 }
 
 impl AnyBackend {
@@ -69,6 +75,8 @@ impl AnyBackend {
             // by queue, in the sorted order.
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => keys.into_iter().map(|k| vec![k]).collect(),
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(_) => keys.into_iter().map(|k| vec![k]).collect(),
             _ => vec![keys],
         }
     }
@@ -83,6 +91,8 @@ impl AnyBackend {
             // Each waiter's own watch tells it, not an announcement.
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => false,
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(_) => false,
             _ => true,
         }
     }
@@ -105,6 +115,8 @@ impl AnyBackend {
         match self {
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => ttl.min(b.lease_cap()),
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(b) => ttl.min(b.lease_cap()),
             _ => ttl,
         }
     }
@@ -153,6 +165,10 @@ impl AnyBackend {
         if let AnyBackend::ZooKeeper(_) = self {
             return true;
         }
+        #[cfg(feature = "etcd")]
+        if let AnyBackend::Etcd(_) = self {
+            return true;
+        }
         false
     }
 
@@ -162,6 +178,10 @@ impl AnyBackend {
         #[cfg(feature = "zookeeper")]
         if let AnyBackend::ZooKeeper(b) = self {
             b.turn(key, holder).await;
+        }
+        #[cfg(feature = "etcd")]
+        if let AnyBackend::Etcd(b) = self {
+            Box::pin(b.turn(key, holder)).await;
         }
         let _ = (key, holder);
     }
@@ -187,6 +207,8 @@ impl AnyBackend {
             AnyBackend::Postgres(b) => b.scan_keys(pattern).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(_) => Err(no_etcd_admin()),
         }
     }
 
@@ -221,6 +243,8 @@ impl AnyBackend {
             AnyBackend::Postgres(b) => Ok(on(b.node(), b.inspect(key).await?)),
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(_) => Err(no_etcd_admin()),
         }
     }
 
@@ -244,6 +268,8 @@ impl AnyBackend {
             AnyBackend::Postgres(b) => Ok(usize::from(b.force_unlock(key).await?)),
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(_) => Err(no_etcd_admin()),
         }
     }
 
@@ -253,11 +279,16 @@ impl AnyBackend {
             AnyBackend::Redlock(_) => redlock::unsupported(kind),
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => zookeeper::unsupported(kind),
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(_) => etcd::unsupported(kind),
             _ => None,
         }
     }
 }
 
+// etcd's futures are boxed: the gRPC client's are large enough that
+// holding them inline in every caller's future overflows a thread's stack,
+// and a network round trip dwarfs one allocation.
 impl Backend for AnyBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         match self {
@@ -272,6 +303,8 @@ impl Backend for AnyBackend {
             AnyBackend::Postgres(b) => b.acquire(req).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.acquire(req).await,
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(b) => Box::pin(b.acquire(req)).await,
         }
     }
 
@@ -288,6 +321,8 @@ impl Backend for AnyBackend {
             AnyBackend::Postgres(b) => b.release(key, holder).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.release(key, holder).await,
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(b) => Box::pin(b.release(key, holder)).await,
         }
     }
 
@@ -304,6 +339,8 @@ impl Backend for AnyBackend {
             AnyBackend::Postgres(b) => b.release_many(keys, holder).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.release_many(keys, holder).await,
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(b) => Box::pin(b.release_many(keys, holder)).await,
         }
     }
 
@@ -320,6 +357,8 @@ impl Backend for AnyBackend {
             AnyBackend::Postgres(b) => b.release_segments(key, count, holder).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.release_segments(key, count, holder).await,
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(b) => Box::pin(b.release_segments(key, count, holder)).await,
         }
     }
 
@@ -342,6 +381,8 @@ impl Backend for AnyBackend {
             AnyBackend::Postgres(b) => b.renew(key, holder, ttl, extend_only).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.renew(key, holder, ttl, extend_only).await,
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(b) => Box::pin(b.renew(key, holder, ttl, extend_only)).await,
         }
     }
 
@@ -358,6 +399,8 @@ impl Backend for AnyBackend {
             AnyBackend::Postgres(b) => b.renew_many(items).await,
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(b) => b.renew_many(items).await,
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(b) => Box::pin(b.renew_many(items)).await,
         }
     }
 }
@@ -379,6 +422,16 @@ fn no_zookeeper_admin() -> LockError {
         feature:
             "inspecting locks on the ZooKeeper backend (list the lock's queue with zkCli: see the README)"
                 .into(),
+    }
+}
+
+/// Operator tools read the Redis layout; etcd's keys are read with etcdctl.
+#[cfg(feature = "etcd")]
+fn no_etcd_admin() -> LockError {
+    LockError::Unsupported {
+        key: String::new(),
+        feature: "inspecting locks on the etcd backend (list the lock's line with etcdctl: see the README)"
+            .into(),
     }
 }
 

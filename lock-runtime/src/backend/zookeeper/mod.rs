@@ -39,6 +39,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use zookeeper_client as zk;
 
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::queue::{InTheWay, in_the_way};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
@@ -70,32 +71,6 @@ pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
         Kind::Exclusive | Kind::Fair | Kind::Read | Kind::Write | Kind::Permits(_) | Kind::Segments(_) => {
             None
         }
-    }
-}
-
-/// What keeps a contender from the lock, judged from the children ahead of
-/// its own (in sequence order). Each kind treats every other kind's child
-/// as an exclusive holder, so a name used as two kinds stays safe.
-#[derive(Debug, PartialEq, Eq)]
-enum InTheWay<'a> {
-    Nothing,
-    /// Wait for this child to go.
-    Child(&'a str),
-    /// Too many permit holders ahead: wait for any to go.
-    Count,
-}
-
-fn in_the_way<'a>(kind: Kind, ahead: &[&'a str]) -> InTheWay<'a> {
-    let last_not = |prefix: &str| ahead.iter().rev().find(|n| !n.starts_with(prefix)).copied();
-    match kind {
-        // Readers share: only a writer (or another kind) ahead blocks.
-        Kind::Read => last_not("r:").map_or(InTheWay::Nothing, InTheWay::Child),
-        Kind::Permits(n) => match last_not("p:") {
-            Some(other) => InTheWay::Child(other),
-            None if ahead.len() >= usize::try_from(n).unwrap_or(usize::MAX) => InTheWay::Count,
-            None => InTheWay::Nothing,
-        },
-        _ => ahead.last().copied().map_or(InTheWay::Nothing, InTheWay::Child),
     }
 }
 
@@ -538,7 +513,7 @@ impl ZooKeeperBackend {
                         req.fencing.then_some(czxid.unsigned_abs()),
                     ));
                 }
-                InTheWay::Child(before) => Some(before.to_owned()),
+                InTheWay::Entry(before) => Some(before.to_owned()),
                 InTheWay::Count => None,
             };
             if !req.waiting {
@@ -1073,28 +1048,6 @@ mod tests {
         assert_eq!(classify(&zk::Error::NoHosts), (true, true));
         assert_eq!(classify(&zk::Error::NoAuth), (false, false));
         assert_eq!(classify(&zk::Error::BadArguments(&"bad")), (false, false));
-    }
-
-    #[test]
-    fn readers_share_permits_count_and_other_kinds_exclude() {
-        let r = |n: &str| format!("r:{n}_0000000001");
-        let (r1, r2, w, p1, p2, x) = (
-            r("a"),
-            r("b"),
-            "w:c_2".to_owned(),
-            "p:d_3".to_owned(),
-            "p:e_4".to_owned(),
-            "ab:1_5".to_owned(),
-        );
-        assert_eq!(in_the_way(Kind::Read, &[&r1, &r2]), InTheWay::Nothing);
-        assert_eq!(in_the_way(Kind::Read, &[&r1, &w, &r2]), InTheWay::Child(&w));
-        assert_eq!(in_the_way(Kind::Write, &[&r1, &r2]), InTheWay::Child(&r2));
-        assert_eq!(in_the_way(Kind::Write, &[]), InTheWay::Nothing);
-        assert_eq!(in_the_way(Kind::Permits(2), &[&p1]), InTheWay::Nothing);
-        assert_eq!(in_the_way(Kind::Permits(2), &[&p1, &p2]), InTheWay::Count);
-        assert_eq!(in_the_way(Kind::Permits(3), &[&x, &p1]), InTheWay::Child(&x));
-        assert_eq!(in_the_way(Kind::Read, &[&x]), InTheWay::Child(&x));
-        assert_eq!(in_the_way(Kind::Exclusive, &[&r1]), InTheWay::Child(&r1));
     }
 
     #[test]

@@ -1,0 +1,869 @@
+//! Locks as etcd queues: keys attached to one lease per client.
+//!
+//! A lock `K` is the key range `<root>/<K encoded>/`. Each contender puts
+//! the key `<root>/<K encoded>/<holder id>` with this client's lease, in a
+//! transaction that creates it only if it is missing (so an attempt whose
+//! reply was lost finds its own key again, never a second one) and reads
+//! the whole line in the same round trip. The line is ordered by create
+//! revision, which the cluster assigns and which only grows; the key with
+//! the lowest holds the lock, and each waiter watches only the key just
+//! before its own, from the revision it read the line at, so a release
+//! wakes exactly one waiter and no deletion between the read and the watch
+//! is missed.
+//!
+//! The runtime's leases map onto the etcd lease this way:
+//! - the client holds one lease, kept alive by the shared watchdog (every
+//!   renewal batch sends one keep-alive before it confirms its keys) and by
+//!   the attempts of waiters, which come at least every third of it;
+//! - a lock's lease is never longer than two thirds of the etcd lease: an
+//!   attempt keeps the etcd lease alive whenever its last confirmation is
+//!   a third old, so from any attempt's start the etcd lease has at least
+//!   that much left ([`EtcdBackend::lease_cap`]);
+//! - a renewal confirms that the key still exists on this lease; a lease
+//!   the cluster says is gone (expired, or revoked by an operator) is
+//!   `Gone`, and a cluster that does not answer leaves it unconfirmed
+//!   until its deadline.
+//!
+//! The fencing token is the key's create revision: every change the
+//! cluster commits gets a larger revision, so tokens grow per lock across
+//! clients, leases and leader changes.
+//!
+//! The client is `etcd-client`, the kept Rust client of the etcd v3 API
+//! (leases, transactions, watches over gRPC).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use etcd_client as etcd;
+use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
+
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::queue::{InTheWay, in_the_way};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::Kind;
+
+/// Characters a lock name cannot keep in its key: `/` would make one lock's
+/// range hold another's (`a/` holds `a/b/…`), and `%` is the escape.
+const ESCAPED: &AsciiSet = &CONTROLS.add(b'/').add(b'%');
+
+/// The most operations etcd takes in one transaction (its default
+/// `--max-txn-ops`): a renewal batch is split into transactions this big.
+const MAX_TXN_OPS: usize = 128;
+
+/// Why this backend cannot take a lock of `kind`, if it cannot.
+pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
+    match kind {
+        // As on ZooKeeper, a lock is a queue: exclusive and fair are one
+        // thing, readers and permit holders are let in by where they stand,
+        // and a segment is the first free queue of N.
+        Kind::Exclusive | Kind::Fair | Kind::Read | Kind::Write | Kind::Permits(_) | Kind::Segments(_) => {
+            None
+        }
+    }
+}
+
+/// Whether `root` can be the start of every lock key.
+pub(crate) fn root_problem(root: &str) -> Option<String> {
+    let ok = !root.is_empty() && !root.ends_with('/') && !root.chars().any(char::is_control);
+    (!ok).then(|| {
+        format!(
+            "the etcd root `{root}` must be a key prefix like `/distributed-locks`, without a trailing `/`"
+        )
+    })
+}
+
+/// The client's etcd lease.
+#[derive(Debug, Clone)]
+struct Lease {
+    id: i64,
+    /// When the last keep-alive the cluster answered was sent: the lease
+    /// lives at least its ttl past this.
+    confirmed_at: Instant,
+    /// The keep-alive stream, opened on first use; taken out while in use,
+    /// so that an exchange cut short (a timeout) drops it rather than leave
+    /// its answer to be read as the next one's.
+    keeper: Arc<tokio::sync::Mutex<Option<(etcd::LeaseKeeper, etcd::LeaseKeepAliveStream)>>>,
+}
+
+/// A key of ours: in line, or holding.
+struct Entry {
+    /// The lock's name, `P{K}`.
+    lock: String,
+    /// Set while waiting: resolves when the key before ours is deleted.
+    watch: Option<etcd::WatchStream>,
+    /// A fixed lease: when this client deletes the key.
+    expires: Option<Instant>,
+}
+
+/// The keys of this process, by holder id (a set's locks share one).
+type Entries = HashMap<String, Vec<Entry>>;
+
+/// A segmented lock's waiter: a watch on each segment's holder, and when
+/// it set them.
+struct SegmentWait {
+    since: Instant,
+    watches: Vec<etcd::WatchStream>,
+}
+
+/// What a look at a lock's line found.
+struct Line {
+    /// Keys in create-revision order: `(create revision, holder id)`.
+    keys: Vec<(i64, String)>,
+    /// The revision the line was read at: a watch from the next one sees
+    /// every change after the read.
+    revision: i64,
+}
+
+/// An etcd cluster's locks.
+pub(crate) struct EtcdBackend {
+    endpoints: Vec<String>,
+    node: String,
+    root: String,
+    /// The lease ttl asked of the cluster, in whole seconds.
+    asked_ttl: Duration,
+    timeout: Duration,
+    /// Boxed: the client is large, and every backend shares one enum.
+    client: tokio::sync::OnceCell<Box<etcd::Client>>,
+    lease: Mutex<Option<Lease>>,
+    /// One grant at a time after a lease ended.
+    granting: tokio::sync::Mutex<()>,
+    entries: Arc<Mutex<Entries>>,
+    segment_waits: Mutex<HashMap<String, SegmentWait>>,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.endpoints)
+            .field("root", &self.root)
+            .field("lease_ttl", &self.asked_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What went wrong, for the retry loop: `(transient, reconnecting)`.
+///
+/// A member that is down, has no leader or does not answer in time costs
+/// time within `wait`, never an error (DESIGN §11): the client moves to
+/// another endpoint by itself. Only the request's own fault or the
+/// cluster's configuration (permissions, a bad key) is final.
+fn classify(e: &etcd::Error) -> (bool, bool) {
+    use tonic::Code;
+    match e {
+        etcd::Error::GRpcStatus(status) => match status.code() {
+            Code::InvalidArgument
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::Unimplemented
+            | Code::OutOfRange
+            | Code::AlreadyExists
+            | Code::FailedPrecondition => (false, false),
+            // `Unavailable` (no leader, a member shutting down),
+            // `DeadlineExceeded`, `Unknown` (a member stopped mid-call),
+            // `NotFound` (our lease, just expired: a new one is granted).
+            _ => (true, false),
+        },
+        etcd::Error::TransportError(_) | etcd::Error::IoError(_) => (true, true),
+        etcd::Error::LeaseKeepAliveError(_) | etcd::Error::WatchError(_) => (true, false),
+        _ => (false, false),
+    }
+}
+
+/// Whether the cluster said our lease does not exist (expired or revoked).
+fn lease_not_found(e: &etcd::Error) -> bool {
+    matches!(e, etcd::Error::GRpcStatus(s) if s.code() == tonic::Code::NotFound)
+}
+
+impl EtcdBackend {
+    pub(crate) fn new(
+        endpoints: &[&str],
+        root: &str,
+        lease_ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let node = format!("etcd({})", endpoints.join(", "));
+        let invalid = |reason: String| LockError::InvalidConfig {
+            node: node.clone(),
+            reason,
+        };
+        if let Some(problem) = root_problem(root) {
+            return Err(invalid(problem));
+        }
+        if endpoints.is_empty() || endpoints.iter().any(|e| e.trim().is_empty()) {
+            return Err(invalid(
+                "give at least one endpoint, `host:port` or `http://host:port`, and no empty one".into(),
+            ));
+        }
+        // etcd grants whole seconds; asking less than 2 s leaves a
+        // keep-alive no time to arrive in.
+        if lease_ttl < Duration::from_secs(2) {
+            return Err(invalid(format!(
+                "the etcd lease ttl must be at least 2s (etcd grants whole seconds), got {lease_ttl:?}"
+            )));
+        }
+        Ok(EtcdBackend {
+            endpoints: endpoints.iter().map(|e| (*e).to_owned()).collect(),
+            node,
+            root: root.to_owned(),
+            asked_ttl: Duration::from_secs(lease_ttl.as_secs()),
+            timeout,
+            client: tokio::sync::OnceCell::new(),
+            lease: Mutex::new(None),
+            granting: tokio::sync::Mutex::new(()),
+            entries: Arc::new(Mutex::new(HashMap::new())),
+            segment_waits: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub(crate) fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The longest a lock's lease is trusted from an attempt's or a
+    /// renewal's start: two thirds of the etcd lease, since an attempt
+    /// sends a keep-alive only once the last confirmation is a third old.
+    pub(crate) fn lease_cap(&self) -> Duration {
+        self.asked_ttl * 2 / 3
+    }
+
+    /// Connects and takes a lease now: unreachable endpoints or a refusing
+    /// cluster fail at start-up.
+    pub(crate) async fn verify(&self) -> Result<(), LockError> {
+        match tokio::time::timeout(self.timeout * 2, self.lease_id()).await {
+            Ok(result) => result.map(drop).map_err(LockError::from),
+            Err(_) => Err(LockError::backend(
+                &self.node,
+                None,
+                format!("no lease granted within {}ms", (self.timeout * 2).as_millis()),
+            )),
+        }
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn segment_waits(&self) -> std::sync::MutexGuard<'_, HashMap<String, SegmentWait>> {
+        self.segment_waits.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn current_lease(&self) -> Option<Lease> {
+        self.lease.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    async fn client(&self) -> Result<etcd::Client, Failure> {
+        let connect = || async {
+            let options = etcd::ConnectOptions::new()
+                .with_connect_timeout(self.timeout)
+                .with_timeout(self.timeout)
+                // A member cut off from the others fails requests at once
+                // instead of holding them: the client tries another.
+                .with_require_leader(true);
+            etcd::Client::connect(&self.endpoints, Some(options))
+                .await
+                .map(Box::new)
+        };
+        self.client
+            .get_or_try_init(connect)
+            .await
+            .map(|client| (**client).clone())
+            .map_err(|e| self.failure(None, &e))
+    }
+
+    fn failure(&self, key: Option<&LockKey>, e: &etcd::Error) -> Failure {
+        let (transient, reconnecting) = classify(e);
+        Failure {
+            error: LockError::backend(&self.node, key.map(|k| k.name.as_str()), e.to_string()),
+            transient,
+            reconnecting,
+        }
+    }
+
+    /// The lease has ended: forget it and every key on it.
+    fn lease_ended(&self, id: i64) {
+        let mut lease = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+        if lease.as_ref().is_some_and(|l| l.id == id) {
+            *lease = None;
+            self.entries().clear();
+        }
+    }
+
+    /// The client's lease, granted if there is none, and kept alive if its
+    /// last confirmation is a third of its ttl old.
+    async fn lease_id(&self) -> Result<i64, Failure> {
+        loop {
+            if let Some(lease) = self.current_lease() {
+                if lease.confirmed_at.elapsed() < self.asked_ttl / 3 {
+                    return Ok(lease.id);
+                }
+                if self.keep_alive(&lease).await? {
+                    return Ok(lease.id);
+                }
+                continue;
+            }
+            let _one = self.granting.lock().await;
+            if self.current_lease().is_some() {
+                continue;
+            }
+            let mut client = self.client().await?;
+            let sent = Instant::now();
+            let ttl = i64::try_from(self.asked_ttl.as_secs()).unwrap_or(i64::MAX);
+            let granted = client
+                .lease_grant(ttl, None)
+                .await
+                .map_err(|e| self.failure(None, &e))?;
+            let lease = Lease {
+                id: granted.id(),
+                confirmed_at: sent,
+                keeper: Arc::new(tokio::sync::Mutex::new(None)),
+            };
+            *self.lease.lock().unwrap_or_else(PoisonError::into_inner) = Some(lease.clone());
+            return Ok(lease.id);
+        }
+    }
+
+    /// Sends one keep-alive for `lease`: `Ok(true)` if the cluster answered
+    /// that it lives, `Ok(false)` if it has ended (then it is forgotten).
+    async fn keep_alive(&self, lease: &Lease) -> Result<bool, Failure> {
+        let mut slot = lease.keeper.lock().await;
+        let client = self.client().await?;
+        let sent = Instant::now();
+        let mut stream = match slot.take() {
+            Some(stream) => stream,
+            None => client
+                .lease_client()
+                .keep_alive(lease.id)
+                .await
+                .map_err(|e| self.failure(None, &e))?,
+        };
+        let exchange = async {
+            stream.0.keep_alive().await?;
+            stream.1.message().await
+        };
+        match exchange.await {
+            Ok(Some(reply)) if reply.ttl() > 0 => {
+                *slot = Some(stream);
+                let mut current = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(l) = current.as_mut().filter(|l| l.id == lease.id) {
+                    l.confirmed_at = l.confirmed_at.max(sent);
+                }
+                Ok(true)
+            }
+            Ok(Some(_)) => {
+                self.lease_ended(lease.id);
+                Ok(false)
+            }
+            Ok(None) => Err(Failure {
+                error: LockError::backend(&self.node, None, "the lease keep-alive stream ended"),
+                transient: true,
+                reconnecting: true,
+            }),
+            Err(e) => Err(self.failure(None, &e)),
+        }
+    }
+
+    /// `<root>/<name encoded>/`: the lock's line.
+    fn queue(&self, key: &LockKey) -> String {
+        format!("{}/{}/", self.root, utf8_percent_encode(&key.redis_key, ESCAPED))
+    }
+
+    /// Runs `work` within the command timeout.
+    async fn bounded<T>(
+        &self,
+        key: &LockKey,
+        what: &str,
+        work: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(Failure {
+                error: LockError::backend(
+                    &self.node,
+                    Some(&key.name),
+                    format!("no answer to {what} within {}ms", self.timeout.as_millis()),
+                ),
+                transient: true,
+                reconnecting: false,
+            }),
+        }
+    }
+
+    /// Puts our key in `queue` on `lease` unless it is there already (only
+    /// `only_if_empty`: unless the line has anyone in it), and reads the
+    /// line, in one transaction. Whether our key is in the line now, and
+    /// the line.
+    async fn join(
+        &self,
+        key: &LockKey,
+        queue: &str,
+        holder: &str,
+        lease: i64,
+        only_if_empty: bool,
+    ) -> Result<Line, Failure> {
+        let mut client = self.client().await?;
+        let ours = format!("{queue}{holder}");
+        let condition = if only_if_empty {
+            etcd::Compare::create_revision(queue, etcd::CompareOp::Equal, 0).with_prefix()
+        } else {
+            etcd::Compare::create_revision(ours.as_str(), etcd::CompareOp::Equal, 0)
+        };
+        let read = etcd::TxnOp::get(
+            queue,
+            Some(
+                etcd::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_sort(etcd::SortTarget::Create, etcd::SortOrder::Ascend),
+            ),
+        );
+        let put = etcd::TxnOp::put(ours.as_str(), "", Some(etcd::PutOptions::new().with_lease(lease)));
+        let txn = etcd::Txn::new()
+            .when([condition])
+            .and_then([put, read.clone()])
+            .or_else([read]);
+        let reply = match client.txn(txn).await {
+            Ok(reply) => reply,
+            Err(e) if lease_not_found(&e) => {
+                self.lease_ended(lease);
+                return Err(self.failure(Some(key), &e));
+            }
+            Err(e) => return Err(self.failure(Some(key), &e)),
+        };
+        let revision = reply.header().map_or(0, etcd::ResponseHeader::revision);
+        let mut keys = Vec::new();
+        for op in reply.op_responses() {
+            if let etcd::TxnOpResponse::Get(got) = op {
+                for kv in got.kvs() {
+                    let name = kv.key().get(queue.len()..).unwrap_or_default();
+                    keys.push((kv.create_revision(), String::from_utf8_lossy(name).into_owned()));
+                }
+            }
+        }
+        Ok(Line { keys, revision })
+    }
+
+    /// A watch on `key` (or every key under it, with `prefix`) from
+    /// `revision`, for deletions only.
+    async fn watch_deletion(
+        &self,
+        key: &str,
+        prefix: bool,
+        revision: i64,
+    ) -> Result<etcd::WatchStream, etcd::Error> {
+        let mut client = self
+            .client()
+            .await
+            .map_err(|f| etcd::Error::WatchError(f.error.to_string()))?;
+        let mut options = etcd::WatchOptions::new()
+            .with_start_revision(revision)
+            .with_filters([etcd::WatchFilterType::NoPut]);
+        if prefix {
+            options = options.with_prefix();
+        }
+        client.watch(key, Some(options)).await
+    }
+
+    fn register(&self, key: &LockKey, holder: &str) {
+        let mut entries = self.entries();
+        let list = entries.entry(holder.to_owned()).or_default();
+        if !list.iter().any(|e| e.lock == key.redis_key) {
+            list.push(Entry {
+                lock: key.redis_key.clone(),
+                watch: None,
+                expires: None,
+            });
+        }
+    }
+
+    fn with_entry<T>(&self, key: &LockKey, holder: &str, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+        let mut entries = self.entries();
+        let entry = entries
+            .get_mut(holder)?
+            .iter_mut()
+            .find(|e| e.lock == key.redis_key)?;
+        Some(f(entry))
+    }
+
+    fn forget(&self, key: &LockKey, holder: &str) -> Option<Entry> {
+        let mut entries = self.entries();
+        let list = entries.get_mut(holder)?;
+        let i = list.iter().position(|e| e.lock == key.redis_key)?;
+        let entry = list.swap_remove(i);
+        if list.is_empty() {
+            entries.remove(holder);
+        }
+        Some(entry)
+    }
+
+    fn held(&self, claimed: bool) -> AcquireReply {
+        AcquireReply::Held {
+            // A waiter attempts again within a third of the etcd lease,
+            // which keeps the lease (and its place in line) alive.
+            pttl: Some(self.asked_ttl / 3),
+            claimed,
+            blocked_by: 0,
+        }
+    }
+
+    /// One acquisition attempt on one queue.
+    async fn attempt(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        let key = req.key;
+        let lease = self.lease_id().await?;
+        let queue = self.queue(key);
+        let line = self.join(key, &queue, req.holder, lease, false).await?;
+        self.register(key, req.holder);
+        let Some(mine) = line.keys.iter().position(|(_, name)| name == req.holder) else {
+            // Deleted between the put and the read cannot happen in one
+            // transaction: our key is missing only if its lease ended.
+            self.forget(key, req.holder);
+            return Err(Failure {
+                error: LockError::backend(&self.node, Some(&key.name), "our key in the lock's line is gone"),
+                transient: true,
+                reconnecting: false,
+            });
+        };
+        let token = line.keys[mine].0;
+        let ahead: Vec<&str> = line.keys[..mine].iter().map(|(_, n)| n.as_str()).collect();
+        let watched = match in_the_way(req.kind, &ahead) {
+            InTheWay::Nothing => {
+                if !req.renew {
+                    self.expire_at(key, req.holder, Instant::now() + req.ttl);
+                }
+                return Ok(AcquireReply::acquired(
+                    req.fencing.then_some(token.unsigned_abs()),
+                ));
+            }
+            InTheWay::Entry(before) => Some(format!("{queue}{before}")),
+            InTheWay::Count => None,
+        };
+        if !req.waiting {
+            // Not waiting: leave the line now, in this attempt.
+            self.remove(&[key], req.holder).await?;
+            return Ok(self.held(false));
+        }
+        let watch = match watched {
+            Some(before) => self.watch_deletion(&before, false, line.revision + 1).await,
+            // Permits: any holder ahead that leaves frees one, so the
+            // whole line is watched (a herd of at most this lock's permit
+            // waiters).
+            None => self.watch_deletion(&queue, true, line.revision + 1).await,
+        }
+        .map_err(|e| self.failure(Some(key), &e))?;
+        self.with_entry(key, req.holder, |e| e.watch = Some(watch));
+        Ok(self.held(true))
+    }
+
+    /// One attempt at a segmented lock: the first of `count` queues that is
+    /// empty (our key is put only into an empty line, in the transaction
+    /// that finds it empty), or whose head is our key already. A waiter
+    /// watches every segment's holder and tries again when any goes.
+    async fn attempt_segments(&self, req: &AcquireRequest<'_>, count: u32) -> Result<AcquireReply, Failure> {
+        let lease = self.lease_id().await?;
+        let mut heads = Vec::new();
+        let mut revision = 0;
+        for i in 0..count {
+            let segment = req.key.segment(i);
+            let queue = self.queue(&segment);
+            let line = self.join(&segment, &queue, req.holder, lease, true).await?;
+            match line.keys.first() {
+                Some((token, head)) if head == req.holder => {
+                    self.register(&segment, req.holder);
+                    self.segment_waits().remove(req.holder);
+                    if !req.renew {
+                        self.expire_at(&segment, req.holder, Instant::now() + req.ttl);
+                    }
+                    return Ok(AcquireReply::Acquired {
+                        token: req.fencing.then_some(token.unsigned_abs()),
+                        segment: Some(i),
+                    });
+                }
+                Some((_, head)) => heads.push(format!("{queue}{head}")),
+                // Emptied between the compare and the read cannot happen in
+                // one transaction; an empty line means our put was refused
+                // (our lease just ended).
+                None => {}
+            }
+            revision = revision.max(line.revision);
+        }
+        if !req.waiting || heads.len() < usize::try_from(count).unwrap_or(usize::MAX) {
+            return Ok(self.held(false));
+        }
+        let mut watches = Vec::with_capacity(heads.len());
+        for head in heads {
+            watches.push(
+                self.watch_deletion(&head, false, revision + 1)
+                    .await
+                    .map_err(|e| self.failure(Some(req.key), &e))?,
+            );
+        }
+        let now = Instant::now();
+        let stale = self.asked_ttl + self.timeout;
+        let mut waits = self.segment_waits();
+        waits.retain(|_, w| now.duration_since(w.since) < stale);
+        waits.insert(req.holder.to_owned(), SegmentWait { since: now, watches });
+        // Nothing of ours waits in a line: nothing to give back.
+        Ok(self.held(false))
+    }
+
+    /// A fixed lease: delete the key when its ttl has passed, unless it was
+    /// released (or extended) by then.
+    fn expire_at(&self, key: &LockKey, holder: &str, at: Instant) {
+        self.with_entry(key, holder, |e| e.expires = Some(at));
+        let Some(client) = self.client.get().map(|client| (**client).clone()) else {
+            return;
+        };
+        let entries = Arc::downgrade(&self.entries);
+        let (lock, holder, path) = (
+            key.redis_key.clone(),
+            holder.to_owned(),
+            format!("{}{holder}", self.queue(key)),
+        );
+        tokio::spawn(async move {
+            let mut at = at;
+            loop {
+                tokio::time::sleep_until(at.into()).await;
+                let Some(entries) = entries.upgrade() else {
+                    return;
+                };
+                {
+                    let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);
+                    let Some(list) = entries.get_mut(&holder) else {
+                        return;
+                    };
+                    let Some(i) = list.iter().position(|e| e.lock == lock) else {
+                        return;
+                    };
+                    match list[i].expires {
+                        Some(later) if later > Instant::now() => {
+                            at = later;
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    list.swap_remove(i);
+                    if list.is_empty() {
+                        entries.remove(&holder);
+                    }
+                }
+                // Our own key, by its name: never another holder's.
+                let _ = client.kv_client().delete(path, None).await;
+                return;
+            }
+        });
+    }
+
+    /// Deletes our keys of `keys`, in one transaction. Whether any was
+    /// there. A key is named by its holder id, so this can only ever
+    /// delete this holder's own keys.
+    async fn remove(&self, keys: &[&LockKey], holder: &str) -> Result<bool, Failure> {
+        let Some(first) = keys.first() else {
+            return Ok(false);
+        };
+        for key in keys {
+            self.forget(key, holder);
+        }
+        let mut client = self.client().await?;
+        let deletes: Vec<etcd::TxnOp> = keys
+            .iter()
+            .map(|key| etcd::TxnOp::delete(format!("{}{holder}", self.queue(key)), None))
+            .collect();
+        let mut any = false;
+        for chunk in deletes.chunks(MAX_TXN_OPS) {
+            let reply = client
+                .txn(etcd::Txn::new().and_then(chunk.to_vec()))
+                .await
+                .map_err(|e| self.failure(Some(first), &e))?;
+            any |= reply
+                .op_responses()
+                .iter()
+                .any(|op| matches!(op, etcd::TxnOpResponse::Delete(d) if d.deleted() > 0));
+        }
+        Ok(any)
+    }
+
+    /// Resolves when the key before ours is deleted (or the watch ends):
+    /// the waiter's turn may have come. At once if no watch is set.
+    pub(crate) async fn turn(&self, key: &LockKey, holder: &str) {
+        let watch = self.with_entry(key, holder, |e| e.watch.take()).flatten();
+        if let Some(watch) = watch {
+            deleted(watch).await;
+            return;
+        }
+        let segments = self.segment_waits().remove(holder);
+        if let Some(wait) = segments
+            && !wait.watches.is_empty()
+        {
+            let changes = wait.watches.into_iter().map(|w| Box::pin(deleted(w)));
+            futures_util::future::select_all(changes).await;
+        }
+    }
+
+    /// Keeps the lease alive, then confirms that each key is still there
+    /// on it, in as few transactions as etcd allows.
+    async fn confirm(&self, items: &[(&LockKey, &str, Duration)]) -> Result<Vec<bool>, Failure> {
+        let Some(lease) = self.current_lease() else {
+            return Ok(vec![false; items.len()]);
+        };
+        if !self.keep_alive(&lease).await? {
+            return Ok(vec![false; items.len()]);
+        }
+        for (key, holder, ttl) in items {
+            self.with_entry(key, holder, |e| {
+                if e.expires.is_some() {
+                    e.expires = Some(Instant::now() + *ttl);
+                }
+            });
+        }
+        let mut client = self.client().await?;
+        let mut found = Vec::with_capacity(items.len());
+        for chunk in items.chunks(MAX_TXN_OPS) {
+            let reads: Vec<etcd::TxnOp> = chunk
+                .iter()
+                .map(|(key, holder, _)| etcd::TxnOp::get(format!("{}{holder}", self.queue(key)), None))
+                .collect();
+            let reply = client
+                .txn(etcd::Txn::new().and_then(reads))
+                .await
+                .map_err(|e| self.failure(Some(chunk[0].0), &e))?;
+            for op in reply.op_responses() {
+                found.push(match op {
+                    etcd::TxnOpResponse::Get(got) => {
+                        got.kvs().first().is_some_and(|kv| kv.lease() == lease.id)
+                    }
+                    _ => false,
+                });
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// Waits for a deletion event on `watch`, or for the watch to end.
+async fn deleted(mut watch: etcd::WatchStream) {
+    // The first reply only says the watch was created; a cancelled watch
+    // (its start revision compacted away) or a broken stream ends the
+    // wait too, and the waiter looks again.
+    while let Ok(Some(reply)) = watch.message().await {
+        if reply.canceled() || !reply.events().is_empty() {
+            return;
+        }
+    }
+}
+
+impl Backend for EtcdBackend {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        // A set arrives one lock at a time (see `AnyBackend::groups`).
+        debug_assert!(req.also.is_empty());
+        match req.kind {
+            Kind::Segments(count) => {
+                self.bounded(req.key, "acquire", self.attempt_segments(req, count))
+                    .await
+            }
+            _ => self.bounded(req.key, "acquire", self.attempt(req)).await,
+        }
+    }
+
+    async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        self.bounded(key, "release", self.remove(&[key], holder)).await
+    }
+
+    async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
+        let Some(first) = keys.first() else {
+            return Ok(false);
+        };
+        let keys: Vec<&LockKey> = keys.iter().collect();
+        self.bounded(first, "release", self.remove(&keys, holder)).await
+    }
+
+    async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
+        self.segment_waits().remove(holder);
+        let segments: Vec<LockKey> = (0..count).map(|i| key.segment(i)).collect();
+        let segments: Vec<&LockKey> = segments.iter().collect();
+        self.bounded(key, "release", self.remove(&segments, holder)).await
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        ttl: Duration,
+        _extend_only: bool,
+    ) -> Result<bool, Failure> {
+        let confirmed = self
+            .bounded(key, "renew", self.confirm(&[(key, holder, ttl)]))
+            .await?;
+        Ok(confirmed.first().copied().unwrap_or(false))
+    }
+
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
+        let Some(first) = items.first() else {
+            return Ok(Vec::new());
+        };
+        let batch: Vec<(&LockKey, &str, Duration)> = items.iter().map(|i| (i.key, i.holder, i.ttl)).collect();
+        match self.bounded(first.key, "renew", self.confirm(&batch)).await {
+            Ok(found) => Ok(found.into_iter().map(Renewal::from).collect()),
+            Err(f) if f.transient => Ok(vec![Renewal::Unconfirmed; items.len()]),
+            Err(f) => Err(f),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend() -> EtcdBackend {
+        EtcdBackend::new(
+            &["127.0.0.1:2379"],
+            "/distributed-locks",
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+        )
+        .expect("valid")
+    }
+
+    #[test]
+    fn no_lock_name_reaches_into_another_locks_line() {
+        let b = backend();
+        let a = LockKey::new("lock:", "a".into()).expect("key");
+        let ab = LockKey::new("lock:", "a/b".into()).expect("key");
+        let (qa, qab) = (b.queue(&a), b.queue(&ab));
+        assert_eq!(qa, "/distributed-locks/lock:{a}/");
+        assert_eq!(qab, "/distributed-locks/lock:{a%2Fb}/");
+        assert!(!qab.starts_with(&qa) && !qa.starts_with(&qab));
+        let pct = LockKey::new("lock:", "a%2Fb".into()).expect("key");
+        assert_ne!(b.queue(&pct), qab, "the escape is escaped too");
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_a_reason() {
+        let make = |endpoints: &[&str], root: &str, ttl: u64| {
+            EtcdBackend::new(endpoints, root, Duration::from_secs(ttl), Duration::from_secs(1))
+        };
+        assert!(make(&["127.0.0.1:2379"], "/locks", 10).is_ok());
+        for (endpoints, root, ttl) in [
+            (&[][..], "/locks", 10),
+            (&[" "][..], "/locks", 10),
+            (&["127.0.0.1:2379"][..], "", 10),
+            (&["127.0.0.1:2379"][..], "/locks/", 10),
+            (&["127.0.0.1:2379"][..], "/locks", 1),
+        ] {
+            let err = make(endpoints, root, ttl).expect_err("refused");
+            assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_member_that_cannot_answer_is_worth_another_attempt_and_a_bad_request_is_not() {
+        let status = |code| etcd::Error::GRpcStatus(tonic::Status::new(code, "x"));
+        assert_eq!(classify(&status(tonic::Code::Unavailable)), (true, false));
+        assert_eq!(classify(&status(tonic::Code::DeadlineExceeded)), (true, false));
+        assert_eq!(classify(&status(tonic::Code::NotFound)), (true, false));
+        assert!(lease_not_found(&status(tonic::Code::NotFound)));
+        assert_eq!(classify(&status(tonic::Code::PermissionDenied)), (false, false));
+        assert_eq!(classify(&status(tonic::Code::InvalidArgument)), (false, false));
+    }
+}
