@@ -2,7 +2,7 @@
 """Every owner condition is proven by a named test (issue #37).
 
 Each entry below removes one owner condition from the runtime (a script, an
-SQL statement, the ZooKeeper backend) and names the test that must fail
+SQL statement, the ZooKeeper or etcd backend) and names the test that must fail
 without it. For each, this script applies the removal, runs that one test,
 expects it to fail by an assertion (not a compile error), and puts the file
 back. Run it on demand, not in every CI run (each entry rebuilds the
@@ -22,6 +22,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPTS = "lock-runtime/src/backend/redis/scripts"
 MYSQL = "lock-runtime/src/backend/mysql/sql.rs"
 ZOOKEEPER = "lock-runtime/src/backend/zookeeper/mod.rs"
+QUEUE = "lock-runtime/src/backend/queue.rs"
+ETCD = "lock-runtime/src/backend/etcd/mod.rs"
 MEMORY = "lock-runtime/src/backend/memory/mod.rs"
 MYSQL_SHARED = "lock-runtime/src/backend/mysql/shared.rs"
 MYSQL_FAIR = "lock-runtime/src/backend/mysql/fair.rs"
@@ -129,12 +131,20 @@ MUTANTS = [
     ("M12", MYSQL_FAIR,
      "let my_turn = first", "let my_turn = true || first",
      "fair", "mysql::waiters_get_the_lock_in_arrival_order"),
-    ("Z2", ZOOKEEPER,
+    ("Z2", QUEUE,
      'Kind::Read => last_not("r:").map_or', 'Kind::Read => None.map_or',
      "kinds", "read_write::zookeeper::a_writer_never_overlaps_anyone"),
-    ("Z3", ZOOKEEPER,
+    ("Z3", QUEUE,
      "None if ahead.len() >= ", "None if false && ahead.len() >= ",
      "kinds", "permits::zookeeper::permits_are_counted_across_clients"),
+    ("E1", ETCD,
+     "got.kvs().first().is_some_and(|kv| kv.lease() == lease.id)",
+     "true || got.kvs().is_empty()",
+     "stale_holder", "on_etcd::a_stale_watchdog_renewal_leaves_the_other_holders_lock"),
+    ("E2", ETCD,
+     'etcd::TxnOp::delete(format!("{}{holder}", self.queue(key)), None)',
+     "etcd::TxnOp::delete(self.queue(key), Some(etcd::DeleteOptions::new().with_prefix()))",
+     "stale_holder", "on_etcd::a_stale_release_leaves_the_other_holders_lock"),
     ("Z4", ZOOKEEPER,
      "if line[i].1.starts_with(ours_prefix) && line[i].1 != name {",
      "if line[i].1 != name {",

@@ -22,7 +22,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LockGuard, LockMode, LockRequest, LostReason};
-use lock_tests::{MariaDb, Postgres, RedisServer, ZooKeeper, zookeeper};
+use lock_tests::{Etcd, MariaDb, Postgres, RedisServer, ZooKeeper, etcd, zookeeper};
 
 /// No test here may hang: every wait on the library is bounded.
 const BOUND: Duration = Duration::from_secs(20);
@@ -37,6 +37,7 @@ enum Rig {
     Mysql(MariaDb),
     ZooKeeper(ZooKeeper),
     Postgres(Postgres),
+    Etcd(Etcd),
 }
 
 /// What another holder's lock looks like from the server, compared whole
@@ -65,12 +66,17 @@ impl Rig {
         Rig::Postgres(Postgres::start())
     }
 
+    fn etcd() -> Rig {
+        Rig::Etcd(Etcd::start())
+    }
+
     /// Whether a nested call asking for a longer lease than the holder's
     /// writes to the server. A ZooKeeper lease is the session, capped at the
     /// session timeout whatever is asked, so the nested call is a re-entry
     /// served from the lease, with no write to check: only the snapshot is.
+    /// Likewise an etcd lease is the client's lease.
     fn extends_leases(&self) -> bool {
-        !matches!(self, Rig::ZooKeeper(_))
+        !matches!(self, Rig::ZooKeeper(_) | Rig::Etcd(_))
     }
 
     async fn client(&self) -> LockClient {
@@ -79,6 +85,7 @@ impl Rig {
             Rig::Mysql(server) => LockClient::mysql(&server.url()).await.expect("connect"),
             Rig::ZooKeeper(zk) => zookeeper::client(zk).await,
             Rig::Postgres(server) => LockClient::postgres(&server.url()).await.expect("connect"),
+            Rig::Etcd(server) => etcd::client(server).await,
         }
     }
 
@@ -132,6 +139,20 @@ impl Rig {
                 // queues and takes the lock.
                 empty_queue(zk, name).await;
                 let client = zookeeper::client(zk).await;
+                let guard = rival(&client)
+                    .fencing(true)
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await
+                    .expect("the rival takes the freed lock");
+                Some(guard)
+            }
+            Rig::Etcd(server) => {
+                // The stale holder's key goes (its lease ended, or an
+                // operator deleted it) and a client of another lease joins
+                // the line and takes the lock.
+                empty_line(server, name).await;
+                let client = etcd::client(server).await;
                 let guard = rival(&client)
                     .fencing(true)
                     .wait(Duration::from_secs(10))
@@ -231,8 +252,54 @@ impl Rig {
                 }
                 Snapshot(state)
             }
+            Rig::Etcd(server) => {
+                let mut operator = operator(server).await;
+                let line = operator
+                    .get(line_of(name), Some(etcd_client::GetOptions::new().with_prefix()))
+                    .await
+                    .expect("read the line");
+                Snapshot(
+                    line.kvs()
+                        .iter()
+                        .map(|kv| {
+                            Some(format!(
+                                "{} {} {} {}",
+                                String::from_utf8_lossy(kv.key()),
+                                kv.create_revision(),
+                                kv.mod_revision(),
+                                kv.lease()
+                            ))
+                        })
+                        .collect(),
+                )
+            }
         }
     }
+}
+
+/// An etcd client of the operator's own, outside the library.
+async fn operator(server: &Etcd) -> etcd_client::Client {
+    etcd_client::Client::connect(server.endpoints(), None)
+        .await
+        .expect("operator client")
+}
+
+/// Where the etcd line of the lock stored as `name` lives.
+fn line_of(name: &str) -> String {
+    format!("/distributed-locks/{name}/")
+}
+
+/// Deletes every key of the etcd line of the lock stored as `name`, as an
+/// operator.
+async fn empty_line(server: &Etcd, name: &str) {
+    operator(server)
+        .await
+        .delete(
+            line_of(name),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .expect("delete the line");
 }
 
 /// Deletes every child of the ZooKeeper queue of the lock stored as `name`,
@@ -502,6 +569,17 @@ impl Rig {
                 };
                 Some(request.acquire().await.expect("the rival takes the freed lock"))
             }
+            Rig::Etcd(server) => {
+                empty_line(server, name).await;
+                let rival = etcd::client(server).await;
+                let request = rival.lock(key).wait(Duration::from_secs(10));
+                let request = if member.starts_with("p:") {
+                    request.permits(1)
+                } else {
+                    request.mode(LockMode::Write)
+                };
+                Some(request.acquire().await.expect("the rival takes the freed lock"))
+            }
             Rig::Postgres(server) => {
                 tokio::task::block_in_place(|| {
                     server.sql(&format!(
@@ -757,6 +835,17 @@ contract! {
         a_stale_permit_renewal_leaves_the_other_permit_holder,
     ],
     on_zookeeper => zookeeper: [
+        a_stale_watchdog_renewal_leaves_the_other_holders_lock,
+        a_stale_nested_extension_leaves_the_other_holders_lock,
+        a_stale_release_leaves_the_other_holders_lock,
+        a_stale_unfenced_release_leaves_the_other_holders_lock,
+        a_stale_release_of_several_keys_leaves_the_other_holders_lock,
+        a_stale_release_of_a_segment_leaves_the_other_holders_lock,
+        a_stale_release_of_a_fair_lock_leaves_the_other_holders_lock,
+        a_stale_reader_renewal_leaves_the_writers_lock,
+        a_stale_permit_renewal_leaves_the_other_permit_holder,
+    ],
+    on_etcd => etcd: [
         a_stale_watchdog_renewal_leaves_the_other_holders_lock,
         a_stale_nested_extension_leaves_the_other_holders_lock,
         a_stale_release_leaves_the_other_holders_lock,
