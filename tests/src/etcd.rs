@@ -135,18 +135,28 @@ pub async fn client(etcd: &Etcd) -> lock_runtime::LockClient {
         .expect("connect to the test etcd")
 }
 
+/// The body of `GET path` from the member serving clients on `port`.
+fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(1))?;
+    stream.set_read_timeout(Some(Duration::from_secs(3)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply)?;
+    Ok(reply)
+}
+
 /// Whether the member serving clients on `port` says it is healthy: it
 /// has a leader and answers a read through the cluster (etcd's `/health`).
 pub fn healthy(port: u16) -> bool {
-    let ask = || -> std::io::Result<String> {
-        let mut stream = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(1))?;
-        stream.set_read_timeout(Some(Duration::from_secs(3)))?;
-        stream.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply)?;
-        Ok(reply)
-    };
-    ask().is_ok_and(|reply| reply.contains("\"health\":\"true\""))
+    http_get(port, "/health").is_ok_and(|reply| reply.contains("\"health\":\"true\""))
+}
+
+/// A number the member on `port` exports at `/metrics` (Prometheus text):
+/// `etcd_mvcc_txn_total`, `etcd_debugging_mvcc_watcher_total`, …
+pub fn metric(port: u16, name: &str) -> Option<f64> {
+    let text = http_get(port, "/metrics").ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// One member alone or a cluster of three, killed on drop.
@@ -245,6 +255,11 @@ impl Etcd {
     /// The client port of member `i`.
     pub fn port(&self, i: usize) -> u16 {
         self.members[i].client_port
+    }
+
+    /// The member that leads the cluster (or serves alone), by its own word.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.members.len()).find(|&i| metric(self.port(i), "etcd_server_is_leader") == Some(1.0))
     }
 
     /// How many members there are.

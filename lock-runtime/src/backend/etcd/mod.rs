@@ -127,7 +127,9 @@ pub(crate) struct EtcdBackend {
     timeout: Duration,
     /// Boxed: the client is large, and every backend shares one enum.
     client: tokio::sync::OnceCell<Box<etcd::Client>>,
-    lease: Mutex<Option<Lease>>,
+    /// Shared with the tasks that finish unanswered deletions: they stop
+    /// once the lease their keys are on has ended.
+    lease: Arc<Mutex<Option<Lease>>>,
     /// One grant at a time after a lease ended.
     granting: tokio::sync::Mutex<()>,
     entries: Arc<Mutex<Entries>>,
@@ -211,7 +213,7 @@ impl EtcdBackend {
             asked_ttl: Duration::from_secs(lease_ttl.as_secs()),
             timeout,
             client: tokio::sync::OnceCell::new(),
-            lease: Mutex::new(None),
+            lease: Arc::new(Mutex::new(None)),
             granting: tokio::sync::Mutex::new(()),
             entries: Arc::new(Mutex::new(HashMap::new())),
             segment_waits: Mutex::new(HashMap::new()),
@@ -331,38 +333,52 @@ impl EtcdBackend {
         let mut slot = lease.keeper.lock().await;
         let client = self.client().await?;
         let sent = Instant::now();
-        let mut stream = match slot.take() {
-            Some(stream) => stream,
-            None => client
-                .lease_client()
-                .keep_alive(lease.id)
-                .await
-                .map_err(|e| self.failure(None, &e))?,
-        };
-        let exchange = async {
-            stream.0.keep_alive().await?;
-            stream.1.message().await
-        };
-        match exchange.await {
-            Ok(Some(reply)) if reply.ttl() > 0 => {
-                *slot = Some(stream);
-                let mut current = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some(l) = current.as_mut().filter(|l| l.id == lease.id) {
-                    l.confirmed_at = l.confirmed_at.max(sent);
+        let alive = match slot.take() {
+            Some(mut stream) => {
+                let exchange = async {
+                    stream.0.keep_alive().await?;
+                    stream.1.message().await
+                };
+                match exchange.await {
+                    Ok(Some(reply)) => {
+                        let alive = reply.ttl() > 0;
+                        if alive {
+                            *slot = Some(stream);
+                        }
+                        alive
+                    }
+                    Ok(None) => {
+                        return Err(Failure {
+                            error: LockError::backend(&self.node, None, "the lease keep-alive stream ended"),
+                            transient: true,
+                            reconnecting: true,
+                        });
+                    }
+                    Err(e) => return Err(self.failure(None, &e)),
                 }
-                Ok(true)
             }
-            Ok(Some(_)) => {
-                self.lease_ended(lease.id);
-                Ok(false)
+            // Opening the stream is itself a keep-alive exchange: the
+            // driver sends one and reads its answer.
+            None => match client.lease_client().keep_alive(lease.id).await {
+                Ok(stream) => {
+                    *slot = Some(stream);
+                    true
+                }
+                // The driver's word for an answer of ttl 0 (it has no
+                // error variant of its own for it).
+                Err(etcd::Error::LeaseKeepAliveError(message)) if message == "lease not found" => false,
+                Err(e) => return Err(self.failure(None, &e)),
+            },
+        };
+        if alive {
+            let mut current = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(l) = current.as_mut().filter(|l| l.id == lease.id) {
+                l.confirmed_at = l.confirmed_at.max(sent);
             }
-            Ok(None) => Err(Failure {
-                error: LockError::backend(&self.node, None, "the lease keep-alive stream ended"),
-                transient: true,
-                reconnecting: true,
-            }),
-            Err(e) => Err(self.failure(None, &e)),
+        } else {
+            self.lease_ended(lease.id);
         }
+        Ok(alive)
     }
 
     /// `<root>/<name encoded>/`: the lock's line.
@@ -612,10 +628,13 @@ impl EtcdBackend {
     /// released (or extended) by then.
     fn expire_at(&self, key: &LockKey, holder: &str, at: Instant) {
         self.with_entry(key, holder, |e| e.expires = Some(at));
-        let Some(client) = self.client.get().map(|client| (**client).clone()) else {
+        let (Some(client), Some(lease_id)) = (
+            self.client.get().map(|client| (**client).clone()),
+            self.current_lease().map(|l| l.id),
+        ) else {
             return;
         };
-        let entries = Arc::downgrade(&self.entries);
+        let (entries, lease) = (Arc::downgrade(&self.entries), Arc::downgrade(&self.lease));
         let (lock, holder, path) = (
             key.redis_key.clone(),
             holder.to_owned(),
@@ -649,7 +668,7 @@ impl EtcdBackend {
                     }
                 }
                 // Our own key, by its name: never another holder's.
-                let _ = client.kv_client().delete(path, None).await;
+                delete_until_done(client, lease, lease_id, vec![path]).await;
                 return;
             }
         });
@@ -658,30 +677,68 @@ impl EtcdBackend {
     /// Deletes our keys of `keys`, in one transaction. Whether any was
     /// there. A key is named by its holder id, so this can only ever
     /// delete this holder's own keys.
+    ///
+    /// Unlike a Redis key, a key left behind by a release that got no
+    /// answer lives as long as the client's lease, which the client's
+    /// other locks keep alive: it would keep the lock, and every waiter
+    /// behind it, that long. So an unanswered deletion is handed to a task
+    /// that keeps at it until the cluster answers or the lease ends; a key
+    /// this process knew of counts as released.
     async fn remove(&self, keys: &[&LockKey], holder: &str) -> Result<bool, Failure> {
         let Some(first) = keys.first() else {
             return Ok(false);
         };
+        let mut known = false;
         for key in keys {
-            self.forget(key, holder);
+            known |= self.forget(key, holder).is_some();
         }
-        let mut client = self.client().await?;
-        let deletes: Vec<etcd::TxnOp> = keys
+        let paths: Vec<String> = keys
             .iter()
-            .map(|key| etcd::TxnOp::delete(format!("{}{holder}", self.queue(key)), None))
+            .map(|key| format!("{}{holder}", self.queue(key)))
             .collect();
-        let mut any = false;
-        for chunk in deletes.chunks(MAX_TXN_OPS) {
-            let reply = client
-                .txn(etcd::Txn::new().and_then(chunk.to_vec()))
-                .await
-                .map_err(|e| self.failure(Some(first), &e))?;
-            any |= reply
-                .op_responses()
-                .iter()
-                .any(|op| matches!(op, etcd::TxnOpResponse::Delete(d) if d.deleted() > 0));
+        let attempt = async {
+            let mut client = self.client().await?;
+            let mut any = false;
+            for chunk in paths.chunks(MAX_TXN_OPS) {
+                let deletes: Vec<etcd::TxnOp> = chunk
+                    .iter()
+                    .map(|path| etcd::TxnOp::delete(path.as_str(), None))
+                    .collect();
+                let reply = client
+                    .txn(etcd::Txn::new().and_then(deletes))
+                    .await
+                    .map_err(|e| self.failure(Some(first), &e))?;
+                any |= reply
+                    .op_responses()
+                    .iter()
+                    .any(|op| matches!(op, etcd::TxnOpResponse::Delete(d) if d.deleted() > 0));
+            }
+            Ok::<bool, Failure>(any)
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(any)) => Ok(any),
+            Ok(Err(failure)) if !failure.transient => Err(failure),
+            _ => {
+                self.delete_in_background(paths);
+                Ok(known)
+            }
         }
-        Ok(any)
+    }
+
+    /// Deletes `paths` (keys of ours) from a task: see [`delete_until_done`].
+    fn delete_in_background(&self, paths: Vec<String>) {
+        let (Some(client), Some(lease_id)) = (
+            self.client.get().map(|client| (**client).clone()),
+            self.current_lease().map(|l| l.id),
+        ) else {
+            return;
+        };
+        tokio::spawn(delete_until_done(
+            client,
+            Arc::downgrade(&self.lease),
+            lease_id,
+            paths,
+        ));
     }
 
     /// Resolves when the key before ours is deleted (or the watch ends):
@@ -741,6 +798,44 @@ impl EtcdBackend {
     }
 }
 
+/// Deletes `paths` (keys of ours on the lease `lease_id`), retrying until
+/// the cluster answers, that lease ends (taking them with it), or the
+/// client is gone (`lease` no longer upgrades).
+async fn delete_until_done(
+    client: etcd::Client,
+    lease: std::sync::Weak<Mutex<Option<Lease>>>,
+    lease_id: i64,
+    paths: Vec<String>,
+) {
+    let mut pause = Duration::from_millis(10);
+    for chunk in paths.chunks(MAX_TXN_OPS) {
+        loop {
+            let on_lease = lease.upgrade().is_some_and(|l| {
+                l.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .as_ref()
+                    .map(|l| l.id)
+                    == Some(lease_id)
+            });
+            if !on_lease {
+                return;
+            }
+            let deletes: Vec<etcd::TxnOp> = chunk
+                .iter()
+                .map(|path| etcd::TxnOp::delete(path.as_str(), None))
+                .collect();
+            match client.kv_client().txn(etcd::Txn::new().and_then(deletes)).await {
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "etcd lock release not confirmed yet; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+}
+
 /// Waits for a deletion event on `watch`, or for the watch to end.
 async fn deleted(mut watch: etcd::WatchStream) {
     // The first reply only says the watch was created; a cancelled watch
@@ -767,22 +862,20 @@ impl Backend for EtcdBackend {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        self.bounded(key, "release", self.remove(&[key], holder)).await
+        // Bounded inside: an unanswered deletion goes on in a task.
+        self.remove(&[key], holder).await
     }
 
     async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
-        let Some(first) = keys.first() else {
-            return Ok(false);
-        };
         let keys: Vec<&LockKey> = keys.iter().collect();
-        self.bounded(first, "release", self.remove(&keys, holder)).await
+        self.remove(&keys, holder).await
     }
 
     async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
         self.segment_waits().remove(holder);
         let segments: Vec<LockKey> = (0..count).map(|i| key.segment(i)).collect();
         let segments: Vec<&LockKey> = segments.iter().collect();
-        self.bounded(key, "release", self.remove(&segments, holder)).await
+        self.remove(&segments, holder).await
     }
 
     async fn renew(
