@@ -124,6 +124,11 @@ impl Member {
 /// ask for, and a killed holder's keys go 4 s after its last keep-alive.
 pub const LEASE_TTL: Duration = Duration::from_secs(4);
 
+/// `etcd=<endpoint>,<endpoint>…`: how `lock-worker` is pointed at `etcd`.
+pub fn target(etcd: &Etcd) -> String {
+    format!("etcd={}", etcd.endpoints().join(","))
+}
+
 /// A client of `etcd`, every member an endpoint, asking for [`LEASE_TTL`].
 pub async fn client(etcd: &Etcd) -> lock_runtime::LockClient {
     let endpoints = etcd.endpoints();

@@ -134,13 +134,18 @@ pub fn worker_binary() -> std::path::PathBuf {
 }
 
 /// A `lock-worker` command. Its ZooKeeper sessions (on a `zookeeper=`
-/// target) ask for [`crate::zookeeper::SESSION_TIMEOUT`], so that a
+/// target) ask for [`crate::zookeeper::SESSION_TIMEOUT`], and its etcd
+/// leases (on an `etcd=` target) for [`crate::etcd::LEASE_TTL`], so that a
 /// stopped or killed worker's locks are let go within a test's patience.
 pub fn worker_command() -> Command {
     let mut command = Command::new(worker_binary());
     command.env(
         "LOCK_WORKER_SESSION_TIMEOUT_MS",
         crate::zookeeper::SESSION_TIMEOUT.as_millis().to_string(),
+    );
+    command.env(
+        "LOCK_WORKER_ETCD_LEASE_TTL_S",
+        crate::etcd::LEASE_TTL.as_secs().to_string(),
     );
     command
 }

@@ -57,7 +57,9 @@
 //! Wherever a `<url>` or `<target>` is taken, a `mysql://` URL runs the
 //! same on the MySQL backend, and `zookeeper=<connect string>` on
 //! ZooKeeper (`LOCK_WORKER_SESSION_TIMEOUT_MS` sets the session timeout
-//! asked; `fence` appends its tokens to the file `LOCK_WORKER_FENCE_FILE`).
+//! asked; `fence` appends its tokens to the file `LOCK_WORKER_FENCE_FILE`),
+//! and `etcd=<endpoint>,<endpoint>…` on etcd (`LOCK_WORKER_ETCD_LEASE_TTL_S`
+//! sets the lease ttl asked).
 
 use std::time::Duration;
 
@@ -439,6 +441,16 @@ async fn connect(target: &str) -> Result<LockClient, LockError> {
             builder = builder.zookeeper_session_timeout(Duration::from_millis(ms));
         }
         return builder.zookeeper(connect).await;
+    }
+    if let Some(endpoints) = target.strip_prefix("etcd=") {
+        if let Some(seconds) = std::env::var("LOCK_WORKER_ETCD_LEASE_TTL_S")
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            builder = builder.etcd_lease_ttl(Duration::from_secs(seconds));
+        }
+        let endpoints: Vec<&str> = endpoints.split(',').collect();
+        return builder.etcd(&endpoints).await;
     }
     builder.connect(target).await
 }

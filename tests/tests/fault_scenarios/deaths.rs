@@ -1,21 +1,21 @@
-//! DESIGN §11 under the checker: servers and ensemble members that die and
+//! DESIGN §11 under the checker: servers and cluster members that die and
 //! come back, and servers stopped past every lease, under S0's
-//! witness-checked load, on MariaDB, ZooKeeper and PostgreSQL, with each kind the
-//! backend offers (exclusive, several keys, read-write, permits, segments
-//! and fair locks; fencing tokens checked by the fenced register). Each
-//! call may wait 20 s, longer than
-//! any restart here takes, so a death must cost time and never an error:
+//! witness-checked load, on MariaDB, ZooKeeper, PostgreSQL and etcd, with
+//! each kind the backend offers (exclusive, several keys, read-write,
+//! permits, segments and fair locks; fencing tokens checked by the fenced
+//! register). Each call may wait 20 s, longer than any restart here
+//! takes, so a death must cost time and never an error:
 //! the verdict counts acquisition errors beside overlaps, lost updates and
 //! token regressions, and asks that bodies ran after every fault. Releases
 //! the dead server never got are counted apart (their leases end by ttl).
-//! Holder pauses past the lease are S2my (here) and S2zk; connection cuts
-//! are S4my and S4zk.
+//! Holder pauses past the lease are S2my (here), S2zk and S2etcd;
+//! connection cuts are S4my, S4zk and S4etcd.
 
 use super::holders::run_s2;
 use super::*;
 use lock_tests::lab::Workers;
 use lock_tests::zookeeper::{self, ZooKeeper};
-use lock_tests::{MariaDb, Postgres};
+use lock_tests::{Etcd, MariaDb, Postgres, etcd};
 
 /// Each call's `wait` in these scenarios.
 const CALL_WAIT: Duration = Duration::from_secs(20);
@@ -283,19 +283,66 @@ async fn s3fpg_fair_locks_through_postgres_restarts() {
     .await
 }
 
-/// `lock` on `keys` while each member of a 3-member ensemble is SIGKILLed
-/// and started again in turn: the followers, then the leader (so also
-/// whichever member a worker is connected to).
-async fn through_ensemble_member_deaths(
+/// A 3-member cluster of consensus servers: a ZooKeeper ensemble or an
+/// etcd cluster.
+enum Members {
+    ZooKeeper(ZooKeeper),
+    Etcd(Etcd),
+}
+
+impl Members {
+    fn zookeeper() -> Members {
+        Members::ZooKeeper(tokio::task::block_in_place(ZooKeeper::ensemble))
+    }
+
+    fn etcd() -> Members {
+        Members::Etcd(tokio::task::block_in_place(Etcd::cluster))
+    }
+
+    fn target(&self) -> String {
+        match self {
+            Members::ZooKeeper(zk) => zookeeper::target(zk),
+            Members::Etcd(cluster) => etcd::target(cluster),
+        }
+    }
+
+    /// The followers, then the leader (so also whichever member a worker
+    /// is connected to).
+    fn death_order(&self) -> Vec<usize> {
+        let (leader, len) = match self {
+            Members::ZooKeeper(zk) => (zk.leader(), zk.len()),
+            Members::Etcd(cluster) => (cluster.leader(), cluster.len()),
+        };
+        let leader = leader.expect("a leader");
+        let mut order: Vec<usize> = (0..len).filter(|&i| i != leader).collect();
+        order.push(leader);
+        order
+    }
+
+    fn kill_and_revive(&mut self, member: usize) {
+        match self {
+            Members::ZooKeeper(zk) => {
+                zk.kill(member);
+                zk.revive(member);
+            }
+            Members::Etcd(cluster) => {
+                cluster.kill(member);
+                cluster.revive(member);
+            }
+        }
+    }
+}
+
+/// `lock` on `keys` while each member of a 3-member cluster is SIGKILLed
+/// and started again in turn: the followers, then the leader.
+async fn through_member_deaths(
+    mut members: Members,
     id: &'static str,
     name: &'static str,
     lock: &'static str,
     keys: &'static [&'static str],
 ) {
-    let mut zk = tokio::task::block_in_place(ZooKeeper::ensemble);
-    let leader = zk.leader().expect("a leader");
-    let mut order: Vec<usize> = (0..zk.len()).filter(|&i| i != leader).collect();
-    order.push(leader);
+    let order = members.death_order();
     let deaths = Deaths {
         id,
         name,
@@ -307,10 +354,8 @@ async fn through_ensemble_member_deaths(
         spacing: Duration::from_secs(2),
         seconds: 22,
     };
-    run_deaths(&zookeeper::target(&zk), deaths, |round| {
-        let member = order[round as usize];
-        zk.kill(member);
-        zk.revive(member);
+    run_deaths(&members.target(), deaths, |round| {
+        members.kill_and_revive(order[round as usize]);
     })
     .await;
 }
@@ -447,7 +492,8 @@ async fn s6my_mariadb_stopped_past_the_leases_under_load() {
 async fn s3zk_each_ensemble_member_killed_in_turn_under_load() {
     scenario(
         "s3zk_each_ensemble_member_killed_in_turn_under_load",
-        through_ensemble_member_deaths(
+        through_member_deaths(
+            Members::zookeeper(),
             "S3zk",
             "S3 each member of a 3-member ZooKeeper ensemble SIGKILLed in turn under load",
             "library",
@@ -463,7 +509,8 @@ async fn s3zk_each_ensemble_member_killed_in_turn_under_load() {
 async fn s3tzk_transfers_through_ensemble_member_deaths() {
     scenario(
         "s3tzk_transfers_through_ensemble_member_deaths",
-        through_ensemble_member_deaths(
+        through_member_deaths(
+            Members::zookeeper(),
             "S3tzk",
             "S3 with two-key transfers (lock_all) on a ZooKeeper ensemble, each member killed in turn",
             "library-transfer",
@@ -479,7 +526,8 @@ async fn s3tzk_transfers_through_ensemble_member_deaths() {
 async fn s3szk_segments_through_ensemble_member_deaths() {
     scenario(
         "s3szk_segments_through_ensemble_member_deaths",
-        through_ensemble_member_deaths(
+        through_member_deaths(
+            Members::zookeeper(),
             "S3szk",
             "S3 with 2 segments per key on a ZooKeeper ensemble, each member killed in turn",
             "library-segments-2",
@@ -495,7 +543,8 @@ async fn s3szk_segments_through_ensemble_member_deaths() {
 async fn s3fzk_fair_locks_through_ensemble_member_deaths() {
     scenario(
         "s3fzk_fair_locks_through_ensemble_member_deaths",
-        through_ensemble_member_deaths(
+        through_member_deaths(
+            Members::zookeeper(),
             "S3fzk",
             "S3 with fair locks on a ZooKeeper ensemble, each member killed in turn",
             "library-fair",
@@ -511,7 +560,8 @@ async fn s3fzk_fair_locks_through_ensemble_member_deaths() {
 async fn s3rwzk_read_write_locks_through_ensemble_member_deaths() {
     scenario(
         "s3rwzk_read_write_locks_through_ensemble_member_deaths",
-        through_ensemble_member_deaths(
+        through_member_deaths(
+            Members::zookeeper(),
             "S3rwzk",
             "S3 with read-write locks on a ZooKeeper ensemble, each member killed in turn",
             "library-rw",
@@ -527,9 +577,111 @@ async fn s3rwzk_read_write_locks_through_ensemble_member_deaths() {
 async fn s3pzk_permits_through_ensemble_member_deaths() {
     scenario(
         "s3pzk_permits_through_ensemble_member_deaths",
-        through_ensemble_member_deaths(
+        through_member_deaths(
+            Members::zookeeper(),
             "S3pzk",
             "S3 with 2 permits per key on a ZooKeeper ensemble, each member killed in turn",
+            "library-permits-2",
+            &["p:a", "p:b", "p:c"],
+        ),
+    )
+    .await
+}
+
+/// S3etcd: each member of a 3-member etcd cluster SIGKILLed in turn
+/// (followers, then the leader) and started again, under load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3etcd_each_cluster_member_killed_in_turn_under_load() {
+    scenario(
+        "s3etcd_each_cluster_member_killed_in_turn_under_load",
+        through_member_deaths(
+            Members::etcd(),
+            "S3etcd",
+            "S3 each member of a 3-member etcd cluster SIGKILLed in turn under load",
+            "library",
+            &["s3:a", "s3:b", "s3:c"],
+        ),
+    )
+    .await
+}
+
+/// S3tetcd: two-key transfers (two lines, taken in one order) while each
+/// etcd member is killed in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3tetcd_transfers_through_etcd_member_deaths() {
+    scenario(
+        "s3tetcd_transfers_through_etcd_member_deaths",
+        through_member_deaths(
+            Members::etcd(),
+            "S3tetcd",
+            "S3 with two-key transfers (lock_all) on an etcd cluster, each member killed in turn",
+            "library-transfer",
+            &["t:a", "t:b", "t:c", "t:d"],
+        ),
+    )
+    .await
+}
+
+/// S3setcd: two segments per key while each etcd member is killed in
+/// turn: each segment checked as its own fenced lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3setcd_segments_through_etcd_member_deaths() {
+    scenario(
+        "s3setcd_segments_through_etcd_member_deaths",
+        through_member_deaths(
+            Members::etcd(),
+            "S3setcd",
+            "S3 with 2 segments per key on an etcd cluster, each member killed in turn",
+            "library-segments-2",
+            &["s:a", "s:b", "s:c"],
+        ),
+    )
+    .await
+}
+
+/// S3fetcd: fair locks (on etcd the one line, in arrival order) while each
+/// member is killed in turn, fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3fetcd_fair_locks_through_etcd_member_deaths() {
+    scenario(
+        "s3fetcd_fair_locks_through_etcd_member_deaths",
+        through_member_deaths(
+            Members::etcd(),
+            "S3fetcd",
+            "S3 with fair locks on an etcd cluster, each member killed in turn",
+            "library-fair",
+            &["f:a", "f:b", "f:c"],
+        ),
+    )
+    .await
+}
+
+/// S3rwetcd: read-write locks (readers and writers in one line) while
+/// each member is killed in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3rwetcd_read_write_locks_through_etcd_member_deaths() {
+    scenario(
+        "s3rwetcd_read_write_locks_through_etcd_member_deaths",
+        through_member_deaths(
+            Members::etcd(),
+            "S3rwetcd",
+            "S3 with read-write locks on an etcd cluster, each member killed in turn",
+            "library-rw",
+            &["rw:a", "rw:b", "rw:c", "rw:d"],
+        ),
+    )
+    .await
+}
+
+/// S3petcd: two permits per key while each member is killed in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3petcd_permits_through_etcd_member_deaths() {
+    scenario(
+        "s3petcd_permits_through_etcd_member_deaths",
+        through_member_deaths(
+            Members::etcd(),
+            "S3petcd",
+            "S3 with 2 permits per key on an etcd cluster, each member killed in turn",
             "library-permits-2",
             &["p:a", "p:b", "p:c"],
         ),

@@ -19,6 +19,7 @@ use lock_tests::{Proxy, RedisServer, eventually};
 use serde_json::json;
 
 mod deaths;
+mod etcd;
 mod holders;
 mod kinds;
 mod links;
