@@ -1,6 +1,6 @@
 //! `#[distributed_lock]` with the process-wide client on the in-process
 //! backend, one `redis-server`, a Redis Cluster, a Redlock, a master
-//! found through Redis Sentinel and PostgreSQL: every kind
+//! found through Redis Sentinel, PostgreSQL and etcd: every kind
 //! the backend offers, the shop's oversell check and its fenced audit. The
 //! global client is installed once per process, so each backend runs in a
 //! process of its own: this binary again, running `one_backend` alone.
@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use lock_runtime::LockClient;
-use lock_tests::{Cluster, Postgres, RedisServer, Replicated, start_masters};
+use lock_tests::{Cluster, Etcd, Postgres, RedisServer, Replicated, start_masters};
 
 mod shop;
 
@@ -71,6 +71,11 @@ fn on_postgresql() {
 }
 
 #[test]
+fn on_etcd() {
+    in_own_process("etcd");
+}
+
+#[test]
 #[ignore = "run by the tests above, each in a process of its own"]
 fn one_backend() {
     let backend = std::env::var(BACKEND).unwrap_or_else(|_| panic!("{BACKEND} is not set"));
@@ -111,6 +116,12 @@ fn one_backend() {
             "postgres" => {
                 let server = Postgres::start();
                 let client = LockClient::postgres(&server.url()).await.expect("postgres client");
+                servers.push(Box::new(server));
+                client
+            }
+            "etcd" => {
+                let server = Etcd::start();
+                let client = lock_tests::etcd::client(&server).await;
                 servers.push(Box::new(server));
                 client
             }
