@@ -11,6 +11,7 @@
 //! cargo run --release -p lock-bench -- --only WM    # MariaDB (MySQL backend)
 //! cargo run --release -p lock-bench -- --only WZ    # ZooKeeper
 //! cargo run --release -p lock-bench -- --only WG    # PostgreSQL
+//! cargo run --release -p lock-bench -- --only WE    # etcd
 //! cargo run --release -p lock-bench -- --only W1,W2,W3,W4,WP   # against rslock 0.10
 //! ```
 //!
@@ -57,6 +58,7 @@ mod w4_scale_out;
 mod w5_reentry;
 mod w6_watchdog;
 mod w7_transfer;
+mod we_etcd;
 mod wg_postgres;
 mod wk_kinds;
 mod wm_mysql;
@@ -74,6 +76,7 @@ use w4_scale_out::*;
 use w5_reentry::*;
 use w6_watchdog::*;
 use w7_transfer::*;
+use we_etcd::*;
 use wg_postgres::*;
 use wk_kinds::*;
 use wm_mysql::*;
@@ -187,6 +190,12 @@ async fn main() -> Result<(), Error> {
     }
     if wanted("WG") {
         for report in wg_postgres().await? {
+            println!("{}", report.json());
+            reports.push(report);
+        }
+    }
+    if wanted("WE") {
+        for report in we_etcd().await? {
             println!("{}", report.json());
             reports.push(report);
         }

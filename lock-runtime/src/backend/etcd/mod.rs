@@ -409,8 +409,13 @@ impl EtcdBackend {
 
     /// Puts our key in `queue` on `lease` unless it is there already (only
     /// `only_if_empty`: unless the line has anyone in it), and reads the
-    /// line, in one transaction. Whether our key is in the line now, and
-    /// the line.
+    /// line, in one transaction.
+    ///
+    /// An empty line, the common case, is taken by a put alone: our key is
+    /// then the line, created at the transaction's revision, and the read
+    /// is left out (it is most of the work the cluster would do). Otherwise
+    /// a nested transaction puts our key if it is missing and reads the
+    /// line, still in the one round trip.
     async fn join(
         &self,
         key: &LockKey,
@@ -421,11 +426,7 @@ impl EtcdBackend {
     ) -> Result<Line, Failure> {
         let mut client = self.client().await?;
         let ours = format!("{queue}{holder}");
-        let condition = if only_if_empty {
-            etcd::Compare::create_revision(queue, etcd::CompareOp::Equal, 0).with_prefix()
-        } else {
-            etcd::Compare::create_revision(ours.as_str(), etcd::CompareOp::Equal, 0)
-        };
+        let empty = etcd::Compare::create_revision(queue, etcd::CompareOp::Equal, 0).with_prefix();
         let read = etcd::TxnOp::get(
             queue,
             Some(
@@ -436,10 +437,21 @@ impl EtcdBackend {
             ),
         );
         let put = etcd::TxnOp::put(ours.as_str(), "", Some(etcd::PutOptions::new().with_lease(lease)));
+        let otherwise = if only_if_empty {
+            read
+        } else {
+            let absent = etcd::Compare::create_revision(ours.as_str(), etcd::CompareOp::Equal, 0);
+            etcd::TxnOp::txn(
+                etcd::Txn::new()
+                    .when([absent])
+                    .and_then([put.clone(), read.clone()])
+                    .or_else([read]),
+            )
+        };
         let txn = etcd::Txn::new()
-            .when([condition])
-            .and_then([put, read.clone()])
-            .or_else([read]);
+            .when([empty])
+            .and_then([put])
+            .or_else([otherwise]);
         let reply = match client.txn(txn).await {
             Ok(reply) => reply,
             Err(e) if lease_not_found(&e) => {
@@ -449,15 +461,14 @@ impl EtcdBackend {
             Err(e) => return Err(self.failure(Some(key), &e)),
         };
         let revision = reply.header().map_or(0, etcd::ResponseHeader::revision);
-        let mut keys = Vec::new();
-        for op in reply.op_responses() {
-            if let etcd::TxnOpResponse::Get(got) = op {
-                for kv in got.kvs() {
-                    let name = kv.key().get(queue.len()..).unwrap_or_default();
-                    keys.push((kv.create_revision(), String::from_utf8_lossy(name).into_owned()));
-                }
-            }
+        if reply.succeeded() {
+            return Ok(Line {
+                keys: vec![(revision, holder.to_owned())],
+                revision,
+            });
         }
+        let mut keys = Vec::new();
+        collect_line(&reply.op_responses(), queue, &mut keys);
         Ok(Line { keys, revision })
     }
 
@@ -698,6 +709,14 @@ impl EtcdBackend {
             .collect();
         let attempt = async {
             let mut client = self.client().await?;
+            if let [path] = paths.as_slice() {
+                // One key, the common case: a plain delete, no transaction.
+                let reply = client
+                    .delete(path.as_str(), None)
+                    .await
+                    .map_err(|e| self.failure(Some(first), &e))?;
+                return Ok(reply.deleted() > 0);
+            }
             let mut any = false;
             for chunk in paths.chunks(MAX_TXN_OPS) {
                 let deletes: Vec<etcd::TxnOp> = chunk
@@ -832,6 +851,23 @@ async fn delete_until_done(
                     pause = (pause * 2).min(Duration::from_secs(1));
                 }
             }
+        }
+    }
+}
+
+/// The keys a transaction's reads found under `queue` (in nested
+/// transactions too): `(create revision, holder id)`, in the reads' order.
+fn collect_line(ops: &[etcd::TxnOpResponse], queue: &str, keys: &mut Vec<(i64, String)>) {
+    for op in ops {
+        match op {
+            etcd::TxnOpResponse::Get(got) => {
+                for kv in got.kvs() {
+                    let name = kv.key().get(queue.len()..).unwrap_or_default();
+                    keys.push((kv.create_revision(), String::from_utf8_lossy(name).into_owned()));
+                }
+            }
+            etcd::TxnOpResponse::Txn(inner) => collect_line(&inner.op_responses(), queue, keys),
+            _ => {}
         }
     }
 }
