@@ -136,9 +136,10 @@ async fn line(etcd: &Etcd, key: &str) -> Vec<(String, i64, i64)> {
         .collect()
 }
 
-/// A held lock is one key in its line, on the client's lease; its fencing
-/// token is that key's create revision, so tokens grow across clients; a
-/// release leaves the line empty.
+/// A held lock is one key in its line, on the client's lease, named by
+/// the client and reused by its next holder; its fencing token is that
+/// key's create revision, so tokens grow across clients; a release leaves
+/// the line empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_lock_is_one_key_on_the_clients_lease_and_its_token_is_the_create_revision() {
     lock_tests::bounded(
@@ -147,12 +148,14 @@ async fn a_held_lock_is_one_key_on_the_clients_lease_and_its_token_is_the_create
             let etcd = Etcd::start();
             let (a, b) = (client(&etcd).await, client(&etcd).await);
             let mut last = 0;
+            let mut names = Vec::new();
             for locks in [&a, &b, &a] {
                 let guard = locks.lock("k").fencing(true).acquire().await.expect("acquire");
                 let token = guard.fencing_token().expect("a token");
                 let keys = line(&etcd, "k").await;
                 assert_eq!(keys.len(), 1, "{keys:?}");
-                let (_, created, lease) = &keys[0];
+                let (name, created, lease) = &keys[0];
+                names.push(name.clone());
                 assert_eq!(u64::try_from(*created).expect("positive"), token);
                 assert_ne!(*lease, 0, "the key is on a lease");
                 assert!(token > last, "{token} after {last}");
@@ -160,6 +163,12 @@ async fn a_held_lock_is_one_key_on_the_clients_lease_and_its_token_is_the_create
                 guard.release().await.expect("release");
                 assert!(line(&etcd, "k").await.is_empty(), "a release leaves no key");
             }
+            // A client's next holder reuses its key's name (etcd indexes
+            // every name ever deleted until a compaction: a name per
+            // acquisition would slow every read of the line); another
+            // client's is its own.
+            assert_eq!(names[0], names[2], "{names:?}");
+            assert_ne!(names[0], names[1], "{names:?}");
             let token = a
                 .lock("k")
                 .fencing(true)

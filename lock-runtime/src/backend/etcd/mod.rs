@@ -92,14 +92,74 @@ struct Lease {
 struct Entry {
     /// The lock's name, `P{K}`.
     lock: String,
+    /// The key: `<line>/<side><lease id>:<slot>`.
+    path: String,
+    /// Its slot in the lock's line, this client's to reuse once the key
+    /// is gone.
+    slot: u32,
     /// Set while waiting: resolves when the key before ours is deleted.
     watch: Option<etcd::WatchStream>,
     /// A fixed lease: when this client deletes the key.
     expires: Option<Instant>,
 }
 
-/// The keys of this process, by holder id (a set's locks share one).
-type Entries = HashMap<String, Vec<Entry>>;
+/// This client's keys, by holder id (a set's locks share one), and the
+/// slots taken in each line.
+///
+/// A key is named by the client's lease and a slot number, not by the
+/// holder id: etcd keeps every key ever deleted in its index until the
+/// history is compacted, and reading a line walks all of them, so a new
+/// name per acquisition would make every read of a busy line slower than
+/// the last. The holder id is the key's value. A slot is reused only once
+/// its key's deletion was confirmed, and only this client writes under its
+/// lease's names, so a key's name is its owner.
+#[derive(Default)]
+struct Entries {
+    by_holder: HashMap<String, Vec<Entry>>,
+    /// Per line (`<root>/<lock>`), the slots in use.
+    slots: HashMap<String, std::collections::BTreeSet<u32>>,
+}
+
+impl Entries {
+    fn find(&mut self, lock: &str, holder: &str) -> Option<&mut Entry> {
+        self.by_holder
+            .get_mut(holder)?
+            .iter_mut()
+            .find(|e| e.lock == lock)
+    }
+
+    fn remove(&mut self, lock: &str, holder: &str) -> Option<Entry> {
+        let list = self.by_holder.get_mut(holder)?;
+        let i = list.iter().position(|e| e.lock == lock)?;
+        let entry = list.swap_remove(i);
+        if list.is_empty() {
+            self.by_holder.remove(holder);
+        }
+        Some(entry)
+    }
+
+    /// Frees the slot of a key whose deletion was confirmed.
+    fn free(&mut self, path: &str, slot: u32) {
+        let Some(line) = path.rsplit_once('/').map(|(line, _)| line) else {
+            return;
+        };
+        if let Some(used) = self.slots.get_mut(line) {
+            used.remove(&slot);
+            if used.is_empty() {
+                self.slots.remove(line);
+            }
+        }
+    }
+}
+
+/// A holder id's side: `r:`, `w:`, `p:`, `f:`, or none (exclusive); the
+/// line's order reads it from the key's name.
+fn side_of(holder: &str) -> &'static str {
+    ["r:", "w:", "p:", "f:"]
+        .into_iter()
+        .find(|side| holder.starts_with(side))
+        .unwrap_or("")
+}
 
 /// A segmented lock's waiter: a watch on each segment's holder, and when
 /// it set them.
@@ -215,7 +275,7 @@ impl EtcdBackend {
             client: tokio::sync::OnceCell::new(),
             lease: Arc::new(Mutex::new(None)),
             granting: tokio::sync::Mutex::new(()),
-            entries: Arc::new(Mutex::new(HashMap::new())),
+            entries: Arc::new(Mutex::new(Entries::default())),
             segment_waits: Mutex::new(HashMap::new()),
         })
     }
@@ -289,7 +349,7 @@ impl EtcdBackend {
         let mut lease = self.lease.lock().unwrap_or_else(PoisonError::into_inner);
         if lease.as_ref().is_some_and(|l| l.id == id) {
             *lease = None;
-            self.entries().clear();
+            *self.entries() = Entries::default();
         }
     }
 
@@ -420,12 +480,12 @@ impl EtcdBackend {
         &self,
         key: &LockKey,
         queue: &str,
+        ours: &str,
         holder: &str,
         lease: i64,
         only_if_empty: bool,
     ) -> Result<Line, Failure> {
         let mut client = self.client().await?;
-        let ours = format!("{queue}{holder}");
         let empty = etcd::Compare::create_revision(queue, etcd::CompareOp::Equal, 0).with_prefix();
         let read = etcd::TxnOp::get(
             queue,
@@ -436,11 +496,11 @@ impl EtcdBackend {
                     .with_sort(etcd::SortTarget::Create, etcd::SortOrder::Ascend),
             ),
         );
-        let put = etcd::TxnOp::put(ours.as_str(), "", Some(etcd::PutOptions::new().with_lease(lease)));
+        let put = etcd::TxnOp::put(ours, holder, Some(etcd::PutOptions::new().with_lease(lease)));
         let otherwise = if only_if_empty {
             read
         } else {
-            let absent = etcd::Compare::create_revision(ours.as_str(), etcd::CompareOp::Equal, 0);
+            let absent = etcd::Compare::create_revision(ours, etcd::CompareOp::Equal, 0);
             etcd::TxnOp::txn(
                 etcd::Txn::new()
                     .when([absent])
@@ -463,7 +523,7 @@ impl EtcdBackend {
         let revision = reply.header().map_or(0, etcd::ResponseHeader::revision);
         if reply.succeeded() {
             return Ok(Line {
-                keys: vec![(revision, holder.to_owned())],
+                keys: vec![(revision, ours[queue.len()..].to_owned())],
                 revision,
             });
         }
@@ -493,36 +553,49 @@ impl EtcdBackend {
         client.watch(key, Some(options)).await
     }
 
-    fn register(&self, key: &LockKey, holder: &str) {
+    /// The key `holder` has or will have in `key`'s line on `lease`: its
+    /// entry's, or a new one in the lowest free slot.
+    fn key_for(&self, key: &LockKey, holder: &str, lease: i64) -> String {
         let mut entries = self.entries();
-        let list = entries.entry(holder.to_owned()).or_default();
-        if !list.iter().any(|e| e.lock == key.redis_key) {
-            list.push(Entry {
+        if let Some(entry) = entries.find(&key.redis_key, holder) {
+            return entry.path.clone();
+        }
+        let line = self.queue(key);
+        let used = entries
+            .slots
+            .entry(line.trim_end_matches('/').to_owned())
+            .or_default();
+        let slot = (0..).find(|s| !used.contains(s)).unwrap_or(u32::MAX);
+        used.insert(slot);
+        let path = format!("{line}{}{lease:x}:{slot}", side_of(holder));
+        entries
+            .by_holder
+            .entry(holder.to_owned())
+            .or_default()
+            .push(Entry {
                 lock: key.redis_key.clone(),
+                path: path.clone(),
+                slot,
                 watch: None,
                 expires: None,
             });
-        }
+        path
     }
 
     fn with_entry<T>(&self, key: &LockKey, holder: &str, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
-        let mut entries = self.entries();
-        let entry = entries
-            .get_mut(holder)?
-            .iter_mut()
-            .find(|e| e.lock == key.redis_key)?;
-        Some(f(entry))
+        self.entries().find(&key.redis_key, holder).map(f)
     }
 
     fn forget(&self, key: &LockKey, holder: &str) -> Option<Entry> {
+        self.entries().remove(&key.redis_key, holder)
+    }
+
+    /// Forgets an entry whose key was never written, and frees its slot.
+    fn drop_unwritten(&self, key: &LockKey, holder: &str) {
         let mut entries = self.entries();
-        let list = entries.get_mut(holder)?;
-        let i = list.iter().position(|e| e.lock == key.redis_key)?;
-        let entry = list.swap_remove(i);
-        if list.is_empty() {
-            entries.remove(holder);
+        if let Some(entry) = entries.remove(&key.redis_key, holder) {
+            entries.free(&entry.path, entry.slot);
         }
-        Some(entry)
     }
 
     fn held(&self, claimed: bool) -> AcquireReply {
@@ -540,9 +613,10 @@ impl EtcdBackend {
         let key = req.key;
         let lease = self.lease_id().await?;
         let queue = self.queue(key);
-        let line = self.join(key, &queue, req.holder, lease, false).await?;
-        self.register(key, req.holder);
-        let Some(mine) = line.keys.iter().position(|(_, name)| name == req.holder) else {
+        let ours = self.key_for(key, req.holder, lease);
+        let line = self.join(key, &queue, &ours, req.holder, lease, false).await?;
+        let name = &ours[queue.len()..];
+        let Some(mine) = line.keys.iter().position(|(_, n)| n == name) else {
             // Deleted between the put and the read cannot happen in one
             // transaction: our key is missing only if its lease ended.
             self.forget(key, req.holder);
@@ -594,10 +668,12 @@ impl EtcdBackend {
         for i in 0..count {
             let segment = req.key.segment(i);
             let queue = self.queue(&segment);
-            let line = self.join(&segment, &queue, req.holder, lease, true).await?;
+            let ours = self.key_for(&segment, req.holder, lease);
+            let line = self
+                .join(&segment, &queue, &ours, req.holder, lease, true)
+                .await?;
             match line.keys.first() {
-                Some((token, head)) if head == req.holder => {
-                    self.register(&segment, req.holder);
+                Some((token, head)) if *head == ours[queue.len()..] => {
                     self.segment_waits().remove(req.holder);
                     if !req.renew {
                         self.expire_at(&segment, req.holder, Instant::now() + req.ttl);
@@ -607,11 +683,16 @@ impl EtcdBackend {
                         segment: Some(i),
                     });
                 }
-                Some((_, head)) => heads.push(format!("{queue}{head}")),
+                // The line was not empty, so nothing was put: the slot is
+                // free again.
+                Some((_, head)) => {
+                    heads.push(format!("{queue}{head}"));
+                    self.drop_unwritten(&segment, req.holder);
+                }
                 // Emptied between the compare and the read cannot happen in
                 // one transaction; an empty line means our put was refused
                 // (our lease just ended).
-                None => {}
+                None => self.drop_unwritten(&segment, req.holder),
             }
             revision = revision.max(line.revision);
         }
@@ -646,11 +727,7 @@ impl EtcdBackend {
             return;
         };
         let (entries, lease) = (Arc::downgrade(&self.entries), Arc::downgrade(&self.lease));
-        let (lock, holder, path) = (
-            key.redis_key.clone(),
-            holder.to_owned(),
-            format!("{}{holder}", self.queue(key)),
-        );
+        let (lock, holder) = (key.redis_key.clone(), holder.to_owned());
         tokio::spawn(async move {
             let mut at = at;
             loop {
@@ -658,28 +735,31 @@ impl EtcdBackend {
                 let Some(entries) = entries.upgrade() else {
                     return;
                 };
-                {
-                    let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);
-                    let Some(list) = entries.get_mut(&holder) else {
+                let doomed = {
+                    let mut live = entries.lock().unwrap_or_else(PoisonError::into_inner);
+                    let Some(entry) = live.find(&lock, &holder) else {
                         return;
                     };
-                    let Some(i) = list.iter().position(|e| e.lock == lock) else {
-                        return;
-                    };
-                    match list[i].expires {
+                    match entry.expires {
                         Some(later) if later > Instant::now() => {
                             at = later;
                             continue;
                         }
                         _ => {}
                     }
-                    list.swap_remove(i);
-                    if list.is_empty() {
-                        entries.remove(&holder);
-                    }
-                }
+                    live.remove(&lock, &holder)
+                };
                 // Our own key, by its name: never another holder's.
-                delete_until_done(client, lease, lease_id, vec![path]).await;
+                if let Some(entry) = doomed {
+                    delete_until_done(
+                        client,
+                        lease,
+                        lease_id,
+                        vec![(entry.path, entry.slot)],
+                        Arc::downgrade(&entries),
+                    )
+                    .await;
+                }
                 return;
             }
         });
@@ -699,17 +779,18 @@ impl EtcdBackend {
         let Some(first) = keys.first() else {
             return Ok(false);
         };
-        let mut known = false;
-        for key in keys {
-            known |= self.forget(key, holder).is_some();
-        }
-        let paths: Vec<String> = keys
+        let doomed: Vec<(String, u32)> = keys
             .iter()
-            .map(|key| format!("{}{holder}", self.queue(key)))
+            .filter_map(|key| self.forget(key, holder))
+            .map(|entry| (entry.path, entry.slot))
             .collect();
+        if doomed.is_empty() {
+            // Never ours here, or gone with an ended lease.
+            return Ok(false);
+        }
         let attempt = async {
             let mut client = self.client().await?;
-            if let [path] = paths.as_slice() {
+            if let [(path, _)] = doomed.as_slice() {
                 // One key, the common case: a plain delete, no transaction.
                 let reply = client
                     .delete(path.as_str(), None)
@@ -718,10 +799,10 @@ impl EtcdBackend {
                 return Ok(reply.deleted() > 0);
             }
             let mut any = false;
-            for chunk in paths.chunks(MAX_TXN_OPS) {
+            for chunk in doomed.chunks(MAX_TXN_OPS) {
                 let deletes: Vec<etcd::TxnOp> = chunk
                     .iter()
-                    .map(|path| etcd::TxnOp::delete(path.as_str(), None))
+                    .map(|(path, _)| etcd::TxnOp::delete(path.as_str(), None))
                     .collect();
                 let reply = client
                     .txn(etcd::Txn::new().and_then(deletes))
@@ -735,17 +816,25 @@ impl EtcdBackend {
             Ok::<bool, Failure>(any)
         };
         match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(Ok(any)) => Ok(any),
+            Ok(Ok(any)) => {
+                let mut entries = self.entries();
+                for (path, slot) in &doomed {
+                    entries.free(path, *slot);
+                }
+                Ok(any)
+            }
             Ok(Err(failure)) if !failure.transient => Err(failure),
             _ => {
-                self.delete_in_background(paths);
-                Ok(known)
+                self.delete_in_background(doomed);
+                // Ours until now, whatever the retry finds.
+                Ok(true)
             }
         }
     }
 
-    /// Deletes `paths` (keys of ours) from a task: see [`delete_until_done`].
-    fn delete_in_background(&self, paths: Vec<String>) {
+    /// Deletes `doomed` (keys of ours, with their slots) from a task: see
+    /// [`delete_until_done`].
+    fn delete_in_background(&self, doomed: Vec<(String, u32)>) {
         let (Some(client), Some(lease_id)) = (
             self.client.get().map(|client| (**client).clone()),
             self.current_lease().map(|l| l.id),
@@ -756,7 +845,8 @@ impl EtcdBackend {
             client,
             Arc::downgrade(&self.lease),
             lease_id,
-            paths,
+            doomed,
+            Arc::downgrade(&self.entries),
         ));
     }
 
@@ -786,29 +876,37 @@ impl EtcdBackend {
         if !self.keep_alive(&lease).await? {
             return Ok(vec![false; items.len()]);
         }
-        for (key, holder, ttl) in items {
-            self.with_entry(key, holder, |e| {
-                if e.expires.is_some() {
-                    e.expires = Some(Instant::now() + *ttl);
-                }
-            });
-        }
+        // Each item's key, if this client has one for it.
+        let paths: Vec<Option<String>> = items
+            .iter()
+            .map(|(key, holder, ttl)| {
+                self.with_entry(key, holder, |e| {
+                    if e.expires.is_some() {
+                        e.expires = Some(Instant::now() + *ttl);
+                    }
+                    e.path.clone()
+                })
+            })
+            .collect();
         let mut client = self.client().await?;
         let mut found = Vec::with_capacity(items.len());
-        for chunk in items.chunks(MAX_TXN_OPS) {
-            let reads: Vec<etcd::TxnOp> = chunk
+        for (chunk, paths) in items.chunks(MAX_TXN_OPS).zip(paths.chunks(MAX_TXN_OPS)) {
+            // An item without a key reads the root's own name, which no
+            // lock ever has.
+            let reads: Vec<etcd::TxnOp> = paths
                 .iter()
-                .map(|(key, holder, _)| etcd::TxnOp::get(format!("{}{holder}", self.queue(key)), None))
+                .map(|path| etcd::TxnOp::get(path.clone().unwrap_or_else(|| self.root.clone()), None))
                 .collect();
             let reply = client
                 .txn(etcd::Txn::new().and_then(reads))
                 .await
                 .map_err(|e| self.failure(Some(chunk[0].0), &e))?;
-            for op in reply.op_responses() {
+            for (op, (_, holder, _)) in reply.op_responses().iter().zip(chunk) {
                 found.push(match op {
-                    etcd::TxnOpResponse::Get(got) => {
-                        got.kvs().first().is_some_and(|kv| kv.lease() == lease.id)
-                    }
+                    etcd::TxnOpResponse::Get(got) => got
+                        .kvs()
+                        .first()
+                        .is_some_and(|kv| kv.lease() == lease.id && kv.value() == holder.as_bytes()),
                     _ => false,
                 });
             }
@@ -817,17 +915,19 @@ impl EtcdBackend {
     }
 }
 
-/// Deletes `paths` (keys of ours on the lease `lease_id`), retrying until
-/// the cluster answers, that lease ends (taking them with it), or the
-/// client is gone (`lease` no longer upgrades).
+/// Deletes `doomed` (keys of ours on the lease `lease_id`, with their
+/// slots), retrying until the cluster answers, that lease ends (taking them
+/// with it), or the client is gone (`lease` no longer upgrades); frees the
+/// slots of the keys it saw deleted.
 async fn delete_until_done(
     client: etcd::Client,
     lease: std::sync::Weak<Mutex<Option<Lease>>>,
     lease_id: i64,
-    paths: Vec<String>,
+    doomed: Vec<(String, u32)>,
+    entries: std::sync::Weak<Mutex<Entries>>,
 ) {
     let mut pause = Duration::from_millis(10);
-    for chunk in paths.chunks(MAX_TXN_OPS) {
+    for chunk in doomed.chunks(MAX_TXN_OPS) {
         loop {
             let on_lease = lease.upgrade().is_some_and(|l| {
                 l.lock()
@@ -841,10 +941,18 @@ async fn delete_until_done(
             }
             let deletes: Vec<etcd::TxnOp> = chunk
                 .iter()
-                .map(|path| etcd::TxnOp::delete(path.as_str(), None))
+                .map(|(path, _)| etcd::TxnOp::delete(path.as_str(), None))
                 .collect();
             match client.kv_client().txn(etcd::Txn::new().and_then(deletes)).await {
-                Ok(_) => break,
+                Ok(_) => {
+                    if let Some(entries) = entries.upgrade() {
+                        let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);
+                        for (path, slot) in chunk {
+                            entries.free(path, *slot);
+                        }
+                    }
+                    break;
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "etcd lock release not confirmed yet; retrying");
                     tokio::time::sleep(pause).await;
