@@ -412,3 +412,86 @@ async fn bad_input_gets_clear_errors() {
     })
     .await
 }
+
+/// A waiter whose `wait` runs out, one whose future is dropped, and a
+/// try-once call each leave the line: only the holder's key is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_the_line() {
+    lock_tests::bounded("a_waiter_that_gives_up_leaves_the_line", async move {
+        let etcd = Etcd::start();
+        let locks = client(&etcd).await;
+        let holder = lock_tests::guard_from_another_task(&locks, "given-up").await;
+        assert_eq!(line(&etcd, "given-up").await.len(), 1);
+        let timed_out = locks
+            .lock("given-up")
+            .wait(Duration::from_millis(200))
+            .acquire()
+            .await;
+        assert!(
+            matches!(timed_out, Err(LockError::Timeout { .. })),
+            "{timed_out:?}"
+        );
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(200),
+            locks.lock("given-up").wait(Duration::from_secs(30)).acquire(),
+        )
+        .await;
+        assert!(dropped.is_err(), "the lock is held");
+        assert!(matches!(
+            locks.lock("given-up").acquire().await,
+            Err(LockError::Timeout { .. })
+        ));
+        // The dropped one's key goes from a spawned task.
+        let mut left = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            left = line(&etcd, "given-up").await.len();
+            if left == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(left, 1, "keys of waiters that gave up are left in the line");
+        holder.release().await.expect("release");
+        assert!(line(&etcd, "given-up").await.is_empty());
+    })
+    .await
+}
+
+/// Waiters get the lock in the order they joined the line, whether they
+/// asked for `fair` or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_get_the_lock_in_the_order_they_joined() {
+    lock_tests::bounded("waiters_get_the_lock_in_the_order_they_joined", async move {
+        let etcd = Etcd::start();
+        let locks = client(&etcd).await;
+        let holder = locks.lock("line").acquire().await.expect("holder");
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..5 {
+            let (locks, order) = (locks.clone(), Arc::clone(&order));
+            waiters.push(tokio::spawn(async move {
+                // `fair` or not, one line: an etcd lock is fair.
+                locks
+                    .lock("line")
+                    .fair(i % 2 == 1)
+                    .wait(Duration::from_secs(30))
+                    .run(async { order.lock().expect("order").push(i) })
+                    .await
+            }));
+            // In line (watching the key before its own) before the next
+            // one starts.
+            let watching = lock_tests::eventually(Duration::from_secs(10), || {
+                metric(etcd.port(0), "etcd_debugging_mvcc_watcher_total") == Some(f64::from(i + 1))
+            })
+            .await;
+            assert!(watching.is_some(), "waiter {i} never joined the line");
+        }
+        holder.release().await.expect("release");
+        for w in waiters {
+            w.await.expect("join").expect("lock");
+        }
+        assert_eq!(*order.lock().expect("order"), vec![0, 1, 2, 3, 4]);
+    })
+    .await
+}
