@@ -554,13 +554,13 @@ impl EtcdBackend {
     }
 
     /// The key `holder` has or will have in `key`'s line on `lease`: its
-    /// entry's, or a new one in the lowest free slot.
-    fn key_for(&self, key: &LockKey, holder: &str, lease: i64) -> String {
+    /// entry's, or a new one in the lowest free slot. `line` is `key`'s, as [`queue`](Self::queue) gives it: the caller
+    /// has it already, and it is an encoding and an allocation per attempt.
+    fn key_for(&self, key: &LockKey, line: &str, holder: &str, lease: i64) -> String {
         let mut entries = self.entries();
         if let Some(entry) = entries.find(&key.redis_key, holder) {
             return entry.path.clone();
         }
-        let line = self.queue(key);
         let used = entries
             .slots
             .entry(line.trim_end_matches('/').to_owned())
@@ -613,7 +613,7 @@ impl EtcdBackend {
         let key = req.key;
         let lease = self.lease_id().await?;
         let queue = self.queue(key);
-        let ours = self.key_for(key, req.holder, lease);
+        let ours = self.key_for(key, &queue, req.holder, lease);
         let line = self.join(key, &queue, &ours, req.holder, lease, false).await?;
         let name = &ours[queue.len()..];
         let Some(mine) = line.keys.iter().position(|(_, n)| n == name) else {
@@ -668,7 +668,7 @@ impl EtcdBackend {
         for i in 0..count {
             let segment = req.key.segment(i);
             let queue = self.queue(&segment);
-            let ours = self.key_for(&segment, req.holder, lease);
+            let ours = self.key_for(&segment, &queue, req.holder, lease);
             let line = self
                 .join(&segment, &queue, &ours, req.holder, lease, true)
                 .await?;
