@@ -73,13 +73,16 @@ pub struct LockInfo {
     /// Who holds it now; empty for a read-write lock that only a waiting
     /// writer's claim keeps.
     pub holders: Vec<LockHolder>,
-    /// The fencing counter: the last token issued on this key, if any.
+    /// The fencing counter: the last token issued on this key, if any (on
+    /// etcd, the newest token among the holders: their keys' create
+    /// revisions).
     pub fence: Option<u64>,
     /// Whether someone waits for it, as far as the server knows: a waiter
     /// marked an exclusive lock, a writer's claim holds readers back, or a
     /// fair lock has a line.
     pub waiters: bool,
-    /// How many wait in a fair lock's line.
+    /// How many wait in a fair lock's line (on etcd, where every lock is a
+    /// line, how many wait behind the holders of any lock).
     pub in_line: u64,
 }
 
@@ -262,7 +265,9 @@ fn describe(key: &LockKey, node: String, found: Found) -> Option<LockInfo> {
                     time_left: left(ends - found.now_ms),
                 });
             }
-            (kind, holders, claimed)
+            // A writer's claim (Redis, PostgreSQL), or keys waiting in
+            // the line behind the holders (etcd).
+            (kind, holders, claimed || found.in_line > 0)
         }
         _ => return None,
     };

@@ -31,21 +31,21 @@ struct Cli {
 #[derive(Debug, Args)]
 struct Target {
     /// One Redis node (`redis://[user:password@]host[:port][/db]`).
-    #[arg(long, global = true, default_value = "redis://127.0.0.1:6379/", conflicts_with_all = ["cluster", "redlock", "sentinel", "postgres"])]
+    #[arg(long, global = true, default_value = "redis://127.0.0.1:6379/", conflicts_with_all = ["cluster", "redlock", "sentinel", "postgres", "etcd"])]
     url: String,
     /// A Redis Cluster: one or more seed URLs (comma-separated or repeated).
-    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redlock", "sentinel", "postgres"])]
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redlock", "sentinel", "postgres", "etcd"])]
     cluster: Vec<String>,
     /// A Redlock: every master's URL (comma-separated or repeated).
-    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["sentinel", "postgres"])]
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["sentinel", "postgres", "etcd"])]
     redlock: Vec<String>,
     /// A master found through Sentinel, as `NAME@URL,URL,...` (the master's
     /// name, then the sentinels' URLs).
-    #[arg(long, global = true, conflicts_with = "postgres")]
+    #[arg(long, global = true, conflicts_with_all = ["postgres", "etcd"])]
     sentinel: Option<String>,
     /// A PostgreSQL lock table's database
     /// (`postgres://user:password@host:port/database`).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, conflicts_with = "etcd")]
     postgres: Option<String>,
     /// The PostgreSQL lock table's name, as the services' `postgres_table`.
     #[arg(
@@ -55,6 +55,14 @@ struct Target {
         requires = "postgres"
     )]
     postgres_table: String,
+    /// An etcd cluster: one or more endpoints, `host:port` or
+    /// `http://host:port` (comma-separated or repeated).
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1..)]
+    etcd: Vec<String>,
+    /// The key under which the services' etcd locks live, as their
+    /// `etcd_root`.
+    #[arg(long, global = true, default_value = "/distributed-locks", requires = "etcd")]
+    etcd_root: String,
     /// The key prefix the services use.
     #[arg(long, global = true, default_value = "lock:")]
     prefix: String,
@@ -138,6 +146,21 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
 
 async fn connect(target: &Target) -> Result<LockClient, LockError> {
     let builder = || LockClient::builder().key_prefix(target.prefix.clone());
+    if !target.etcd.is_empty() {
+        #[cfg(feature = "etcd")]
+        {
+            let endpoints: Vec<&str> = target.etcd.iter().map(String::as_str).collect();
+            return builder()
+                .etcd_root(target.etcd_root.clone())
+                .etcd(&endpoints)
+                .await;
+        }
+        #[cfg(not(feature = "etcd"))]
+        return Err(LockError::InvalidConfig {
+            node: "--etcd".into(),
+            reason: "this lockctl was built without its `etcd` feature".into(),
+        });
+    }
     if let Some(url) = &target.postgres {
         builder()
             .postgres_table(target.postgres_table.clone())

@@ -11,6 +11,8 @@ use crate::spec::Kind;
 mod contract;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+mod glob;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod members;
 pub(crate) mod memory;
@@ -208,7 +210,7 @@ impl AnyBackend {
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
             #[cfg(feature = "etcd")]
-            AnyBackend::Etcd(_) => Err(no_etcd_admin()),
+            AnyBackend::Etcd(b) => Box::pin(b.scan_keys(pattern)).await,
         }
     }
 
@@ -244,7 +246,7 @@ impl AnyBackend {
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
             #[cfg(feature = "etcd")]
-            AnyBackend::Etcd(_) => Err(no_etcd_admin()),
+            AnyBackend::Etcd(b) => Ok(on(b.node(), Box::pin(b.inspect(key)).await?)),
         }
     }
 
@@ -269,7 +271,7 @@ impl AnyBackend {
             #[cfg(feature = "zookeeper")]
             AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
             #[cfg(feature = "etcd")]
-            AnyBackend::Etcd(_) => Err(no_etcd_admin()),
+            AnyBackend::Etcd(b) => Ok(usize::from(Box::pin(b.force_unlock(key)).await?)),
         }
     }
 
@@ -422,16 +424,6 @@ fn no_zookeeper_admin() -> LockError {
         feature:
             "inspecting locks on the ZooKeeper backend (list the lock's queue with zkCli: see the README)"
                 .into(),
-    }
-}
-
-/// Operator tools read the Redis layout; etcd's keys are read with etcdctl.
-#[cfg(feature = "etcd")]
-fn no_etcd_admin() -> LockError {
-    LockError::Unsupported {
-        key: String::new(),
-        feature: "inspecting locks on the etcd backend (list the lock's line with etcdctl: see the README)"
-            .into(),
     }
 }
 

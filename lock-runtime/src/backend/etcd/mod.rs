@@ -1,7 +1,8 @@
 //! Locks as etcd queues: keys attached to one lease per client.
 //!
 //! A lock `K` is the key range `<root>/<K encoded>/`. Each contender puts
-//! the key `<root>/<K encoded>/<holder id>` with this client's lease, in a
+//! a key `<root>/<K encoded>/<side><lease>:<slot>` (see `Entries`), whose
+//! value is its holder id, with this client's lease, in a
 //! transaction that creates it only if it is missing (so an attempt whose
 //! reply was lost finds its own key again, never a second one) and reads
 //! the whole line in the same round trip. The line is ordered by create
@@ -87,6 +88,8 @@ struct Lease {
     /// its answer to be read as the next one's.
     keeper: Arc<tokio::sync::Mutex<Option<(etcd::LeaseKeeper, etcd::LeaseKeepAliveStream)>>>,
 }
+
+mod admin;
 
 /// A key of ours: in line, or holding.
 struct Entry {
@@ -554,9 +557,10 @@ impl EtcdBackend {
     }
 
     /// The key `holder` has or will have in `key`'s line on `lease`: its
-    /// entry's, or a new one in the lowest free slot. `line` is `key`'s, as [`queue`](Self::queue) gives it: the caller
-    /// has it already, and it is an encoding and an allocation per attempt.
-    fn key_for(&self, key: &LockKey, line: &str, holder: &str, lease: i64) -> String {
+    /// entry's, or a new one in the lowest free slot. `line` is `key`'s, as
+    /// [`queue`](Self::queue) gives it: the caller has it already, and it
+    /// is an encoding and an allocation per attempt.
+    fn key_for(&self, key: &LockKey, kind: Kind, line: &str, holder: &str, lease: i64) -> String {
         let mut entries = self.entries();
         if let Some(entry) = entries.find(&key.redis_key, holder) {
             return entry.path.clone();
@@ -567,7 +571,13 @@ impl EtcdBackend {
             .or_default();
         let slot = (0..).find(|s| !used.contains(s)).unwrap_or(u32::MAX);
         used.insert(slot);
-        let path = format!("{line}{}{lease:x}:{slot}", side_of(holder));
+        let path = match kind {
+            // A permit's key names how many permits its holder counts on,
+            // so that an operator's look at the line can tell holders from
+            // waiters (see `admin.rs`).
+            Kind::Permits(n) => format!("{line}p:{n}:{lease:x}:{slot}"),
+            _ => format!("{line}{}{lease:x}:{slot}", side_of(holder)),
+        };
         entries
             .by_holder
             .entry(holder.to_owned())
@@ -613,7 +623,7 @@ impl EtcdBackend {
         let key = req.key;
         let lease = self.lease_id().await?;
         let queue = self.queue(key);
-        let ours = self.key_for(key, &queue, req.holder, lease);
+        let ours = self.key_for(key, req.kind, &queue, req.holder, lease);
         let line = self.join(key, &queue, &ours, req.holder, lease, false).await?;
         let name = &ours[queue.len()..];
         let Some(mine) = line.keys.iter().position(|(_, n)| n == name) else {
@@ -668,7 +678,7 @@ impl EtcdBackend {
         for i in 0..count {
             let segment = req.key.segment(i);
             let queue = self.queue(&segment);
-            let ours = self.key_for(&segment, &queue, req.holder, lease);
+            let ours = self.key_for(&segment, req.kind, &queue, req.holder, lease);
             let line = self
                 .join(&segment, &queue, &ours, req.holder, lease, true)
                 .await?;
@@ -766,8 +776,9 @@ impl EtcdBackend {
     }
 
     /// Deletes our keys of `keys`, in one transaction. Whether any was
-    /// there. A key is named by its holder id, so this can only ever
-    /// delete this holder's own keys.
+    /// there. Only keys this holder's entries name are deleted, and a
+    /// key's name is this client's own (its lease and slot), so this can
+    /// only ever delete this holder's own keys.
     ///
     /// Unlike a Redis key, a key left behind by a release that got no
     /// answer lives as long as the client's lease, which the client's

@@ -11,7 +11,7 @@
 use deadpool_postgres::{GenericClient, PoolError};
 
 use super::table::PostgresBackend;
-use crate::backend::Found;
+use crate::backend::{Found, glob};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::redact::redact_secrets;
@@ -105,10 +105,7 @@ impl PostgresBackend {
     /// The names of the live locks (a lease not ended, or a shared lock's
     /// gate) that match the Redis glob `pattern`, on this database.
     pub(crate) async fn scan_keys(&self, pattern: &str) -> Result<Vec<(String, Vec<String>)>, LockError> {
-        let regex = glob_regex(pattern).ok_or_else(|| LockError::InvalidRequest {
-            key: pattern.to_owned(),
-            reason: "the pattern has a `[` without its `]`".into(),
-        })?;
+        let regex = glob_regex(pattern).ok_or_else(|| glob::unclosed(pattern))?;
         let sql = format!(
             "SELECT name FROM \"{}\" WHERE expires_at > clock_timestamp() AND name ~ $1 ORDER BY name",
             self.table
