@@ -136,7 +136,7 @@ async fn main() -> Result<(), Error> {
     run!("W0", w0_round_trip(&url));
     run!("W0", w0_pairs(&url));
     run!("W1", w1_uncontended(&url));
-    run!("W1", w1_in_process());
+    run!("W1m", w1_in_process());
     if wanted("W2") {
         let (w2_floor, w2) = w2_independent_keys(&url).await?;
         for report in [w2_floor, w2] {
