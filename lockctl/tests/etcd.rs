@@ -2,14 +2,13 @@
 //! starts, while services' locks of every kind are held (and waited for)
 //! in this process.
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LockMode, LockRequest};
 use lock_tests::Etcd;
 use lock_tests::etcd::LEASE_TTL;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 mod common;
 use common::{BOUND, find, json_lines};
@@ -208,26 +207,8 @@ async fn unlock_force_stops_the_holder_hands_over_and_keeps_tokens_growing() {
         async move {
             let etcd = Etcd::start();
             let other = locks(&etcd).await;
-            let (running, stuck_token) = common::stuck_holder(locks(&etcd).await, "stuck-job").await;
-
-            let refused = lockctl(&etcd, &["unlock", "stuck-job"]);
-            assert_eq!(refused.status.code(), Some(2));
-
-            let forced = json_lines(&lockctl(&etcd, &["--json", "unlock", "stuck-job", "--force"]));
-            assert_eq!(forced[0]["freed"], true);
-            common::expect_taken_over(running).await;
-            let next = other
-                .lock("stuck-job")
-                .fencing(true)
-                .wait(BOUND)
-                .acquire()
-                .await
-                .expect("free after the forced unlock");
-            let next_token = next.fencing_token().expect("a token was asked for");
-            assert!(next_token > stuck_token, "{next_token} after {stuck_token}");
-            next.release().await.expect("release");
-            let again = json_lines(&lockctl(&etcd, &["--json", "unlock", "stuck-job", "--force"]));
-            assert_eq!(again[0]["freed"], false, "nothing left to free");
+            common::a_stuck_holder_is_freed_by_force(locks(&etcd).await, &other, |args| lockctl(&etcd, args))
+                .await;
 
             // A read-write lock loses every reader at once; a waiting
             // writer keeps its place and gets the lock.
@@ -258,45 +239,11 @@ async fn watch_prints_acquisitions_and_releases() {
         let etcd = Etcd::start();
         let locks = locks(&etcd).await;
         let endpoints = etcd.endpoints().join(",");
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
-            .args([
-                "--etcd",
-                &endpoints,
-                "--etcd-root",
-                ROOT,
-                "--json",
-                "watch",
-                "--interval",
-                "20ms",
-            ])
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start lockctl watch");
-        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        let mut next_event = async || -> Value {
-            let line = tokio::time::timeout(BOUND, lines.next_line())
-                .await
-                .expect("an event within the bound")
-                .expect("read")
-                .expect("watch still running");
-            serde_json::from_str(&line).expect("a JSON line")
-        };
-
-        assert_eq!(next_event().await["event"], "started");
-        let guard = locks.lock("watched").acquire().await.expect("free");
-        let acquired = next_event().await;
-        assert_eq!(acquired["event"], "acquired");
-        assert_eq!(acquired["key"], "watched");
-        assert!(
-            acquired["holder"].as_str().is_some_and(|h| !h.is_empty()),
-            "{acquired}"
-        );
-        guard.release().await.expect("release");
-        let released = next_event().await;
-        assert_eq!(released["event"], "released");
-        assert_eq!(released["key"], "watched");
-        child.kill().await.expect("stop watch");
+        let target = ["--etcd", &endpoints, "--etcd-root", ROOT];
+        common::watch_prints_the_lock_coming_and_going(&target, &locks, |holder| {
+            assert!(!holder.is_empty(), "the acquisition names its holder");
+        })
+        .await;
     })
     .await
 }

@@ -2,16 +2,14 @@
 //! servers the harness starts, while services' locks are held in this
 //! process.
 
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LockMode};
 use lock_tests::{Cluster, RedisServer, Replicated, start_masters, until_waiting};
-use serde_json::Value;
 
 mod common;
 use common::{BOUND, find, json_lines, stdout};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 fn lockctl(args: &[&str]) -> Output {
     lock_tests::output_within_limit(
@@ -353,36 +351,10 @@ async fn watch_prints_acquisitions_and_releases() {
         let server = RedisServer::start();
         let url = server.url();
         let locks = LockClient::connect(&url).await.expect("connect");
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
-            .args(["--url", &url, "--json", "watch", "--interval", "20ms"])
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start lockctl watch");
-        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        let mut next_event = async || -> Value {
-            let line = tokio::time::timeout(BOUND, lines.next_line())
-                .await
-                .expect("an event within the bound")
-                .expect("read")
-                .expect("watch still running");
-            serde_json::from_str(&line).expect("a JSON line")
-        };
-
-        assert_eq!(next_event().await["event"], "started");
-        let guard = locks.lock("watched").acquire().await.expect("free");
-        let acquired = next_event().await;
-        assert_eq!(acquired["event"], "acquired");
-        assert_eq!(acquired["key"], "watched");
-        assert_eq!(
-            acquired["holder"].as_str(),
-            Some(holder_of(&server, "watched").as_str())
-        );
-        guard.release().await.expect("release");
-        let released = next_event().await;
-        assert_eq!(released["event"], "released");
-        assert_eq!(released["key"], "watched");
-        child.kill().await.expect("stop watch");
+        common::watch_prints_the_lock_coming_and_going(&["--url", &url], &locks, |holder| {
+            assert_eq!(holder, holder_of(&server, "watched"));
+        })
+        .await;
     })
     .await
 }

@@ -149,27 +149,7 @@ async fn unlock_force_stops_the_holder_hands_over_and_keeps_tokens_growing() {
             let url = server.url();
             let holder = client(&server).await;
             let other = client(&server).await;
-            let (running, stuck_token) = common::stuck_holder(holder, "stuck-job").await;
-
-            let refused = lockctl(&url, &["unlock", "stuck-job"]);
-            assert_eq!(refused.status.code(), Some(2));
-            assert!(String::from_utf8_lossy(&refused.stderr).contains("--force"));
-
-            let forced = json_lines(&lockctl(&url, &["--json", "unlock", "stuck-job", "--force"]));
-            assert_eq!(forced[0]["freed"], true);
-            common::expect_taken_over(running).await;
-            let next = other
-                .lock("stuck-job")
-                .fencing(true)
-                .wait(BOUND)
-                .acquire()
-                .await
-                .expect("free after the forced unlock");
-            let next_token = next.fencing_token().expect("a token was asked for");
-            assert!(next_token > stuck_token, "{next_token} after {stuck_token}");
-            next.release().await.expect("release");
-            let again = json_lines(&lockctl(&url, &["--json", "unlock", "stuck-job", "--force"]));
-            assert_eq!(again[0]["freed"], false, "nothing left to free");
+            common::a_stuck_holder_is_freed_by_force(holder, &other, |args| lockctl(&url, args)).await;
 
             // A read-write lock loses every reader at once: a writer gets in.
             let reader = other
@@ -204,5 +184,21 @@ async fn unlock_force_stops_the_holder_hands_over_and_keeps_tokens_growing() {
             assert!(matches!(fair.release().await, Err(LockError::NotHeld { .. })));
         },
     )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_acquisitions_and_releases() {
+    lock_tests::bounded("watch_prints_acquisitions_and_releases", async move {
+        let server = Postgres::start();
+        let url = server.url();
+        let locks = client(&server).await;
+        let target = ["--postgres", &url, "--postgres-table", TABLE];
+        common::watch_prints_the_lock_coming_and_going(&target, &locks, |holder| {
+            let query = format!("SELECT holder FROM {TABLE} WHERE name = 'lock:{{watched}}'");
+            assert_eq!([holder.to_owned()], *server.sql(&query));
+        })
+        .await;
+    })
     .await
 }

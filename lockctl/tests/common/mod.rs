@@ -97,3 +97,76 @@ pub(crate) fn fair_waiter(
         guard.release().await
     })
 }
+
+/// A stuck holder of `stuck-job` freed by `unlock --force` (and refused
+/// without `--force`): its body is stopped, `other` then takes the lock
+/// with a larger token, and a second forced unlock finds nothing to free.
+/// `lockctl` runs the binary against the backend under test.
+// The Redis file checks the release's announcement between these steps,
+// and has a test of its own.
+#[allow(dead_code)]
+pub(crate) async fn a_stuck_holder_is_freed_by_force(
+    holder: LockClient,
+    other: &LockClient,
+    lockctl: impl Fn(&[&str]) -> Output,
+) {
+    let (running, stuck_token) = stuck_holder(holder, "stuck-job").await;
+    let refused = lockctl(&["unlock", "stuck-job"]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--force"));
+
+    let forced = json_lines(&lockctl(&["--json", "unlock", "stuck-job", "--force"]));
+    assert_eq!(forced[0]["freed"], true);
+    expect_taken_over(running).await;
+    let next = other
+        .lock("stuck-job")
+        .fencing(true)
+        .wait(BOUND)
+        .acquire()
+        .await
+        .expect("free after the forced unlock");
+    let next_token = next.fencing_token().expect("a token was asked for");
+    assert!(next_token > stuck_token, "{next_token} after {stuck_token}");
+    next.release().await.expect("release");
+    let again = json_lines(&lockctl(&["--json", "unlock", "stuck-job", "--force"]));
+    assert_eq!(again[0]["freed"], false, "nothing left to free");
+}
+
+/// `lockctl <target> --json watch` while `locks` takes and gives back
+/// `watched`: it prints `started`, then the acquisition (whose holder
+/// `check_holder` is given while the lock is held), then the release.
+pub(crate) async fn watch_prints_the_lock_coming_and_going(
+    target: &[&str],
+    locks: &LockClient,
+    check_holder: impl FnOnce(&str),
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(target)
+        .args(["--json", "watch", "--interval", "20ms"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start lockctl watch");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut next_event = async || -> Value {
+        let line = tokio::time::timeout(BOUND, lines.next_line())
+            .await
+            .expect("an event within the bound")
+            .expect("read")
+            .expect("watch still running");
+        serde_json::from_str(&line).expect("a JSON line")
+    };
+
+    assert_eq!(next_event().await["event"], "started");
+    let guard = locks.lock("watched").acquire().await.expect("free");
+    let acquired = next_event().await;
+    assert_eq!(acquired["event"], "acquired");
+    assert_eq!(acquired["key"], "watched");
+    check_holder(acquired["holder"].as_str().unwrap_or_default());
+    guard.release().await.expect("release");
+    let released = next_event().await;
+    assert_eq!(released["event"], "released");
+    assert_eq!(released["key"], "watched");
+    child.kill().await.expect("stop watch");
+}
