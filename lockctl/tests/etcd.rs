@@ -187,11 +187,7 @@ async fn list_and_inspect_tell_holders_from_waiters_in_every_kind_of_line() {
             segment.release().await.expect("release");
             fair.release().await.expect("release");
             for waiting in [stock_waiter, writer, third, fair_waiter] {
-                tokio::time::timeout(BOUND, waiting)
-                    .await
-                    .expect("the waiter got the lock")
-                    .expect("join")
-                    .expect("acquired and released");
+                common::got_the_lock(waiting, "the waiter got the lock").await;
             }
             let listed = json_lines(&lockctl(&etcd, &["--json", "list"]));
             assert!(listed.is_empty(), "{listed:?}");
@@ -222,11 +218,7 @@ async fn unlock_force_stops_the_holder_hands_over_and_keeps_tokens_growing() {
             until_line_is(&etcd, "catalog", 2).await;
             let forced = json_lines(&lockctl(&etcd, &["--json", "unlock", "catalog", "--force"]));
             assert_eq!(forced[0]["freed"], true);
-            tokio::time::timeout(BOUND, writer)
-                .await
-                .expect("the writer got the lock")
-                .expect("join")
-                .expect("acquired and released");
+            common::got_the_lock(writer, "the writer got the lock").await;
             assert!(matches!(reader.release().await, Err(LockError::NotHeld { .. })));
         },
     )

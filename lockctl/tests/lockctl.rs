@@ -396,11 +396,7 @@ async fn a_fair_lock_shows_its_line_and_a_forced_unlock_hands_it_to_the_first_wa
                 .expect("a text payload");
             assert_eq!(Some(&announced), first_in_line.first());
             drop(announcements);
-            tokio::time::timeout(BOUND, waiter)
-                .await
-                .expect("the first in line got the lock")
-                .expect("join")
-                .expect("acquired and released");
+            common::got_the_lock(waiter, "the first in line got the lock").await;
             assert!(matches!(held.release().await, Err(LockError::NotHeld { .. })));
         },
     )

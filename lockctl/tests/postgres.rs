@@ -128,11 +128,7 @@ async fn list_and_inspect_show_every_kind_with_holders_time_left_fence_and_line(
             permit.release().await.expect("release");
             segment.release().await.expect("release");
             fair.release().await.expect("release");
-            tokio::time::timeout(BOUND, waiter)
-                .await
-                .expect("the waiter got the lock")
-                .expect("join")
-                .expect("acquired and released");
+            common::got_the_lock(waiter, "the waiter got the lock").await;
             let listed = json_lines(&lockctl(&url, &["--json", "list"]));
             assert!(listed.is_empty(), "{listed:?}");
         },
@@ -176,11 +172,7 @@ async fn unlock_force_stops_the_holder_hands_over_and_keeps_tokens_growing() {
             until_in_line(&server, "queue", 1).await;
             let forced = json_lines(&lockctl(&url, &["--json", "unlock", "queue", "--force"]));
             assert_eq!(forced[0]["freed"], true);
-            tokio::time::timeout(BOUND, waiter)
-                .await
-                .expect("the first in line got the lock")
-                .expect("join")
-                .expect("acquired and released");
+            common::got_the_lock(waiter, "the first in line got the lock").await;
             assert!(matches!(fair.release().await, Err(LockError::NotHeld { .. })));
         },
     )

@@ -62,6 +62,16 @@ pub(crate) async fn stuck_holder(
     (running, token)
 }
 
+/// Waits for a waiting task (one that takes a lock and gives it back) to
+/// have had its turn.
+pub(crate) async fn got_the_lock(task: tokio::task::JoinHandle<Result<(), LockError>>, what: &str) {
+    tokio::time::timeout(BOUND, task)
+        .await
+        .expect(what)
+        .expect("join")
+        .expect("acquired and released");
+}
+
 /// Waits for the stuck holder's body to be stopped, `Lost` to a takeover.
 pub(crate) async fn expect_taken_over(running: tokio::task::JoinHandle<Result<(), LockError>>) {
     let lost = tokio::time::timeout(BOUND, running)
