@@ -1,7 +1,8 @@
 //! Redis's glob (`*`, `?`, `[…]` with `^` and ranges, `\` escapes), which
 //! `lockctl list` takes on every backend, for the backends that keep their
 //! lock names in a store with no glob of its own (etcd ranges by prefix
-//! only).
+//! only; PostgreSQL turns the pattern into a regular expression, and shares
+//! only the error here).
 //!
 //! Written here rather than taken from a crate: the glob crates follow
 //! shell or gitignore rules (`/` is special, `[!…]` negates, `**` recurses),
@@ -11,6 +12,7 @@
 use crate::error::LockError;
 
 /// One element of a pattern.
+#[cfg(feature = "etcd")]
 #[derive(Debug, PartialEq, Eq)]
 enum Token {
     /// `*`: any run of characters, empty too.
@@ -26,6 +28,7 @@ enum Token {
 }
 
 /// A parsed pattern.
+#[cfg(feature = "etcd")]
 #[derive(Debug)]
 pub(crate) struct Glob(Vec<Token>);
 
@@ -38,6 +41,7 @@ pub(crate) fn unclosed(pattern: &str) -> LockError {
     }
 }
 
+#[cfg(feature = "etcd")]
 impl Glob {
     /// Parses `pattern`; `None` for an unclosed `[` or a trailing `\`.
     pub(crate) fn parse(pattern: &str) -> Option<Glob> {
@@ -121,6 +125,7 @@ impl Glob {
     }
 }
 
+#[cfg(feature = "etcd")]
 impl Token {
     fn takes(&self, c: char) -> bool {
         match self {
@@ -133,7 +138,7 @@ impl Token {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "etcd"))]
 mod tests {
     use super::*;
 
