@@ -61,6 +61,15 @@ fn holding(line: &[InLine]) -> Vec<bool> {
         .collect()
 }
 
+/// The keys of `line` that hold the lock, in line order.
+fn holders(line: &[InLine]) -> Vec<&InLine> {
+    line.iter()
+        .zip(holding(line))
+        .filter(|(_, held)| *held)
+        .map(|(entry, _)| entry)
+        .collect()
+}
+
 impl EtcdBackend {
     /// Runs an operator's `work` within the command timeout.
     async fn admin<T>(
@@ -147,9 +156,9 @@ impl EtcdBackend {
         let Some(head) = line.first() else {
             return Ok(None);
         };
-        let held = holding(&line);
+        let holders = holders(&line);
         let mut left_ms: HashMap<i64, i64> = HashMap::new();
-        for entry in line.iter().zip(&held).filter(|(_, h)| **h).map(|(e, _)| e) {
+        for entry in &holders {
             if left_ms.contains_key(&entry.lease) {
                 continue;
             }
@@ -161,13 +170,7 @@ impl EtcdBackend {
             left_ms.insert(entry.lease, ms);
         }
         let left = |entry: &InLine| left_ms.get(&entry.lease).copied().unwrap_or(-2);
-        let holders: Vec<&InLine> = line
-            .iter()
-            .zip(&held)
-            .filter(|(_, h)| **h)
-            .map(|(e, _)| e)
-            .collect();
-        let waiting = held.iter().filter(|h| !**h).count();
+        let waiting = line.len() - holders.len();
         let fence = holders
             .iter()
             .filter_map(|e| u64::try_from(e.create_revision).ok())
@@ -202,12 +205,7 @@ impl EtcdBackend {
         // again; a few rounds settle any line but one in constant churn.
         for _ in 0..5 {
             let line = self.admin(Some(key), self.read_line(&mut client, key)).await?;
-            let holders: Vec<&InLine> = line
-                .iter()
-                .zip(holding(&line))
-                .filter(|(_, h)| *h)
-                .map(|(e, _)| e)
-                .collect();
+            let holders = holders(&line);
             if holders.is_empty() {
                 return Ok(false);
             }
