@@ -33,6 +33,11 @@ use redis::aio::MultiplexedConnection;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// Every allocation counted (W1a's allocations per pair): an atomic
+/// increment each, the same for the library and its floors.
+#[global_allocator]
+static ALLOCATIONS: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
 const SEQUENTIAL_PAIRS: usize = 20_000;
 const W2_TASKS: usize = 64;
 const W2_MAX_PAIRS: usize = 200_000;
@@ -51,6 +56,7 @@ const W6_HOLD: Duration = Duration::from_secs(10);
 mod floor;
 mod plot;
 mod report;
+mod w1_accounting;
 mod w1_uncontended;
 mod w2_independent_keys;
 mod w3_contended;
@@ -69,6 +75,7 @@ mod wz_zookeeper;
 
 use floor::*;
 use report::*;
+use w1_accounting::*;
 use w1_uncontended::*;
 use w2_independent_keys::*;
 use w3_contended::*;
@@ -137,6 +144,12 @@ async fn main() -> Result<(), Error> {
     run!("W0", w0_pairs(&url));
     run!("W1", w1_uncontended(&url));
     run!("W1m", w1_in_process());
+    if wanted("W1a") {
+        for report in w1_accounting(&url).await? {
+            println!("{}", report.json());
+            reports.push(report);
+        }
+    }
     if wanted("W2") {
         let (w2_floor, w2) = w2_independent_keys(&url).await?;
         for report in [w2_floor, w2] {
@@ -277,6 +290,13 @@ fn summarise(reports: &[Report]) {
                     figure(l) / figure(p)
                 );
             }
+        }
+    }
+    if let (Some(floor), Some(library)) = (find("W1a floor"), find("W1a library")) {
+        println!("\n| W1a one pair, counted | floor | library | library / floor |\n|---|---|---|---|");
+        for (name, _) in &floor.extra {
+            let (f, l) = (floor.extra(name), library.extra(name));
+            println!("| {name} | {f:.2} | {l:.2} | {:.2} |", l / f);
         }
     }
     if find("WG1").is_some() {

@@ -67,7 +67,11 @@ impl Cleanup for Release {
         {
             return handed;
         }
-        match client.backend.release(&state.key, &state.holder).await {
+        match client
+            .backend
+            .release_lease(&state.key, &state.holder, state.token.is_some())
+            .await
+        {
             Ok(true) => {
                 tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, "lock released");
                 // Waiters in this process retry now, without waiting for the

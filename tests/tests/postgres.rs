@@ -157,6 +157,67 @@ async fn the_table_holds_a_row_per_held_lock_and_a_fence_per_fenced_key() {
     .await
 }
 
+/// An uncontended, unfenced pair costs the server a plain insert and a
+/// plain delete, as a hand-written lease row does: the whole statements
+/// (`WITH …`, which also handle re-entry, expiry, fenced rows and waiting
+/// marks) run only when a row is already there or outlives its holder.
+/// Counted by a statement-level trigger on the lock table, which records
+/// each statement's transaction (one per statement here: they run
+/// outside any transaction block; an upsert fires both its insert and its
+/// update trigger).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_unfenced_pair_is_a_plain_insert_and_a_plain_delete() {
+    lock_tests::bounded(
+        "an_uncontended_unfenced_pair_is_a_plain_insert_and_a_plain_delete",
+        async move {
+            let server = Postgres::start();
+            let locks = LockClient::postgres(&server.url()).await.expect("connect");
+            locks.lock("warm").run(async {}).await.expect("the table exists");
+            tokio::task::block_in_place(|| {
+                server.sql(
+                    "CREATE TABLE statements (whole boolean NOT NULL, xact xid8 NOT NULL); \
+                     CREATE FUNCTION count_statement() RETURNS trigger LANGUAGE plpgsql AS \
+                     $$ BEGIN INSERT INTO statements VALUES (current_query() LIKE 'WITH%', \
+                     pg_current_xact_id()); RETURN NULL; END $$; \
+                     CREATE TRIGGER counted AFTER INSERT OR UPDATE OR DELETE ON distributed_locks \
+                     FOR EACH STATEMENT EXECUTE FUNCTION count_statement()",
+                )
+            });
+            let counts = || {
+                tokio::task::block_in_place(|| {
+                    server.sql(
+                        "SELECT count(DISTINCT xact) FILTER (WHERE NOT whole) || ' ' || \
+                         count(DISTINCT xact) FILTER (WHERE whole) FROM statements",
+                    )
+                })
+            };
+            for _ in 0..3 {
+                locks.lock("lone").run(async {}).await.expect("free");
+            }
+            assert_eq!(counts(), ["6 0"], "plain statements, then whole ones");
+
+            // A fenced lock's row outlives its holders: the whole
+            // statements, and nothing tried before them.
+            locks
+                .lock("fenced")
+                .fencing(true)
+                .run(async {})
+                .await
+                .expect("fenced");
+            assert_eq!(counts(), ["6 2"]);
+            // An unfenced holder of that row: the plain statements find
+            // it there, and the whole ones free it, counter kept.
+            locks.lock("fenced").run(async {}).await.expect("unfenced");
+            assert_eq!(counts(), ["8 4"]);
+            assert_eq!(
+                tokio::task::block_in_place(|| row(&server, "fenced")),
+                Some((String::new(), "-infinity".into(), 1))
+            );
+        },
+    )
+    .await
+}
+
 /// Service instances starting at once against a database without the
 /// table all start: whichever creates it, the others find it made. Two
 /// `CREATE TABLE IF NOT EXISTS` at once can both pass the check, and the
@@ -682,14 +743,17 @@ async fn next_heard(
         .expect("the listener runs")
 }
 
-/// Counts the acquisition statements the server runs on the lock table: a
+/// Counts the attempts on held locks the server runs on the lock table: a
 /// statement-level trigger fires on every `INSERT … ON CONFLICT`, whether
-/// it takes the row or not.
+/// it takes the row or not, and counts the whole acquisition statement
+/// (`WITH taken …`), which an attempt that finds a row always runs, once
+/// (not the plain insert tried before it).
 fn count_attempts(server: &Postgres) {
     server.sql(
         "CREATE TABLE attempts (n bigint NOT NULL); INSERT INTO attempts VALUES (0); \
          CREATE FUNCTION count_attempt() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN UPDATE attempts SET n = n + 1; RETURN NULL; END $$; \
+         $$ BEGIN IF current_query() LIKE 'WITH taken%' THEN UPDATE attempts SET n = n + 1; END IF; \
+         RETURN NULL; END $$; \
          CREATE TRIGGER counted AFTER INSERT ON distributed_locks \
          FOR EACH STATEMENT EXECUTE FUNCTION count_attempt()",
     );

@@ -160,6 +160,25 @@ impl AnyBackend {
         }
     }
 
+    /// Releases a lease the lock's holder took, telling the backend
+    /// whether it was taken with a fencing token: on PostgreSQL a fenced
+    /// lock's row outlives its holders, and its release skips the plain
+    /// delete tried first for an unfenced one. The same as `release`
+    /// everywhere else.
+    pub(crate) async fn release_lease(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        fenced: bool,
+    ) -> Result<bool, Failure> {
+        #[cfg(feature = "postgres")]
+        if let (AnyBackend::Postgres(b), true) = (self, fenced) {
+            return Box::pin(b.release_fenced(key, holder)).await;
+        }
+        let _ = fenced;
+        self.release(key, holder).await
+    }
+
     /// Whether each waiter is told of its own turn by the backend
     /// ([`turn`](Self::turn)) rather than by release announcements.
     pub(crate) fn queues_waiters(&self) -> bool {

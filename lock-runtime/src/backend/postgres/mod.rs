@@ -4,9 +4,14 @@
 //! expiry and its fencing counter. Every decision is one statement on the
 //! server, judged by the server's clock (`clock_timestamp()`), never the
 //! client's:
-//! - acquire: an upsert that takes a missing, expired or already-own row,
-//!   and otherwise reports what is left of the holder's lease;
-//! - renew, release: `UPDATE` / `DELETE … WHERE name = $1 AND holder = $2`;
+//! - acquire: a plain insert when no fencing is asked (a lock with no row,
+//!   the common case); if a row is there, an upsert that takes a missing,
+//!   expired or already-own row, and otherwise reports what is left of the
+//!   holder's lease;
+//! - renew: `UPDATE … WHERE name = $1 AND holder = $2`;
+//! - release: a plain `DELETE … WHERE name = $1 AND holder = $2` of a row
+//!   never fenced; if none went, the statement that also frees a fenced row
+//!   and keeps its counter;
 //! - the watchdog's renewals of many leases: one `UPDATE … FROM unnest(…)`.
 //!
 //! Unlike `pg_advisory_lock`, a lease is not tied to a session: a pooled
@@ -151,6 +156,15 @@ impl PostgresBackend {
         let step = i64::from(req.fencing);
         self.run(req.key, "acquire", || async {
             let client = self.pool.get().await?;
+            if !req.fencing {
+                let statement = client.prepare_cached(&self.sql.take_free).await?;
+                let row = client
+                    .query_opt(&statement, &[&name, &req.holder, &ttl_us, &step])
+                    .await?;
+                if row.is_some() {
+                    return Ok(Ok(AcquireReply::acquired(None)));
+                }
+            }
             Ok(match self.take(&client, name, req.holder, ttl_us, step).await? {
                 Taken::Ours(token) => Ok(AcquireReply::acquired(req.fencing.then_some(token))),
                 Taken::Held(left, None) => Ok(held(left, 0)),
@@ -293,31 +307,83 @@ impl PostgresBackend {
 
     /// Releases `names` (each with the channel its waiters watch), and
     /// announces each one that someone waits for.
+    ///
+    /// With `plain_first`, each name is first deleted by the plain
+    /// statement, which frees a row never fenced, and the whole release
+    /// runs only for the names it did not free (fenced rows, or rows no
+    /// longer this holder's); a fenced lock's release skips it.
     async fn release_names(
         &self,
         key: &LockKey,
         names: &[&str],
         channels: &[&str],
         holder: &str,
+        plain_first: bool,
     ) -> Result<bool, Failure> {
         self.run(key, "release", || async {
             let client = self.pool.get().await?;
-            let statement = client.prepare_cached(&self.sql.release).await?;
+            let client = &client;
             // One statement a name, sent together: the connection
             // pipelines them, so several cost about one round trip.
-            let (client, statement) = (&client, &statement);
-            let releases = names.iter().zip(channels).map(|(name, channel)| async move {
-                client
-                    .query_one(statement, &[name, &holder, channel, &self.sql.channel])
-                    .await
-            });
-            let mut released = false;
-            for row in futures_util::future::try_join_all(releases).await? {
+            let mut left = vec![true; names.len()];
+            if plain_first {
+                let unfenced = client.prepare_cached(&self.sql.release_unfenced).await?;
+                let unfenced = &unfenced;
+                let plain = names.iter().zip(channels).map(|(name, channel)| async move {
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                        [name, &holder, channel, &self.sql.channel];
+                    Ok::<_, tokio_postgres::Error>(client.query_opt(unfenced, &params).await?.is_none())
+                });
+                left = futures_util::future::try_join_all(plain).await?;
+                if left.iter().all(|left| !left) {
+                    return Ok(true);
+                }
+            }
+            let statement = client.prepare_cached(&self.sql.release).await?;
+            let statement = &statement;
+            let rest = names
+                .iter()
+                .zip(channels)
+                .zip(&left)
+                .filter(|(_, left)| **left)
+                .map(|((name, channel), _)| async move {
+                    client
+                        .query_one(statement, &[name, &holder, channel, &self.sql.channel])
+                        .await
+                });
+            let mut released = left.iter().any(|left| !left);
+            for row in futures_util::future::try_join_all(rest).await? {
                 released |= row.try_get::<_, i64>(0)? > 0;
             }
             Ok(released)
         })
         .await
+    }
+
+    /// Releases a lock taken with a fencing token: its row stays, freed,
+    /// so the plain delete is not tried.
+    pub(crate) async fn release_fenced(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        self.release_holder(key, holder, false).await
+    }
+
+    async fn release_holder(&self, key: &LockKey, holder: &str, plain_first: bool) -> Result<bool, Failure> {
+        if is_member(holder) {
+            return self.release_member(key, holder).await;
+        }
+        let released = self
+            .release_names(
+                key,
+                &[key.redis_key.as_str()],
+                &[key.channel.as_str()],
+                holder,
+                plain_first,
+            )
+            .await?;
+        if !released && holder.starts_with("f:") {
+            // A fair lock's waiter that stops waiting gives up its place.
+            return self.leave_line(key, holder).await;
+        }
+        Ok(released)
     }
 }
 
@@ -334,17 +400,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        if is_member(holder) {
-            return self.release_member(key, holder).await;
-        }
-        let released = self
-            .release_names(key, &[key.redis_key.as_str()], &[key.channel.as_str()], holder)
-            .await?;
-        if !released && holder.starts_with("f:") {
-            // A fair lock's waiter that stops waiting gives up its place.
-            return self.leave_line(key, holder).await;
-        }
-        Ok(released)
+        self.release_holder(key, holder, true).await
     }
 
     async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
@@ -353,7 +409,7 @@ impl Backend for PostgresBackend {
         };
         let names: Vec<&str> = keys.iter().map(|k| k.redis_key.as_str()).collect();
         let channels: Vec<&str> = keys.iter().map(|k| k.channel.as_str()).collect();
-        self.release_names(first, &names, &channels, holder).await
+        self.release_names(first, &names, &channels, holder, true).await
     }
 
     async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
@@ -361,7 +417,7 @@ impl Backend for PostgresBackend {
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         // Every segment's waiters watch the lock's channel.
         let channels = vec![key.channel.as_str(); names.len()];
-        self.release_names(key, &names, &channels, holder).await
+        self.release_names(key, &names, &channels, holder, true).await
     }
 
     async fn renew(
