@@ -158,10 +158,7 @@ impl PostgresBackend {
             let client = self.pool.get().await?;
             if !req.fencing {
                 let statement = client.prepare_cached(&self.sql.take_free).await?;
-                let row = client
-                    .query_opt(&statement, &[&name, &req.holder, &ttl_us, &step])
-                    .await?;
-                if row.is_some() {
+                if client.execute(&statement, &[&name, &req.holder, &ttl_us]).await? == 1 {
                     return Ok(Ok(AcquireReply::acquired(None)));
                 }
             }

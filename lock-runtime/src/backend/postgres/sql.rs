@@ -87,16 +87,16 @@ impl Statements {
                  WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM taken)",
                 lease = lease("$3"),
             ),
-            // Parameters: name, holder, ttl µs, fence step. The common
-            // case of `acquire`, a lock with no row, at a third of its
-            // server time: a plain insert that takes the row if there is
-            // none and does nothing at all (no write, no commit to wait
-            // for) if there is one. Returns the fence counter, or no row:
-            // then `acquire` decides. Not tried for a fenced lock, whose
-            // row outlives its holders.
+            // Parameters: name, holder, ttl µs. The common case of
+            // `acquire`, a lock with no row, at a third of its server
+            // time: a plain insert that takes the row if there is none and
+            // does nothing at all (no write, no commit to wait for) if
+            // there is one. One row inserted: taken, never fenced; none:
+            // `acquire` decides. Not tried for a fenced lock, whose row
+            // outlives its holders.
             take_free: format!(
-                "INSERT INTO {t} (name, holder, expires_at, fence) VALUES ($1, $2, {lease}, $4::bigint) \
-                 ON CONFLICT (name) DO NOTHING RETURNING fence",
+                "INSERT INTO {t} (name, holder, expires_at) VALUES ($1, $2, {lease}) \
+                 ON CONFLICT (name) DO NOTHING",
                 lease = lease("$3"),
             ),
             // Parameters: ttl µs, name, holder. A lease that already
