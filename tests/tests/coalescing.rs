@@ -18,11 +18,19 @@ async fn client(server: &RedisServer) -> LockClient {
     LockClient::connect(&server.url()).await.expect("connect")
 }
 
-/// One pair, so that no call after it meets NOSCRIPT and every pair after
-/// it costs the same.
-async fn load_the_release_script(locks: &LockClient) {
-    let lease = locks.lock("warm-up").acquire().await.expect("acquired");
-    lease.release().await.expect("released");
+/// Four pairs released at once, so that both release scripts are loaded
+/// (two releases go alone, `release_one.lua`, and the others together,
+/// `coalesced.lua`): no call after this meets NOSCRIPT, and every pair
+/// after it costs the same.
+async fn load_the_release_scripts(locks: &LockClient) {
+    let leases: Vec<LockGuard> = join_all((0..4).map(|i| locks.lock(format!("warm-up:{i}")).acquire()))
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("acquired");
+    for result in join_all(leases.into_iter().map(LockGuard::release)).await {
+        result.expect("released");
+    }
 }
 
 fn holder_of(server: &RedisServer, key: &str) -> Option<String> {
@@ -47,7 +55,7 @@ async fn concurrent_releases_go_out_as_one_call() {
         let server = RedisServer::start();
         let locks = client(&server).await;
         const TASKS: usize = 64;
-        load_the_release_script(&locks).await;
+        load_the_release_scripts(&locks).await;
 
         let before = server.command_calls();
         let leases: Vec<LockGuard> = join_all((0..TASKS).map(|i| locks.lock(format!("own:{i}")).acquire()))
@@ -88,7 +96,7 @@ async fn a_lone_caller_sends_its_own_commands_at_once() {
     lock_tests::bounded("a_lone_caller_sends_its_own_commands_at_once", async {
         let server = RedisServer::start();
         let locks = client(&server).await;
-        load_the_release_script(&locks).await;
+        load_the_release_scripts(&locks).await;
 
         let before = server.command_calls();
         for _ in 0..20 {
@@ -186,11 +194,20 @@ fn releases_cut_off_by_a_runtime_shutdown_leave_the_client_usable() {
         .expect("runtime");
     second.block_on(async {
         let released = tokio::time::timeout(Duration::from_secs(10), async {
-            let leases: Vec<LockGuard> = join_all((0..8).map(|i| locks.lock(format!("after:{i}")).acquire()))
-                .await
-                .into_iter()
-                .collect::<Result<_, _>>()
-                .expect("acquired");
+            // A wait: the connection died with the first runtime, and the
+            // client's reconnection (started by the first call that meets
+            // it dead) can take longer than one immediate retry on a
+            // loaded machine; what is tested is that releases go out again.
+            let leases: Vec<LockGuard> = join_all((0..8).map(|i| {
+                locks
+                    .lock(format!("after:{i}"))
+                    .wait(Duration::from_secs(5))
+                    .acquire()
+            }))
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .expect("acquired");
             for result in join_all(leases.into_iter().map(LockGuard::release)).await {
                 result.expect("released");
             }

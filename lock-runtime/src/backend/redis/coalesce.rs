@@ -5,12 +5,12 @@
 //! several times a native command (the call, its arguments, a Lua frame):
 //! many tasks releasing their own locks at once would pay that per release.
 //! So a few calls are out at a time: a caller that finds a slot free sends
-//! its release at once, exactly as without coalescing (a lone caller pays
-//! nothing); callers that arrive while every slot is taken queue, and the next
-//! flush sends all of them as one call of `coalesced.lua`, each caller woken
-//! with its own result. (Acquisitions are not coalesced: a native `SET NX PX`
-//! costs the server less than the same `SET` from a script, and the
-//! connection already pipelines them.)
+//! its release at once (`release_one.lua`), exactly as without coalescing
+//! (a lone caller pays nothing); callers that arrive while every slot is
+//! taken queue, and the next flush sends all of them as one call of
+//! `coalesced.lua`, each caller woken with its own result. (Acquisitions
+//! are not coalesced: a native `SET NX PX` costs the server less than the
+//! same `SET` from a script, and the connection already pipelines them.)
 //!
 //! Calls reach the server in the order their releases were taken: each is
 //! first polled, which puts it in the connection's pipeline, under the
@@ -35,6 +35,8 @@ use super::Connection;
 /// Without the prelude the other scripts share: it needs none of it, and
 /// defining it would cost every call.
 static COALESCED: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/coalesced.lua")));
+/// A release sent alone: `coalesced.lua` for one, with an integer reply.
+static RELEASE_ONE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/release_one.lua")));
 
 /// Calls are coalesced on one node (or a Sentinel's master) only, where
 /// releases are announced with PUBLISH.
@@ -279,17 +281,13 @@ impl Queued {
 /// One release as its own call (`announce`: 'publish' on one node,
 /// 'spublish' on a cluster).
 pub(crate) async fn send_alone<C: Connection>(conn: &mut C, op: Op<'_>, announce: &str) -> RedisResult<i64> {
-    let results: Vec<i64> = COALESCED
+    RELEASE_ONE
         .key(op.key)
         .key(op.channel)
         .arg(announce)
         .arg(op.holder)
         .invoke_async(conn)
-        .await?;
-    match results.as_slice() {
-        [released] => Ok(*released),
-        _ => Err(unexpected_reply(1, results.len())),
-    }
+        .await
 }
 
 fn flush_lost() -> RedisError {

@@ -368,7 +368,8 @@ impl<C: Connection> Backend for RedisBackend<C> {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        // Every exclusive release is `coalesced.lua`, alone or with others;
+        // Every exclusive release is `release_one.lua` alone, or
+        // `coalesced.lua` with others;
         // `release.lua` is for the kinds with lines and sorted sets.
         if is_exclusive_holder(holder) {
             let op = Op {
