@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LostReason};
+use lock_tests::monitor::{self, Monitor};
 use lock_tests::{RedisServer, eventually};
 
 const REDIS_KEY: &str = "lock:{exit}";
@@ -193,30 +194,42 @@ async fn a_body_that_outlives_a_fixed_lease_is_cancelled_before_expiry() {
                 }
             }
 
-            let pttl_at_drop = Arc::new(Mutex::new(None));
-            let witness = OnDrop {
-                server: &server,
-                pttl_at_drop: Arc::clone(&pttl_at_drop),
-            };
-            let err = locks
-                .lock("exit")
-                .ttl(Duration::from_millis(300))
-                .renew(false)
-                .run(async move {
-                    let _witness = witness;
-                    std::future::pending::<()>().await
-                })
-                .await
-                .expect_err("lease runs out");
-            assert!(
-                matches!(err, LockError::Lost { ref key, reason: LostReason::LeaseEnded } if key == "exit"),
-                "{err}"
-            );
-            let pttl = pttl_at_drop.lock().expect("not poisoned").expect("body dropped");
-            assert!(
-                pttl > 0,
-                "body dropped only after the server expired the key (PTTL {pttl})"
-            );
+            // The body is cancelled within the lease's drift allowance of
+            // its end: a process starved past that cannot be on time, and
+            // such a run says nothing and is run again.
+            let ttl = Duration::from_millis(300);
+            for run in 1..=3 {
+                let monitor = Monitor::start();
+                let pttl_at_drop = Arc::new(Mutex::new(None));
+                let witness = OnDrop {
+                    server: &server,
+                    pttl_at_drop: Arc::clone(&pttl_at_drop),
+                };
+                let err = locks
+                    .lock("exit")
+                    .ttl(ttl)
+                    .renew(false)
+                    .run(async move {
+                        let _witness = witness;
+                        std::future::pending::<()>().await
+                    })
+                    .await
+                    .expect_err("lease runs out");
+                assert!(
+                    matches!(err, LockError::Lost { ref key, reason: LostReason::LeaseEnded } if key == "exit"),
+                    "{err}"
+                );
+                let pttl = pttl_at_drop.lock().expect("not poisoned").expect("body dropped");
+                if pttl > 0 {
+                    return;
+                }
+                assert!(
+                    monitor.worst() > monitor::bound(ttl) && run < 3,
+                    "body dropped only after the server expired the key (PTTL {pttl}; starved at most {:?})",
+                    monitor.worst()
+                );
+                eprintln!("run {run} INVALID: starved {:?}", monitor.worst());
+            }
         },
     )
     .await
