@@ -11,6 +11,7 @@
 //! cargo run --release -p lock-bench -- --only WM    # MariaDB (MySQL backend)
 //! cargo run --release -p lock-bench -- --only WZ    # ZooKeeper
 //! cargo run --release -p lock-bench -- --only WG    # PostgreSQL
+//! cargo run --release -p lock-bench -- --only WG1 --pg-url postgres://…   # WG0+WG1 there
 //! cargo run --release -p lock-bench -- --only WE    # etcd
 //! cargo run --release -p lock-bench -- --only W1,W2,W3,W4,WP   # against rslock 0.10
 //! ```
@@ -201,8 +202,14 @@ async fn main() -> Result<(), Error> {
             reports.push(report);
         }
     }
-    if wanted("WG") {
-        for report in wg_postgres().await? {
+    // `--only WG1`: PostgreSQL's uncontended rounds alone.
+    let wg1_only = only.as_deref().is_some_and(|o| o.split(',').any(|p| p == "WG1"));
+    if wanted("WG") || wg1_only {
+        let given = args
+            .iter()
+            .position(|a| a == "--pg-url")
+            .and_then(|i| args.get(i + 1));
+        for report in wg_postgres(given.map(String::as_str), wg1_only).await? {
             println!("{}", report.json());
             reports.push(report);
         }

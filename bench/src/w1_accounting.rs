@@ -17,6 +17,8 @@ const PAIRS: usize = 5_000;
 
 /// What the server and the client spent on `PAIRS` pairs.
 struct Spent {
+    elapsed: Duration,
+    latencies: Vec<Duration>,
     /// Per command: (calls, µs of server time).
     commands: BTreeMap<String, (u64, u64)>,
     reads: u64,
@@ -101,14 +103,20 @@ where
     }
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(conn).await?;
     let server_cpu = server_cpu_so_far(conn).await?;
-    let (cpu, allocated) = (process_cpu(), ALLOCATIONS.stats());
+    let mut latencies = Vec::with_capacity(PAIRS);
+    let (cpu, allocated, start) = (process_cpu(), ALLOCATIONS.stats(), Instant::now());
     for i in 0..PAIRS {
+        let t = Instant::now();
         pair(i).await?;
+        latencies.push(t.elapsed());
     }
+    let elapsed = start.elapsed();
     let (cpu, allocated) = (process_cpu() - cpu, ALLOCATIONS.stats() - allocated);
     let server_cpu = server_cpu_so_far(conn).await?.saturating_sub(server_cpu);
     let stats: String = redis::cmd("INFO").arg("stats").query_async(conn).await?;
     Ok(Spent {
+        elapsed,
+        latencies,
         commands: command_stats(conn).await?,
         // Less the measuring's own: two INFO cpu and this INFO.
         reads: stat(&stats, "total_reads_processed").saturating_sub(3),
@@ -123,7 +131,7 @@ where
 
 impl Spent {
     /// One JSON line per command, then the pair's totals as a report.
-    fn report(&self, workload: &'static str) -> Report {
+    fn report(self, workload: &'static str) -> Report {
         let per_pair = |n: u64| n as f64 / PAIRS as f64;
         for (command, (calls, usec)) in &self.commands {
             println!(
@@ -138,6 +146,7 @@ impl Spent {
         Report {
             workload,
             ops: PAIRS,
+            elapsed: self.elapsed,
             extra: vec![
                 ("commands_per_pair_scripts_inner_too", per_pair(calls)),
                 ("round_trips_per_pair", per_pair(self.reads)),
@@ -154,7 +163,7 @@ impl Spent {
                 ("allocations_per_pair", per_pair(self.allocations)),
                 ("allocated_bytes_per_pair", per_pair(self.allocated_bytes)),
             ],
-            ..Report::default()
+            latencies: self.latencies,
         }
     }
 }

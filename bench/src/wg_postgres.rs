@@ -22,10 +22,17 @@ const LEASE_TRY: &str = "INSERT INTO floor_leases (name, holder, expires_at) \
      VALUES ($1, $2, clock_timestamp() + interval '30 seconds') ON CONFLICT (name) DO NOTHING";
 const LEASE_FREE: &str = "DELETE FROM floor_leases WHERE name = $1 AND holder = $2";
 
-/// Every WG workload on a PostgreSQL the bench starts.
-pub(crate) async fn wg_postgres() -> Result<Vec<Report>, Error> {
-    let server = tokio::task::block_in_place(lock_tests::Postgres::start);
-    let url = server.url();
+/// Every WG workload on a PostgreSQL the bench starts, or on the one at
+/// `given` (`--pg-url`: a server with `pg_stat_statements`, say, to see
+/// where the time goes); WG0 and WG1 alone with `uncontended_only`.
+pub(crate) async fn wg_postgres(given: Option<&str>, uncontended_only: bool) -> Result<Vec<Report>, Error> {
+    let server = given
+        .is_none()
+        .then(|| tokio::task::block_in_place(lock_tests::Postgres::start));
+    let url = given
+        .map(str::to_owned)
+        .or_else(|| server.as_ref().map(lock_tests::Postgres::url))
+        .unwrap_or_default();
     let locks = LockClient::postgres(&url).await?;
     let mut reports = Vec::new();
     // Floors and library in alternating rounds, so that each sees the
@@ -45,6 +52,9 @@ pub(crate) async fn wg_postgres() -> Result<Vec<Report>, Error> {
         }
         reports.push(floor);
         reports.push(ours);
+    }
+    if uncontended_only {
+        return Ok(reports);
     }
     reports.push(wg2_floor_handoff(&url).await?);
     reports.push(wg2_handoff(&url).await?);
