@@ -23,11 +23,18 @@ async fn client(server: &RedisServer) -> LockClient {
 /// `coalesced.lua`): no call after this meets NOSCRIPT, and every pair
 /// after it costs the same.
 async fn load_the_release_scripts(locks: &LockClient) {
-    let leases: Vec<LockGuard> = join_all((0..4).map(|i| locks.lock(format!("warm-up:{i}")).acquire()))
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()
-        .expect("acquired");
+    take_and_release_at_once(locks, "warm-up", 4, Duration::ZERO).await;
+}
+
+/// Takes `count` locks (`{prefix}:{i}`), each waiting up to `wait`, then
+/// releases them all at once.
+async fn take_and_release_at_once(locks: &LockClient, prefix: &str, count: usize, wait: Duration) {
+    let leases: Vec<LockGuard> =
+        join_all((0..count).map(|i| locks.lock(format!("{prefix}:{i}")).wait(wait).acquire()))
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .expect("acquired");
     for result in join_all(leases.into_iter().map(LockGuard::release)).await {
         result.expect("released");
     }
@@ -193,25 +200,14 @@ fn releases_cut_off_by_a_runtime_shutdown_leave_the_client_usable() {
         .build()
         .expect("runtime");
     second.block_on(async {
-        let released = tokio::time::timeout(Duration::from_secs(10), async {
-            // A wait: the connection died with the first runtime, and the
-            // client's reconnection (started by the first call that meets
-            // it dead) can take longer than one immediate retry on a
-            // loaded machine; what is tested is that releases go out again.
-            let leases: Vec<LockGuard> = join_all((0..8).map(|i| {
-                locks
-                    .lock(format!("after:{i}"))
-                    .wait(Duration::from_secs(5))
-                    .acquire()
-            }))
-            .await
-            .into_iter()
-            .collect::<Result<_, _>>()
-            .expect("acquired");
-            for result in join_all(leases.into_iter().map(LockGuard::release)).await {
-                result.expect("released");
-            }
-        })
+        // A wait: the connection died with the first runtime, and the
+        // client's reconnection (started by the first call that meets it
+        // dead) can take longer than one immediate retry on a loaded
+        // machine; what is tested is that releases go out again.
+        let released = tokio::time::timeout(
+            Duration::from_secs(10),
+            take_and_release_at_once(&locks, "after", 8, Duration::from_secs(5)),
+        )
         .await;
         assert!(
             released.is_ok(),
