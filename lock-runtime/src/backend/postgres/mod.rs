@@ -156,7 +156,9 @@ impl PostgresBackend {
         let step = i64::from(req.fencing);
         self.run(req.key, "acquire", || async {
             let client = self.pool.get().await?;
-            if !req.fencing {
+            // The first attempt, which most often finds the lock free, and
+            // not a fenced one, whose row outlives its holders.
+            if req.first && !req.fencing {
                 let statement = client.prepare_cached(&self.sql.take_free).await?;
                 if client.execute(&statement, &[&name, &req.holder, &ttl_us]).await? == 1 {
                     return Ok(Ok(AcquireReply::acquired(None)));
@@ -305,10 +307,13 @@ impl PostgresBackend {
     /// Releases `names` (each with the channel its waiters watch), and
     /// announces each one that someone waits for.
     ///
-    /// With `plain_first`, each name is first deleted by the plain
-    /// statement, which frees a row never fenced, and the whole release
-    /// runs only for the names it did not free (fenced rows, or rows no
-    /// longer this holder's); a fenced lock's release skips it.
+    /// With `plain_first` (a held lock's release, not fenced), each name is
+    /// first deleted by the plain statement, which frees a row never
+    /// fenced, and the whole release runs only for the names it did not
+    /// free (fenced rows, or rows no longer this holder's). The undoing of
+    /// an attempt (`release_many`, `release_segments`) skips it: most of
+    /// the names it is given are not the holder's, and the plain
+    /// statement would only add a round trip.
     async fn release_names(
         &self,
         key: &LockKey,
@@ -322,34 +327,39 @@ impl PostgresBackend {
             let client = &client;
             // One statement a name, sent together: the connection
             // pipelines them, so several cost about one round trip.
-            let mut left = vec![true; names.len()];
+            let mut rest: Vec<(&str, &str)> = names.iter().copied().zip(channels.iter().copied()).collect();
+            let mut released = false;
             if plain_first {
-                let unfenced = client.prepare_cached(&self.sql.release_unfenced).await?;
-                let unfenced = &unfenced;
-                let plain = names.iter().zip(channels).map(|(name, channel)| async move {
-                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                        [name, &holder, channel, &self.sql.channel];
-                    Ok::<_, tokio_postgres::Error>(client.query_opt(unfenced, &params).await?.is_none())
-                });
-                left = futures_util::future::try_join_all(plain).await?;
-                if left.iter().all(|left| !left) {
-                    return Ok(true);
-                }
+                let plain = client.prepare_cached(&self.sql.release_unfenced).await?;
+                let plain = &plain;
+                let freed =
+                    futures_util::future::try_join_all(rest.iter().map(|(name, channel)| async move {
+                        let row = client
+                            .query_opt(plain, &[name, &holder, channel, &self.sql.channel])
+                            .await?;
+                        Ok::<_, tokio_postgres::Error>(row.is_some())
+                    }))
+                    .await?;
+                released = freed.contains(&true);
+                rest = rest
+                    .into_iter()
+                    .zip(freed)
+                    .filter(|(_, freed)| !freed)
+                    .map(|(r, _)| r)
+                    .collect();
             }
-            let statement = client.prepare_cached(&self.sql.release).await?;
-            let statement = &statement;
-            let rest = names
-                .iter()
-                .zip(channels)
-                .zip(&left)
-                .filter(|(_, left)| **left)
-                .map(|((name, channel), _)| async move {
-                    client
-                        .query_one(statement, &[name, &holder, channel, &self.sql.channel])
-                        .await
-                });
-            let mut released = left.iter().any(|left| !left);
-            for row in futures_util::future::try_join_all(rest).await? {
+            if rest.is_empty() {
+                return Ok(released);
+            }
+            let whole = client.prepare_cached(&self.sql.release).await?;
+            let whole = &whole;
+            let rows = futures_util::future::try_join_all(rest.iter().map(|(name, channel)| async move {
+                client
+                    .query_one(whole, &[name, &holder, channel, &self.sql.channel])
+                    .await
+            }))
+            .await?;
+            for row in rows {
                 released |= row.try_get::<_, i64>(0)? > 0;
             }
             Ok(released)
@@ -406,7 +416,7 @@ impl Backend for PostgresBackend {
         };
         let names: Vec<&str> = keys.iter().map(|k| k.redis_key.as_str()).collect();
         let channels: Vec<&str> = keys.iter().map(|k| k.channel.as_str()).collect();
-        self.release_names(first, &names, &channels, holder, true).await
+        self.release_names(first, &names, &channels, holder, false).await
     }
 
     async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
@@ -414,7 +424,7 @@ impl Backend for PostgresBackend {
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         // Every segment's waiters watch the lock's channel.
         let channels = vec![key.channel.as_str(); names.len()];
-        self.release_names(key, &names, &channels, holder, true).await
+        self.release_names(key, &names, &channels, holder, false).await
     }
 
     async fn renew(
