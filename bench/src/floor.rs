@@ -126,3 +126,17 @@ impl Locker for FloorLocker {
         Ok(())
     }
 }
+
+/// The server's CPU time so far (`INFO cpu`: user + system, every thread).
+pub(crate) async fn server_cpu(conn: &mut MultiplexedConnection) -> Result<Duration, Error> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+    let seconds: f64 = info
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum();
+    Ok(Duration::from_secs_f64(seconds))
+}

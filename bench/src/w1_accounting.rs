@@ -25,26 +25,11 @@ struct Spent {
     bytes_in: u64,
     bytes_out: u64,
     cpu: Duration,
-    /// The server's main thread's CPU time (`INFO cpu`): commands, reads,
-    /// writes and the event loop.
+    /// The server's CPU time (`INFO cpu`): commands, reads, writes and the
+    /// event loop.
     server_cpu: Duration,
     allocations: u64,
     allocated_bytes: u64,
-}
-
-/// The CPU time of every thread of this process so far: the first field
-/// of each thread's `schedstat`, in nanoseconds (exact, where `getrusage`
-/// counts ticks).
-fn process_cpu() -> Duration {
-    let Ok(threads) = std::fs::read_dir("/proc/self/task") else {
-        return Duration::ZERO;
-    };
-    let nanos: u64 = threads
-        .filter_map(Result::ok)
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    Duration::from_nanos(nanos)
 }
 
 /// `INFO commandstats`: per command, its calls and its µs, without the
@@ -68,20 +53,6 @@ async fn command_stats(conn: &mut MultiplexedConnection) -> Result<BTreeMap<Stri
         .collect())
 }
 
-/// The server's main thread's CPU time so far.
-async fn server_cpu_so_far(conn: &mut MultiplexedConnection) -> Result<Duration, Error> {
-    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
-    let seconds = |key: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    Ok(Duration::from_secs_f64(
-        seconds("used_cpu_user_main_thread") + seconds("used_cpu_sys_main_thread"),
-    ))
-}
-
 /// One field of `INFO stats`.
 fn stat(info: &str, key: &str) -> u64 {
     info.lines()
@@ -102,17 +73,17 @@ where
         pair(i).await?;
     }
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(conn).await?;
-    let server_cpu = server_cpu_so_far(conn).await?;
+    let server_before = server_cpu(conn).await?;
     let mut latencies = Vec::with_capacity(PAIRS);
-    let (cpu, allocated, start) = (process_cpu(), ALLOCATIONS.stats(), Instant::now());
+    let (cpu, allocated, start) = (cpu_time(), ALLOCATIONS.stats(), Instant::now());
     for i in 0..PAIRS {
         let t = Instant::now();
         pair(i).await?;
         latencies.push(t.elapsed());
     }
     let elapsed = start.elapsed();
-    let (cpu, allocated) = (process_cpu() - cpu, ALLOCATIONS.stats() - allocated);
-    let server_cpu = server_cpu_so_far(conn).await?.saturating_sub(server_cpu);
+    let (cpu, allocated) = (cpu_time() - cpu, ALLOCATIONS.stats() - allocated);
+    let server_cpu = server_cpu(conn).await?.saturating_sub(server_before);
     let stats: String = redis::cmd("INFO").arg("stats").query_async(conn).await?;
     Ok(Spent {
         elapsed,

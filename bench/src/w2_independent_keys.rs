@@ -123,17 +123,3 @@ pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report), E
         .push(("median_round_ratio_to_floor", ratios[ratios.len() / 2]));
     Ok((floor, library))
 }
-
-/// The server's CPU time so far (`INFO cpu`: user + system, every thread).
-async fn server_cpu(conn: &mut MultiplexedConnection) -> Result<Duration, Error> {
-    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
-    let seconds: f64 = info
-        .lines()
-        .filter_map(|l| {
-            l.strip_prefix("used_cpu_user:")
-                .or_else(|| l.strip_prefix("used_cpu_sys:"))
-        })
-        .filter_map(|v| v.trim().parse::<f64>().ok())
-        .sum();
-    Ok(Duration::from_secs_f64(seconds))
-}
