@@ -75,14 +75,14 @@ where
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(conn).await?;
     let server_before = server_cpu(conn).await?;
     let mut latencies = Vec::with_capacity(PAIRS);
-    let (cpu, allocated, start) = (cpu_time(), ALLOCATIONS.stats(), Instant::now());
+    let (cpu, allocated, start) = (cpu_time(), allocations::start(), Instant::now());
     for i in 0..PAIRS {
         let t = Instant::now();
         pair(i).await?;
         latencies.push(t.elapsed());
     }
     let elapsed = start.elapsed();
-    let (cpu, allocated) = (cpu_time() - cpu, ALLOCATIONS.stats() - allocated);
+    let (cpu, allocated) = (cpu_time() - cpu, allocations::stop() - allocated);
     let server_cpu = server_cpu(conn).await?.saturating_sub(server_before);
     let stats: String = redis::cmd("INFO").arg("stats").query_async(conn).await?;
     Ok(Spent {

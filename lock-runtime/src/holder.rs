@@ -19,7 +19,8 @@ use crate::spec::Kind;
 
 /// 128 random bits from the OS: the chance that two processes share a prefix
 /// is negligible, and sharing one would let them release each other's locks.
-static PROCESS_PREFIX: LazyLock<String> = LazyLock::new(|| format!("{:032x}", rand::random::<u128>()));
+/// With the `:` that ends it.
+static PROCESS_PREFIX: LazyLock<String> = LazyLock::new(|| format!("{:032x}:", rand::random::<u128>()));
 static NEXT_HOLDER: AtomicU64 = AtomicU64::new(1);
 
 /// A fresh holder id, `<32 hex digits>:<counter>`; the acquire script checks
@@ -39,15 +40,15 @@ pub(crate) fn new_holder_id(kind: Kind) -> String {
     // Built by hand: `format!` costs several times these copies, on every
     // acquisition.
     let prefix = PROCESS_PREFIX.as_str();
-    let mut id = String::with_capacity(side.len() + prefix.len() + 1 + 20);
+    let mut id = String::with_capacity(side.len() + prefix.len() + 20);
     id.push_str(side);
     id.push_str(prefix);
-    id.push(':');
     push_decimal(&mut id, n);
     id
 }
 
-/// Appends `n` in decimal.
+/// Appends `n` in decimal: the digits are written into a buffer and
+/// appended at once (a `push` per digit checked capacity each time).
 fn push_decimal(out: &mut String, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut start = digits.len();
@@ -59,9 +60,8 @@ fn push_decimal(out: &mut String, mut n: u64) {
             break;
         }
     }
-    for &digit in &digits[start..] {
-        out.push(char::from(digit));
-    }
+    // ASCII digits: always valid UTF-8.
+    out.push_str(std::str::from_utf8(&digits[start..]).unwrap_or_default());
 }
 
 tokio::task_local! {

@@ -83,6 +83,12 @@ impl AnyBackend {
         }
     }
 
+    /// The in-process backend: every call is answered before it returns,
+    /// so nothing needs a timer around it.
+    pub(crate) fn is_in_process(&self) -> bool {
+        matches!(self, AnyBackend::Memory(_))
+    }
+
     /// Whether releases are announced by a server (in-process, only local
     /// wake-ups exist).
     pub(crate) fn announces_releases(&self) -> bool {
@@ -482,6 +488,17 @@ mod tests {
             let size = std::mem::size_of_val(&release);
             assert!(size <= 1_536, "a release's future is {size} bytes");
             release.await.expect("released");
+            // The acquisition itself, boxed once per call: a subscription
+            // or a kind other than a lone exclusive lock held inline made
+            // it 4,944 bytes, copied into its box and allocated outside the
+            // allocator's small-block caches on every acquisition.
+            let key = crate::key::LockKey::new("lock:", "size".into()).expect("a valid key");
+            let opts = crate::spec::LockSpec::DEFAULT
+                .resolve(&locks.inner.config, &key)
+                .expect("valid options");
+            let acquisition = crate::acquire::acquire(&locks.inner, key, &opts);
+            let size = std::mem::size_of_val(&acquisition);
+            assert!(size <= 2_816, "an acquisition's future is {size} bytes");
         });
     }
 }

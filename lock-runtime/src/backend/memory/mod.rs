@@ -4,9 +4,10 @@
 //! code that uses locks. Not distributed: two processes never see each
 //! other's locks.
 
-use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use hashbrown::HashMap;
 
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 use crate::error::LockError;

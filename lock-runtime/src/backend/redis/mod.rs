@@ -318,16 +318,21 @@ impl<C: Connection> RedisBackend<C> {
 
 impl<C: Connection> Backend for RedisBackend<C> {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        // Every kind but a lone exclusive lock, and the wait for replicas,
+        // is boxed: held inline, the largest of their futures set the size
+        // of every acquisition's (2.4 KB against 3.2 KB with them), which
+        // is copied and allocated on each call.
         let acquired = match req.kind {
-            Kind::Exclusive if !req.also.is_empty() => self.acquire_set(req).await?,
+            Kind::Exclusive if !req.also.is_empty() => Box::pin(self.acquire_set(req)).await?,
             Kind::Exclusive => self.acquire_exclusive(req).await?,
-            Kind::Read | Kind::Write => self.acquire_shared(req, 0).await?,
-            Kind::Permits(n) => self.acquire_shared(req, n).await?,
-            Kind::Segments(n) => self.acquire_segment(req, n).await?,
-            Kind::Fair => self.acquire_fair(req).await?,
+            Kind::Read | Kind::Write => Box::pin(self.acquire_shared(req, 0)).await?,
+            Kind::Permits(n) => Box::pin(self.acquire_shared(req, n)).await?,
+            Kind::Segments(n) => Box::pin(self.acquire_segment(req, n)).await?,
+            Kind::Fair => Box::pin(self.acquire_fair(req)).await?,
         };
         match acquired {
-            AcquireReply::Acquired { segment, .. } => self.replicated(req, segment, acquired).await,
+            AcquireReply::Acquired { .. } if self.acks.is_none() => Ok(acquired),
+            AcquireReply::Acquired { segment, .. } => Box::pin(self.replicated(req, segment, acquired)).await,
             held @ AcquireReply::Held { .. } => Ok(held),
         }
     }
