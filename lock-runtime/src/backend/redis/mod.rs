@@ -331,8 +331,10 @@ impl<C: Connection> Backend for RedisBackend<C> {
             Kind::Fair => Box::pin(self.acquire_fair(req)).await?,
         };
         match acquired {
-            AcquireReply::Acquired { .. } if self.acks.is_none() => Ok(acquired),
-            AcquireReply::Acquired { segment, .. } => Box::pin(self.replicated(req, segment, acquired)).await,
+            AcquireReply::Acquired { segment, .. } => match self.acks {
+                None => Ok(acquired),
+                Some(acks) => Box::pin(self.replicated(req, segment, acks, acquired)).await,
+            },
             held @ AcquireReply::Held { .. } => Ok(held),
         }
     }
@@ -675,11 +677,9 @@ impl<C: Connection> RedisBackend<C> {
         &self,
         req: &AcquireRequest<'_>,
         segment: Option<u32>,
+        acks: ReplicaAcks,
         acquired: AcquireReply,
     ) -> Result<AcquireReply, Failure> {
-        let Some(acks) = self.acks else {
-            return Ok(acquired);
-        };
         let segment_key = segment.map(|i| req.key.segment(i));
         let key = segment_key.as_ref().unwrap_or(req.key);
         // A failed WAIT leaves the acquisition in doubt, like a lost reply:
