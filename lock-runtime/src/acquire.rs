@@ -46,9 +46,8 @@ pub(crate) async fn acquire(
         ttl_ms = millis(opts.ttl),
         wait_ms = millis(opts.wait)
     );
-    let (lease, _) = acquire_within_wait(client, key, Vec::new(), holder, opts)
-        .instrument(span)
-        .await?;
+    let run = start(client, key, Vec::new(), holder, opts)?;
+    let (lease, _) = acquire_within_wait(run).instrument(span).await?;
     Ok(lease)
 }
 
@@ -84,7 +83,11 @@ pub(crate) async fn acquire_all(
                 wait: give_up_at.saturating_duration_since(Instant::now()),
                 ..*opts
             };
-            match acquire_within_wait(client, first, group.collect(), holder.clone(), &within).await {
+            let acquired = match start(client, first, group.collect(), holder.clone(), &within) {
+                Ok(run) => acquire_within_wait(run).await,
+                Err(error) => Err(error),
+            };
+            match acquired {
                 Ok((lease, more)) => {
                     taken.push(lease);
                     taken.extend(more);
@@ -109,21 +112,10 @@ pub(crate) async fn acquire_all(
 /// way, waiting in line, or waiting for a release (or a handoff, or the
 /// poll), or backing off when nothing can wake it. Each transition is made
 /// in one place, [`Acquisition::decide`].
-async fn acquire_within_wait(
-    client: &Arc<ClientInner>,
-    key: LockKey,
-    also: Vec<LockKey>,
-    holder: String,
-    opts: &LockOptions,
-) -> Result<(Lease, Vec<Lease>), LockError> {
-    refuse_unsupported(client, &key, opts)?;
-    // A lease no longer than the backend can vouch for (ZooKeeper: its
-    // session timeout); renewals and deadlines follow from it.
-    let capped = LockOptions {
-        ttl: client.backend.lease_for(opts.ttl),
-        ..*opts
-    };
-    let mut run = Acquisition::new(client, key, also, holder, &capped);
+///
+/// `opts.ttl` is already no longer than the backend can vouch for
+/// (`entry.rs` caps it with `AnyBackend::lease_for`).
+async fn acquire_within_wait(mut run: Box<Acquisition<'_>>) -> Result<(Lease, Vec<Lease>), LockError> {
     // Boxed, as subscribing below: what a subscription awaits is larger
     // than the rest of the acquisition together (3.7 KB), and held inline
     // it made every acquisition's future that large, copied into its box
@@ -157,6 +149,24 @@ async fn acquire_within_wait(
             },
         }
     }
+}
+
+/// An acquisition of `key` (and `also`) for `holder`, checked before any
+/// I/O. Boxed, like the state machine that drives it
+/// ([`acquire_within_wait`]) is by its caller, and apart from it: together
+/// they are past 1 KB, which glibc serves outside its small-block cache by
+/// a slow path (about 500 of an in-process pair's 7,500 instructions).
+/// Built here rather than in the state machine, whose arguments would keep
+/// their slots in its future after being moved into it.
+fn start<'a>(
+    client: &'a Arc<ClientInner>,
+    key: LockKey,
+    also: Vec<LockKey>,
+    holder: String,
+    opts: &'a LockOptions,
+) -> Result<Box<Acquisition<'a>>, LockError> {
+    refuse_unsupported(client, &key, opts)?;
+    Ok(Box::new(Acquisition::new(client, key, also, holder, opts)))
 }
 
 /// A kind this backend cannot take, or fencing it cannot keep: refused
@@ -355,11 +365,16 @@ impl<'a> Acquisition<'a> {
             )
         };
         // The in-process backend answers within the call: no timer for it.
-        let answer = if client.backend.is_in_process() {
-            Ok(client.backend.acquire(&request).await)
-        } else {
-            let deadline = tokio::time::Instant::from_std(sent + budget);
-            tokio::time::timeout_at(deadline, client.backend.acquire(&request)).await
+        // A backend behind a network is boxed: its future (half a kilobyte
+        // for Redis) held inline would set the size of the acquisition's,
+        // which is boxed once per call and past 1 KB leaves glibc's
+        // small-block cache for its slow path (`start`).
+        let answer = match client.backend.acquire_at_once(&request) {
+            Some(answer) => Ok(answer),
+            None => {
+                let deadline = tokio::time::Instant::from_std(sent + budget);
+                tokio::time::timeout_at(deadline, Box::pin(client.backend.acquire(&request))).await
+            }
         };
         let answer = match answer {
             Ok(answer) => answer,
@@ -425,7 +440,9 @@ impl<'a> Acquisition<'a> {
                 // then. Given back, it would send the caller to the end of
                 // the line, and under a slow ensemble every waiter in turn.
                 if !client.backend.queues_waiters() {
-                    self.pending.settle().await;
+                    // Boxed: a release's future, held inline, would double
+                    // the size of every acquisition's for this rare step.
+                    Box::pin(self.pending.settle()).await;
                 }
                 Outcome::Failed(LockError::backend(
                     &client.node,

@@ -13,7 +13,7 @@ use crate::key::LockKey;
 use crate::lease::{self, Lease};
 use crate::lease_state::LeaseState;
 use crate::shared::ClientInner;
-use crate::spec::{Kind, LockSpec};
+use crate::spec::{Kind, LockOptions, LockSpec};
 use crate::telemetry::{self, Entry};
 
 /// How a call got its lock.
@@ -64,6 +64,7 @@ async fn enter_one(client: &Arc<ClientInner>, name: String, spec: &LockSpec) -> 
     // awaits another locked call would otherwise nest all of it again, past
     // the compiler's type-layout depth after two levels. One allocation per
     // acquisition; re-entry above stays free.
+    let opts = capped(client, opts);
     Box::pin(acquire::acquire(client, key, &opts))
         .await
         .map(Entered::Acquired)
@@ -147,12 +148,23 @@ async fn enter_set(
             None => missing.push(key),
         }
     }
+    let opts = capped(client, opts);
     let acquired = match missing.len() {
         0 => Vec::new(),
         1 => vec![Box::pin(acquire::acquire(client, missing.remove(0), &opts)).await?],
         _ => Box::pin(acquire::acquire_all(client, missing, &opts)).await?,
     };
     Ok(EnteredAll { reentered, acquired })
+}
+
+/// An acquisition's options: a lease no longer than the backend can vouch
+/// for (ZooKeeper, etcd: their session's or lease's timeout); renewals and
+/// deadlines follow from it.
+fn capped(client: &ClientInner, opts: LockOptions) -> LockOptions {
+    LockOptions {
+        ttl: client.backend.lease_for(opts.ttl),
+        ..opts
+    }
 }
 
 /// Whether a call asking for `asked` may re-enter a lease of `held` on the

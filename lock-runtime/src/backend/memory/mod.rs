@@ -414,10 +414,9 @@ impl MemoryBackend {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
 
-impl Backend for MemoryBackend {
-    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+    /// An acquire, answered within the call (`AnyBackend::acquire_at_once`).
+    pub(crate) fn acquire_now(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let now = Instant::now();
         let mut state = self.state();
         match req.kind {
@@ -435,6 +434,12 @@ impl Backend for MemoryBackend {
             Kind::Permits(n) => state.acquire_shared(req, n, now),
             Kind::Fair => state.acquire_fair(req, now),
         }
+    }
+}
+
+impl Backend for MemoryBackend {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        self.acquire_now(req)
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
