@@ -539,9 +539,11 @@ impl<'a> Acquisition<'a> {
         })
     }
 
-    /// The leases of a granted acquisition: nothing is left in doubt.
+    /// The leases of a granted acquisition: nothing is left in doubt. Takes
+    /// the box, so that only the fields it needs leave it (moving the
+    /// state out first copied all of it, 480 bytes).
     fn grant(
-        self,
+        self: Box<Self>,
         sent: Instant,
         granted: Instant,
         token: Option<u64>,
@@ -577,11 +579,15 @@ impl<'a> Acquisition<'a> {
             Lease::new(Arc::clone(client), state)
         };
         // The set's other locks share the holder id; the first takes the
-        // original, so a single lock copies nothing.
-        let more = also
-            .into_iter()
-            .map(|key| lease(key, holder.clone(), None))
-            .collect();
+        // original, so a single lock copies nothing (and skips collecting
+        // an empty list, 70 instructions of an in-process pair).
+        let more = if also.is_empty() {
+            Vec::new()
+        } else {
+            also.into_iter()
+                .map(|key| lease(key, holder.clone(), None))
+                .collect()
+        };
         let key = match segment {
             Some(i) => key.segment(i),
             None => key,

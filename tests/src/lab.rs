@@ -29,6 +29,21 @@ impl Board {
     }
 }
 
+/// A run that fails (its controller panics with the board alive) keeps its
+/// directory, witness logs included, and says where: a rare failure can
+/// then be read record by record instead of from its summary alone.
+impl Drop for Board {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dir.disable_cleanup(true);
+            eprintln!(
+                "the failed run's board and witness logs are kept in {}",
+                self.dir.path().display()
+            );
+        }
+    }
+}
+
 impl Default for Board {
     fn default() -> Self {
         Self::new()

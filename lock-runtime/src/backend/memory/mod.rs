@@ -8,6 +8,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
+use hashbrown::hash_map::EntryRef;
 
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
 use crate::error::LockError;
@@ -97,11 +98,16 @@ fn conflict(key: &LockKey, redis_key: &str, found: &str) -> Failure {
 
 impl State {
     /// The live entry at `key`, forgetting it if everything in it expired.
+    /// One lookup: this runs on every attempt.
     fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
-        if self.held.get_mut(key).is_some_and(|e| !e.prune(now)) {
-            self.held.remove(key);
+        let EntryRef::Occupied(mut slot) = self.held.entry_ref(key) else {
+            return None;
+        };
+        if slot.get_mut().prune(now) {
+            return Some(slot.into_mut());
         }
-        self.held.get_mut(key)
+        slot.remove();
+        None
     }
 
     fn insert(&mut self, key: &str, entry: Entry, now: Instant) {
@@ -369,14 +375,14 @@ impl State {
 
     fn release(&mut self, key: &str, holder: &str, now: Instant) -> bool {
         self.leave_line(key, holder);
-        let Some(entry) = self.held.get_mut(key) else {
+        let EntryRef::Occupied(mut slot) = self.held.entry_ref(key) else {
             return false;
         };
-        let released = match entry {
+        let released = match slot.get_mut() {
             Entry::Exclusive(lease) => {
                 let owned = lease.holder == holder && lease.expires > now;
                 if owned {
-                    self.held.remove(key);
+                    slot.remove();
                 }
                 return owned;
             }

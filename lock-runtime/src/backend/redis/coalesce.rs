@@ -19,8 +19,11 @@
 //! Calls reach the server in the order their releases were taken: each is
 //! first polled, which puts it in the connection's pipeline, under the
 //! queue's lock. A caller that stops waiting before its release was taken
-//! for a flush takes the release with it: it is never sent (the lease's drop
-//! guard sends it again).
+//! for a flush takes the release with it, under that lock: once its drop
+//! returns, the release was either taken by a flush, whose call was started
+//! under that lock before the drop, or is never sent (the lease's drop
+//! guard sends it again). So whatever the caller sends next (the next
+//! attempt of an acquisition whose give-back timed out) does not race it.
 //!
 //! Hand-written because no crate batches `redis` commands by key into one
 //! script call; the queue is a mutex-guarded `Vec` held for a push or a take.
@@ -124,7 +127,16 @@ impl<C: Connection> Coalescer<C> {
         })
         .await;
         match start {
-            Start::Queued(result) => result.await.unwrap_or_else(|_| Err(flush_lost())),
+            Start::Queued(result) => {
+                let mut waiting = Waiting {
+                    coalescer: self,
+                    result,
+                    answered: false,
+                };
+                let result = (&mut waiting.result).await;
+                waiting.answered = true;
+                result.unwrap_or_else(|_| Err(flush_lost()))
+            }
             Start::Alone(first) => {
                 // The call's slot is handed on however this ends, dropped
                 // included.
@@ -153,6 +165,30 @@ impl<C: Connection> Coalescer<C> {
         let flusher = Flusher::new(Arc::clone(self));
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(flusher.flush_until_empty());
+        }
+    }
+}
+
+/// A queued caller's wait for its flush. Dropped unanswered, it takes its
+/// release off the queue under the queue's lock. Without the lock, a flush
+/// that had just checked the caller was still waiting could put the
+/// release on the wire after the caller's next command: a give-back sent
+/// after the acquisition's next attempt would free the lock that attempt
+/// took.
+struct Waiting<'c, C: Connection> {
+    coalescer: &'c Coalescer<C>,
+    result: oneshot::Receiver<RedisResult<i64>>,
+    answered: bool,
+}
+
+impl<C: Connection> Drop for Waiting<'_, C> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.result.close();
+            self.coalescer
+                .lock()
+                .waiting
+                .retain(|queued| !queued.reply.is_closed());
         }
     }
 }
