@@ -62,8 +62,10 @@ async fn enter_one(client: &Arc<ClientInner>, name: String, spec: &LockSpec) -> 
     }
     // Boxed: the acquisition's future nests the backend's, and a body that
     // awaits another locked call would otherwise nest all of it again, past
-    // the compiler's type-layout depth after two levels. One allocation per
-    // acquisition; re-entry above stays free.
+    // the compiler's type-layout depth after two levels. Two allocations
+    // per acquisition, each small enough for the allocator's cache (this
+    // box and the state it drives, `acquire::start`); re-entry above stays
+    // free.
     let opts = capped(client, opts);
     Box::pin(acquire::acquire(client, key, &opts))
         .await

@@ -495,10 +495,10 @@ mod tests {
             // The acquisition itself, boxed once per call: past 1,032
             // bytes glibc serves it outside its small-block cache, by a
             // slow path (about 500 of an in-process pair's 7,500
-            // instructions at 2.4 KB). A subscription, a kind other than a lone exclusive
-            // lock, the backend's future or the state machine's own
-            // arguments held inline each took it past that (4,944 bytes
-            // with all of them).
+            // instructions at 2.4 KB). A subscription, a kind other than
+            // a lone exclusive lock, the backend's future or the state
+            // machine's own arguments held inline each took it past that
+            // (4,944 bytes with all of them).
             let key = crate::key::LockKey::new("lock:", "size".into()).expect("a valid key");
             let opts = crate::spec::LockSpec::DEFAULT
                 .resolve(&locks.inner.config, &key)
