@@ -127,12 +127,16 @@ async fn a_release_abandoned_while_it_queued_still_frees_its_lock() {
         async {
             let server = RedisServer::start();
             let locks = client(&server).await;
+            // Loaded first, so that each release below is one call on the
+            // wire (a script's first call is sent again after NOSCRIPT).
+            load_the_release_scripts(&locks).await;
             let mut leases = Vec::new();
             for key in ["first", "second", "abandoned"] {
                 leases.push(locks.lock(key).acquire().await.expect("acquired"));
             }
             let [first, second, abandoned] = <[LockGuard; 3]>::try_from(leases).expect("three leases");
 
+            server.log_every_command();
             // Two releases are out and unanswered while the server is stopped;
             // the third queues behind them, and its caller stops waiting.
             server.pause();
@@ -157,6 +161,16 @@ async fn a_release_abandoned_while_it_queued_still_frees_its_lock() {
             .expect("the abandoned release freed its lock");
             assert_eq!(holder_of(&server, "first"), None);
             assert_eq!(holder_of(&server, "second"), None);
+            // Sent once, by the drop guard: the abandoned release left the
+            // queue with its caller and was never put on the wire.
+            let abandoned_key = "lock:{abandoned}";
+            let sent = server
+                .commands_logged()
+                .iter()
+                .filter(|args| args.first().is_some_and(|c| c.eq_ignore_ascii_case("evalsha")))
+                .map(|args| args.iter().filter(|a| *a == abandoned_key).count())
+                .sum::<usize>();
+            assert_eq!(sent, 1, "releases of the abandoned lock on the wire");
         },
     )
     .await;

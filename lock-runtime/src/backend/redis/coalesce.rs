@@ -229,9 +229,9 @@ impl<C: Connection> Flusher<C> {
         let this = &self.coalescer;
         loop {
             let flight = poll_fn(|cx| {
+                // Callers that stopped waiting took their ops off the queue
+                // as they left (`Waiting`): every op here is awaited.
                 let mut queue = this.lock();
-                // Callers that stopped waiting take their ops with them.
-                queue.waiting.retain(|q| !q.reply.is_closed());
                 if queue.waiting.is_empty() {
                     // Under the lock that found it empty: a caller arriving
                     // next finds the slot free.
