@@ -201,29 +201,41 @@ impl Etcd {
     /// returns once every member is healthy.
     pub fn cluster() -> Etcd {
         let dir = tempfile::tempdir().expect("temp dir for etcd");
-        let token = cluster_token(dir.path());
-        let members = (0..3)
-            .map(|i| {
-                let name = format!("member-{}", i + 1);
-                member(dir.path().join(&name), &name, &token)
-            })
-            .collect();
-        let mut etcd = Etcd { members, _dir: dir };
-        let initial_cluster = etcd.initial_cluster();
-        for member in &mut etcd.members {
-            member.initial_cluster.clone_from(&initial_cluster);
-            member.spawn().unwrap_or_else(|e| panic!("{e}"));
+        let mut etcd = Etcd {
+            members: Vec::new(),
+            _dir: dir,
+        };
+        // Six ports found free can be taken before the members bind them
+        // (a member that cannot bind exits): retry on fresh ones, in fresh
+        // directories, as a cluster that never formed.
+        for attempt in 0..5 {
+            let token = format!("{}-{attempt}", cluster_token(etcd._dir.path()));
+            etcd.members = (0..3)
+                .map(|i| {
+                    let name = format!("member-{}", i + 1);
+                    member(etcd._dir.path().join(format!("{name}-{attempt}")), &name, &token)
+                })
+                .collect();
+            let initial_cluster = etcd.initial_cluster();
+            for member in &mut etcd.members {
+                member.initial_cluster.clone_from(&initial_cluster);
+                member.spawn().unwrap_or_else(|e| panic!("{e}"));
+            }
+            if etcd.wait_until_healthy(&[0, 1, 2]) {
+                return etcd;
+            }
+            for member in &mut etcd.members {
+                member.kill();
+            }
         }
-        assert!(
-            etcd.wait_until_healthy(&[0, 1, 2]),
-            "the 3-member etcd cluster did not form within 60 s: {}",
+        panic!(
+            "the 3-member etcd cluster did not form in 5 tries: {}",
             etcd.members
                 .iter()
                 .map(Member::log_tail)
                 .collect::<Vec<_>>()
                 .join("\n")
         );
-        etcd
     }
 
     fn initial_cluster(&self) -> String {

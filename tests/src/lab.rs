@@ -96,6 +96,9 @@ pub struct Tally {
     pub first_error: Option<String>,
     /// The worst lateness an assumption monitor saw.
     pub worst_late: Duration,
+    /// The worst lateness a tick on a worker's tokio runtime saw
+    /// ([`crate::monitor::RuntimeMonitor`]).
+    pub worst_runtime_late: Duration,
 }
 
 impl Tally {
@@ -108,6 +111,7 @@ impl Tally {
         self.release_errors += other.release_errors;
         self.first_error = self.first_error.take().or(other.first_error);
         self.worst_late = self.worst_late.max(other.worst_late);
+        self.worst_runtime_late = self.worst_runtime_late.max(other.worst_runtime_late);
     }
 
     /// The JSON line a worker prints.
@@ -120,6 +124,7 @@ impl Tally {
             "release_errors": self.release_errors,
             "first_error": self.first_error,
             "worst_late_us": u64::try_from(self.worst_late.as_micros()).unwrap_or(u64::MAX),
+            "worst_runtime_late_us": u64::try_from(self.worst_runtime_late.as_micros()).unwrap_or(u64::MAX),
         })
         .to_string()
     }
@@ -136,6 +141,7 @@ impl Tally {
             release_errors: n("release_errors"),
             first_error: v["first_error"].as_str().map(str::to_owned),
             worst_late: Duration::from_micros(n("worst_late_us")),
+            worst_runtime_late: Duration::from_micros(n("worst_runtime_late_us")),
         }
     }
 }

@@ -51,6 +51,52 @@ impl Drop for Monitor {
     }
 }
 
+/// The same watch from inside a tokio runtime: a task that asks to wake
+/// every millisecond. The thread monitor sees a process starved; this one
+/// also sees its runtime's worker threads fall behind (every worker busy,
+/// or runnable but not running while the monitor's sleeping thread is
+/// woken first), which is when a lock's deadline timer fires late and a
+/// body runs past its lease. Stops when dropped.
+#[derive(Debug)]
+pub struct RuntimeMonitor {
+    worst_us: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RuntimeMonitor {
+    /// Starts ticking on the current runtime. Tokio's timer counts whole
+    /// milliseconds, so a tick may come up to a millisecond late with
+    /// nothing wrong: that much is not counted.
+    pub fn start() -> RuntimeMonitor {
+        let worst_us = Arc::new(AtomicU64::new(0));
+        let worst = Arc::clone(&worst_us);
+        let task = tokio::spawn(async move {
+            let tick = Duration::from_millis(1);
+            loop {
+                let asked = Instant::now();
+                tokio::time::sleep(tick).await;
+                let late = asked.elapsed().saturating_sub(2 * tick);
+                worst.fetch_max(
+                    u64::try_from(late.as_micros()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
+                );
+            }
+        });
+        RuntimeMonitor { worst_us, task }
+    }
+
+    /// The worst lateness seen so far.
+    pub fn worst(&self) -> Duration {
+        Duration::from_micros(self.worst_us.load(Ordering::Relaxed))
+    }
+}
+
+impl Drop for RuntimeMonitor {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// The starvation bound: half the lock's drift allowance δ for a
 /// lease of `ttl` (ttl/100 + 2 ms).
 pub fn bound(ttl: Duration) -> Duration {
