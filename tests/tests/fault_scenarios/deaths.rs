@@ -159,7 +159,7 @@ async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
         // writer's long body then stops every body for as long as the 2 s
         // between two faults, with no fault anywhere near (seen at 17 s of
         // a run whose last fault healed at 6.7 s): asking for bodies in
-        // every window failed S3rwetcd about once in fifteen runs.
+        // every window failed S3rwetcd in one CI run.
         let progressed = if shared {
             let at_last_heal = entries_at_heal.last().copied().unwrap_or(0);
             entries_at_heal.push(acquisitions);
