@@ -445,14 +445,14 @@ async fn open_subscriptions(topologies: &[Topology]) -> Option<RedisResult<(Sink
         [one] => Some(open_subscription(one).await),
         many => {
             let (mut sinks, mut streams, mut failure) = (Vec::new(), Vec::new(), None);
-            for (master, topology) in many.iter().enumerate() {
+            for topology in many {
                 match open_subscription(topology).await {
                     Ok((sink, stream)) => {
                         sinks.push(sink);
                         // `None` marks the end of one connection's messages.
                         streams.push(
                             stream
-                                .map(move |message| Some((message, master)))
+                                .map(Some)
                                 .chain(futures_util::stream::once(std::future::ready(None))),
                         );
                     }
@@ -466,26 +466,20 @@ async fn open_subscriptions(topologies: &[Topology]) -> Option<RedisResult<(Sink
             // each copy after the first would wake one more waiter, and
             // waiters woken together split the masters' votes between
             // them (W4's handoff p99 doubled). A holder id is one
-            // acquisition's, so the same channel and holder from another
-            // master within moments is the same release. From the same
-            // master it is a new one (an attempt without a majority gave
-            // that master back, then the holder took the lock and let go).
-            let mut recent: VecDeque<((String, String), usize, Instant)> = VecDeque::new();
+            // acquisition's, so the same channel and holder again within
+            // moments is the same release.
+            let mut recent: VecDeque<((String, String), Instant)> = VecDeque::new();
             let merged = futures_util::stream::select_all(streams)
                 .take_while(|message| std::future::ready(message.is_some()))
                 .filter_map(std::future::ready)
-                .filter_map(move |(message, master)| {
+                .filter(move |message| {
                     let now = Instant::now();
-                    recent.retain(|(_, _, at)| now.duration_since(*at) < SAME_RELEASE);
-                    let (mut elsewhere, mut here) = (false, false);
-                    for (seen, from, _) in &recent {
-                        if *seen == message {
-                            here |= *from == master;
-                            elsewhere |= *from != master;
-                        }
+                    recent.retain(|(_, at)| now.duration_since(*at) < SAME_RELEASE);
+                    let again = recent.iter().any(|(seen, _)| seen == message);
+                    if !again {
+                        recent.push_back((message.clone(), now));
                     }
-                    recent.push_back((message.clone(), master, now));
-                    std::future::ready((here || !elsewhere).then_some(message))
+                    std::future::ready(!again)
                 });
             Some(Ok((Sink::Each(sinks), merged.boxed())))
         }
