@@ -432,7 +432,7 @@ impl LockClientBuilder {
             RedisBackend::connect(url, &self.config).await?
         };
         let node = backend.node().to_owned();
-        let notifier = Notifier::new(vec![backend.topology().clone()]);
+        let notifier = Notifier::new(Some(backend.topology().clone()));
         Ok(self.build(AnyBackend::Redis(backend), notifier, node))
     }
 
@@ -523,9 +523,8 @@ impl LockClientBuilder {
 
     fn build_redlock(self, nodes: Vec<RedisBackend>, name: String) -> LockClient {
         let backend = RedlockBackend::new(nodes, self.config.node_timeout);
-        // Every master, each on a connection of its own: see
-        // `waiter::open_subscriptions`.
-        let notifier = Notifier::new(backend.nodes().iter().map(|n| n.topology().clone()).collect());
+        // Releases go to every master, so one subscription hears them.
+        let notifier = Notifier::new(backend.nodes().first().map(|n| n.topology().clone()));
         self.build(AnyBackend::Redlock(backend), notifier, name)
     }
 
@@ -559,7 +558,7 @@ impl LockClientBuilder {
             timeout,
             tls_root,
         };
-        let notifier = Notifier::new(vec![topology.clone()]);
+        let notifier = Notifier::new(Some(topology.clone()));
         let backend = RedisBackend::new(link.clone(), topology, name.clone())
             .with_replica_acks(self.config.replica_acks());
         if !self.config.lazy {
@@ -619,7 +618,7 @@ impl LockClientBuilder {
             backend.verify(&seeds).await?;
             backend.check_eviction_policy().await;
         }
-        let notifier = Notifier::new(vec![backend.topology().clone()]);
+        let notifier = Notifier::new(Some(backend.topology().clone()));
         Ok(self.build(AnyBackend::Sentinel(backend), notifier, name))
     }
 
@@ -633,7 +632,7 @@ impl LockClientBuilder {
             backend.verify().await?;
         }
         let node = backend.node().to_owned();
-        Ok(self.build(AnyBackend::Mysql(backend), Notifier::new(Vec::new()), node))
+        Ok(self.build(AnyBackend::Mysql(backend), Notifier::new(None), node))
     }
 
     /// A PostgreSQL client; see [`LockClient::postgres`].
@@ -652,7 +651,7 @@ impl LockClientBuilder {
         if !c.lazy {
             backend.verify().await?;
         }
-        let notifier = Notifier::new(Vec::new());
+        let notifier = Notifier::new(None);
         backend.listen(Arc::new(Announcements(Arc::downgrade(&notifier))));
         let node = backend.node().to_owned();
         Ok(self.build(AnyBackend::Postgres(backend), notifier, node))
@@ -670,7 +669,7 @@ impl LockClientBuilder {
             backend.verify().await?;
         }
         let node = backend.node().to_owned();
-        Ok(self.build(AnyBackend::ZooKeeper(backend), Notifier::new(Vec::new()), node))
+        Ok(self.build(AnyBackend::ZooKeeper(backend), Notifier::new(None), node))
     }
 
     /// An etcd client; see [`LockClient::etcd`].
@@ -685,7 +684,7 @@ impl LockClientBuilder {
             backend.verify().await?;
         }
         let node = backend.node().to_owned();
-        Ok(self.build(AnyBackend::Etcd(backend), Notifier::new(Vec::new()), node))
+        Ok(self.build(AnyBackend::Etcd(backend), Notifier::new(None), node))
     }
 
     /// An in-process client with these options; see
@@ -698,7 +697,7 @@ impl LockClientBuilder {
     fn build_in_memory(self) -> LockClient {
         self.build(
             AnyBackend::Memory(MemoryBackend::default()),
-            Notifier::new(Vec::new()),
+            Notifier::new(None),
             IN_MEMORY.into(),
         )
     }

@@ -1,7 +1,6 @@
 //! Waking waiters when a lock is released, instead of only polling.
 //!
-//! Each client keeps one subscription connection (one per master on a
-//! Redlock: `open_subscriptions`). A lock's release channel is
+//! Each client keeps one subscription connection. A lock's release channel is
 //! subscribed while at least one local waiter wants it and unsubscribed when
 //! the last one leaves. A release by this process wakes its local waiters
 //! directly; a release elsewhere arrives as a message. Pub/sub delivers at
@@ -12,7 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
@@ -28,19 +27,14 @@ use crate::handoff::{MOST_IN_A_ROW, Offer, OfferHandle, TakenOffer};
 /// The longest a waiter sleeps between attempts while subscribed.
 pub(crate) const POLL: Duration = Duration::from_millis(200);
 
-/// How far apart a Redlock's masters' copies of one announcement arrive at
-/// most, to be heard once (`open_subscriptions`).
-const SAME_RELEASE: Duration = Duration::from_millis(20);
-
 #[derive(Debug)]
 pub(crate) struct Notifier {
     channels: Mutex<HashMap<String, Channel>>,
     /// Serialises SUBSCRIBE/UNSUBSCRIBE so they reach the server in the order
     /// the waiter counts changed.
     sink: tokio::sync::Mutex<Option<Sink>>,
-    /// Where to open the subscription connections: one per entry (a
-    /// Redlock's masters), none for local wake-ups only.
-    transport: Vec<Topology>,
+    /// Where to open the subscription connection; `None`: local wake-ups only.
+    transport: Option<Topology>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Offers queued on all channels, so that a release with nobody
     /// waiting here skips the channel table.
@@ -112,7 +106,7 @@ impl Cleanup for Leave {
 }
 
 impl Notifier {
-    pub(crate) fn new(transport: Vec<Topology>) -> Arc<Self> {
+    pub(crate) fn new(transport: Option<Topology>) -> Arc<Self> {
         Arc::new(Notifier {
             channels: Mutex::new(HashMap::new()),
             sink: tokio::sync::Mutex::new(None),
@@ -306,7 +300,8 @@ impl Notifier {
     /// Opens the subscription connection and subscribes to every wanted
     /// channel; returns the stream of announced channel names.
     async fn connect(&self, slot: &mut Option<Sink>) -> Option<Messages> {
-        let (mut sink, stream) = match open_subscriptions(&self.transport).await? {
+        let topology = self.transport.as_ref()?;
+        let (mut sink, stream) = match open_subscription(topology).await {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::debug!(error = %e, "subscription connection failed; waiters poll");
@@ -374,8 +369,6 @@ type Messages = BoxStream<'static, (String, String)>;
 enum Sink {
     Single(redis::aio::PubSubSink),
     Cluster(redis::cluster_async::ClusterConnection),
-    /// One per master of a Redlock.
-    Each(Vec<Sink>),
 }
 
 impl std::fmt::Debug for Sink {
@@ -383,7 +376,6 @@ impl std::fmt::Debug for Sink {
         f.write_str(match self {
             Sink::Single(_) => "Sink::Single",
             Sink::Cluster(_) => "Sink::Cluster",
-            Sink::Each(_) => "Sink::Each",
         })
     }
 }
@@ -391,12 +383,6 @@ impl std::fmt::Debug for Sink {
 impl Sink {
     async fn subscribe(&mut self, channels: &[String]) -> RedisResult<()> {
         match self {
-            Sink::Each(sinks) => {
-                for sink in sinks {
-                    Box::pin(sink.subscribe(channels)).await?;
-                }
-                Ok(())
-            }
             Sink::Single(sink) => sink.subscribe(channels).await,
             Sink::Cluster(conn) => {
                 // Sharded channels of different slots live on different
@@ -411,12 +397,6 @@ impl Sink {
 
     async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
-            Sink::Each(sinks) => {
-                for sink in sinks {
-                    Box::pin(sink.unsubscribe(channel)).await?;
-                }
-                Ok(())
-            }
             Sink::Single(sink) => sink.unsubscribe(channel).await,
             Sink::Cluster(conn) => conn.sunsubscribe(channel).await,
         }
@@ -427,63 +407,6 @@ impl Sink {
 fn announcement(message: redis::Msg) -> (String, String) {
     let holder = message.get_payload::<String>().unwrap_or_default();
     (message.get_channel_name().to_owned(), holder)
-}
-
-/// Opens a subscription connection for each of `topologies`: `None` if
-/// there are none. A Redlock gets one per master, because a release is
-/// announced only where a waiter marked the lock, and an attempt that won
-/// no majority gives back what it got on some masters alone: heard on the
-/// first master only, those announcements were lost, and every waiter
-/// slept out its poll (W4, 16 tasks on one key: a third of runs made 500
-/// increments/s instead of 2,000). A master that cannot be reached is left
-/// out (its announcements are polled for, as any lost message is); its
-/// messages end with the first connection that ends, so that all are
-/// opened again together.
-async fn open_subscriptions(topologies: &[Topology]) -> Option<RedisResult<(Sink, Messages)>> {
-    match topologies {
-        [] => None,
-        [one] => Some(open_subscription(one).await),
-        many => {
-            let (mut sinks, mut streams, mut failure) = (Vec::new(), Vec::new(), None);
-            for topology in many {
-                match open_subscription(topology).await {
-                    Ok((sink, stream)) => {
-                        sinks.push(sink);
-                        // `None` marks the end of one connection's messages.
-                        streams.push(
-                            stream
-                                .map(Some)
-                                .chain(futures_util::stream::once(std::future::ready(None))),
-                        );
-                    }
-                    Err(e) => failure = Some(e),
-                }
-            }
-            if sinks.is_empty() {
-                return failure.map(Err);
-            }
-            // A release is announced on every master that a waiter marked:
-            // each copy after the first would wake one more waiter, and
-            // waiters woken together split the masters' votes between
-            // them (W4's handoff p99 doubled). A holder id is one
-            // acquisition's, so the same channel and holder again within
-            // moments is the same release.
-            let mut recent: VecDeque<((String, String), Instant)> = VecDeque::new();
-            let merged = futures_util::stream::select_all(streams)
-                .take_while(|message| std::future::ready(message.is_some()))
-                .filter_map(std::future::ready)
-                .filter(move |message| {
-                    let now = Instant::now();
-                    recent.retain(|(_, at)| now.duration_since(*at) < SAME_RELEASE);
-                    let again = recent.iter().any(|(seen, _)| seen == message);
-                    if !again {
-                        recent.push_back((message.clone(), now));
-                    }
-                    std::future::ready(!again)
-                });
-            Some(Ok((Sink::Each(sinks), merged.boxed())))
-        }
-    }
 }
 
 /// Opens a subscription connection for `topology`.
@@ -535,7 +458,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("address").port();
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("url");
-        let notifier = Notifier::new(vec![Topology::Single(client)]);
+        let notifier = Notifier::new(Some(Topology::Single(client)));
         // The listener never answers, so a connection attempt would hang here.
         let done = tokio::time::timeout(
             Duration::from_millis(200),
