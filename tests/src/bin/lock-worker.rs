@@ -524,24 +524,8 @@ fn pick_other<'k>(keys: &'k [String], key: &str) -> &'k str {
 /// stderr) what stood in the lock's queue when a call on `key` gave up:
 /// each child with its age and owning session, to tell a stuck head from
 /// a slow line.
-/// What [`diagnose`] is told when a call timed out.
-const TIMED_OUT: &str = "timed out";
-
-async fn diagnose(locks: &LockClient, target: &str, key: &str, what: &str) {
+async fn diagnose(target: &str, key: &str, what: &str) {
     let Some(connect) = target.strip_prefix("zookeeper=") else {
-        // Elsewhere the server's own account of the lock, as `lockctl
-        // inspect` gives it, for a call that waited longer than any fault
-        // in the scenarios lasts (S3's 20 s): a stall to explain. Shorter
-        // waits time out by design, and errors come while the server is
-        // down, when a look would only wait too.
-        if what != TIMED_OUT || call_wait() < Duration::from_secs(20) {
-            return;
-        }
-        match tokio::time::timeout(Duration::from_secs(5), locks.admin().inspect(key)).await {
-            Ok(Ok(found)) => eprintln!("DIAGNOSE {key} {what}: {found:?}"),
-            Ok(Err(e)) => eprintln!("DIAGNOSE {key} {what}: cannot look: {e}"),
-            Err(_) => eprintln!("DIAGNOSE {key} {what}: no answer within 5 s"),
-        }
         return;
     };
     if std::env::var_os("LOCK_WORKER_DIAGNOSE").is_none() {
@@ -576,6 +560,21 @@ fn next_holder(task: usize) -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     ((task as u64) << 48) | NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Prints (on stderr) the server's own account of a lock, as `lockctl
+/// inspect` gives it, on any backend, after a call on `key` timed out
+/// having waited longer than any fault in the scenarios lasts (S3's 20 s):
+/// a stall to explain. Shorter waits time out by design.
+async fn inspect_stall(locks: &LockClient, key: &str) {
+    if call_wait() < Duration::from_secs(20) {
+        return;
+    }
+    match tokio::time::timeout(Duration::from_secs(5), locks.admin().inspect(key)).await {
+        Ok(Ok(found)) => eprintln!("DIAGNOSE {key} timed out: {found:?}"),
+        Ok(Err(e)) => eprintln!("DIAGNOSE {key} timed out: cannot look: {e}"),
+        Err(_) => eprintln!("DIAGNOSE {key} timed out: no answer within 5 s"),
+    }
 }
 
 /// The library's lock, used as a careful user would: the body stops when the
@@ -627,11 +626,12 @@ async fn library_task(
             Ok(guard) => guard,
             Err(LockError::Timeout { .. }) => {
                 tally.timeouts += 1;
-                diagnose(&locks, &run.url, key, TIMED_OUT).await;
+                diagnose(&run.url, key, "timed out").await;
+                inspect_stall(&locks, key).await;
                 continue;
             }
             Err(e) => {
-                diagnose(&locks, &run.url, key, &e.to_string()).await;
+                diagnose(&run.url, key, &e.to_string()).await;
                 // Faults make acquisitions fail; the run goes on, and the
                 // controller judges the counts.
                 tally.errors += 1;
