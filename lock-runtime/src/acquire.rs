@@ -291,10 +291,18 @@ impl<'a> Acquisition<'a> {
             && !client.guards.held_by_this_task(&self.pending.key)
     }
 
+    /// What is left of `wait`.
+    fn left_to_wait(&self) -> Duration {
+        self.give_up_at.saturating_duration_since(Instant::now())
+    }
+
     /// Joins the waiters [`Self::others_wait_here`] found.
     async fn join_the_waiters_here(&mut self) {
         let (client, opts) = (self.client, self.opts);
-        let watching = client.notifier.watch(&self.pending.key.channel).await;
+        let watching = client
+            .notifier
+            .watch(&self.pending.key.channel, self.left_to_wait())
+            .await;
         let released = Arc::clone(&watching.notify);
         let released = released.notified();
         let mut released = std::pin::pin!(released);
@@ -534,6 +542,12 @@ impl<'a> Acquisition<'a> {
             Next::WaitInLine { blocker, pause }
         } else if held && self.watch.as_ref().is_none_or(|(watched, _)| *watched != blocker) {
             Next::Subscribe { blocker }
+        } else if client
+            .notifier
+            .missed_release(&self.pending.lock(blocker).channel, sent)
+        {
+            // Refused by a release still on its way to some masters.
+            Next::Attempt
         } else {
             Next::WaitForRelease { blocker, pause }
         })
@@ -601,8 +615,13 @@ impl<'a> Acquisition<'a> {
         let (client, opts) = (self.client, self.opts);
         let channel = &self.pending.lock(blocker).channel;
         let watching = match opts.kind {
-            Kind::Fair => client.notifier.watch_as(channel, &self.pending.holder).await,
-            _ => client.notifier.watch(channel).await,
+            Kind::Fair => {
+                client
+                    .notifier
+                    .watch_as(channel, &self.pending.holder, self.left_to_wait())
+                    .await
+            }
+            _ => client.notifier.watch(channel, self.left_to_wait()).await,
         };
         self.watch = Some((blocker, watching));
         // Offered before the look that follows, so that a release here

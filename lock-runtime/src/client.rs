@@ -432,7 +432,7 @@ impl LockClientBuilder {
             RedisBackend::connect(url, &self.config).await?
         };
         let node = backend.node().to_owned();
-        let notifier = Notifier::new(Some(backend.topology().clone()));
+        let notifier = Notifier::over(vec![backend.topology().clone()], self.config.command_timeout);
         Ok(self.build(AnyBackend::Redis(backend), notifier, node))
     }
 
@@ -523,8 +523,12 @@ impl LockClientBuilder {
 
     fn build_redlock(self, nodes: Vec<RedisBackend>, name: String) -> LockClient {
         let backend = RedlockBackend::new(nodes, self.config.node_timeout);
-        // Releases go to every master, so one subscription hears them.
-        let notifier = Notifier::new(backend.nodes().first().map(|n| n.topology().clone()));
+        // Every master, each on a connection of its own: see
+        // `waiter::open_subscriptions`.
+        let notifier = Notifier::over(
+            backend.nodes().iter().map(|n| n.topology().clone()).collect(),
+            self.config.command_timeout,
+        );
         self.build(AnyBackend::Redlock(backend), notifier, name)
     }
 
@@ -558,7 +562,7 @@ impl LockClientBuilder {
             timeout,
             tls_root,
         };
-        let notifier = Notifier::new(Some(topology.clone()));
+        let notifier = Notifier::over(vec![topology.clone()], self.config.command_timeout);
         let backend = RedisBackend::new(link.clone(), topology, name.clone())
             .with_replica_acks(self.config.replica_acks());
         if !self.config.lazy {
@@ -618,7 +622,7 @@ impl LockClientBuilder {
             backend.verify(&seeds).await?;
             backend.check_eviction_policy().await;
         }
-        let notifier = Notifier::new(Some(backend.topology().clone()));
+        let notifier = Notifier::over(vec![backend.topology().clone()], self.config.command_timeout);
         Ok(self.build(AnyBackend::Sentinel(backend), notifier, name))
     }
 
@@ -632,7 +636,7 @@ impl LockClientBuilder {
             backend.verify().await?;
         }
         let node = backend.node().to_owned();
-        Ok(self.build(AnyBackend::Mysql(backend), Notifier::new(None), node))
+        Ok(self.build(AnyBackend::Mysql(backend), Notifier::local(), node))
     }
 
     /// A PostgreSQL client; see [`LockClient::postgres`].
@@ -651,7 +655,7 @@ impl LockClientBuilder {
         if !c.lazy {
             backend.verify().await?;
         }
-        let notifier = Notifier::new(None);
+        let notifier = Notifier::local();
         backend.listen(Arc::new(Announcements(Arc::downgrade(&notifier))));
         let node = backend.node().to_owned();
         Ok(self.build(AnyBackend::Postgres(backend), notifier, node))
@@ -669,7 +673,7 @@ impl LockClientBuilder {
             backend.verify().await?;
         }
         let node = backend.node().to_owned();
-        Ok(self.build(AnyBackend::ZooKeeper(backend), Notifier::new(None), node))
+        Ok(self.build(AnyBackend::ZooKeeper(backend), Notifier::local(), node))
     }
 
     /// An etcd client; see [`LockClient::etcd`].
@@ -684,7 +688,7 @@ impl LockClientBuilder {
             backend.verify().await?;
         }
         let node = backend.node().to_owned();
-        Ok(self.build(AnyBackend::Etcd(backend), Notifier::new(None), node))
+        Ok(self.build(AnyBackend::Etcd(backend), Notifier::local(), node))
     }
 
     /// An in-process client with these options; see
@@ -697,7 +701,7 @@ impl LockClientBuilder {
     fn build_in_memory(self) -> LockClient {
         self.build(
             AnyBackend::Memory(MemoryBackend::default()),
-            Notifier::new(None),
+            Notifier::local(),
             IN_MEMORY.into(),
         )
     }

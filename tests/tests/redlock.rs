@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LockMode, LostReason};
+use lock_tests::monitor::Monitor;
 use lock_tests::{Proxy, RedisServer, increment_under_lock, start_masters};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -445,4 +446,206 @@ async fn a_master_slower_than_the_majority_still_gets_the_lock() {
         },
     )
     .await
+}
+
+/// A release announced only on the masters where a waiter was refused
+/// wakes it. The waiter won the first master, lost the other two to a
+/// holder of those two alone, gave the first back and waits (subscribed);
+/// the holder's release is announced on the second and third masters
+/// only, the first having no mark of a waiter. Heard on the first master
+/// alone, that announcement was lost and the waiter slept out its 200 ms
+/// poll, which under 16 tasks on one key cut a third of W4's runs to a
+/// quarter of their throughput.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_announced_on_other_masters_than_the_first_wakes_the_waiter() {
+    lock_tests::bounded(
+        "a_release_announced_on_other_masters_than_the_first_wakes_the_waiter",
+        async move {
+            let masters = start_masters(3);
+            let all = redlock(&urls(&masters)).await;
+            let last_two = redlock(&urls(&masters[1..])).await;
+            let marked = |master: &RedisServer, key: &str| {
+                master
+                    .query::<Option<String>>(redis::cmd("GET").arg(key))
+                    .is_some_and(|value| value.ends_with("+w"))
+            };
+            // The waiter takes the lock within this of the release when it
+            // hears it; a poll comes 200 ms after the waiter's last look.
+            let heard_within = Duration::from_millis(100);
+            for run in 1..=3 {
+                let key = format!("heard:{run}");
+                let redis_key = format!("lock:{{{key}}}");
+                let (took, starved) = handed_over(&last_two, &all, &key, || {
+                    marked(&masters[1], &redis_key)
+                        && marked(&masters[2], &redis_key)
+                        && !exists(&masters[0], &redis_key)
+                        && subscribed(&masters[0], &key)
+                })
+                .await;
+                if took < heard_within {
+                    return;
+                }
+                // A process starved past the margin cannot be on time.
+                assert!(
+                    starved > heard_within / 2 && run < 3,
+                    "the waiter took the lock {took:?} after its release: it slept out its poll (starved at most {starved:?})"
+                );
+                eprintln!("run {run} INVALID: starved {starved:?}");
+            }
+        },
+    )
+    .await
+}
+
+/// A waiter on a Redlock with one master blackholed still waits only as
+/// long as it asked: the subscription to that master cannot hold it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_master_does_not_hold_up_a_waiter() {
+    lock_tests::bounded("a_blackholed_master_does_not_hold_up_a_waiter", async move {
+        let (_masters, proxies, urls) = proxied_masters().await;
+        let holder = redlock(&urls).await;
+        let waiter = redlock(&urls).await;
+        for (blackholed, proxy) in proxies.iter().enumerate() {
+            let key = format!("blackholed:{blackholed}");
+            let held = holder
+                .lock(&key)
+                .ttl(Duration::from_secs(30))
+                .acquire()
+                .await
+                .expect("acquire");
+            proxy.blackhole();
+            let wait = Duration::from_millis(1500);
+            let monitor = Monitor::start();
+            let started = Instant::now();
+            let outcome = waiter.lock(&key).wait(wait).acquire().await;
+            let took = started.elapsed();
+            // The README's bound (50 ms past `wait`), unless this process
+            // was starved (then it cannot be on time, only bounded).
+            let margin = if monitor.worst() < Duration::from_millis(25) {
+                Duration::from_millis(50)
+            } else {
+                Duration::from_millis(500)
+            };
+            // Refused by the holder on the masters that answer; a master
+            // slower than the node timeout (a starved machine) makes the
+            // last refusal a missing majority instead.
+            assert!(
+                matches!(
+                    outcome,
+                    Err(LockError::Timeout { .. } | LockError::QuorumNotReached { .. })
+                ),
+                "master {blackholed} blackholed: {outcome:?}"
+            );
+            assert!(
+                took < wait + margin,
+                "master {blackholed} blackholed: the waiter took {took:?} of a {wait:?} wait (starved at most {:?})",
+                monitor.worst()
+            );
+            proxy.pass();
+            held.release().await.expect("release");
+        }
+    })
+    .await
+}
+
+/// With one master blackholed, a waiter still hears a release through the
+/// masters that answer: the subscription leaves the silent master out
+/// instead of giving up on all of them (a waiter that polls instead takes
+/// the lock up to 200 ms after the release).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_hears_releases_through_the_masters_that_answer() {
+    lock_tests::bounded(
+        "a_waiter_hears_releases_through_the_masters_that_answer",
+        async move {
+            let (masters, proxies, urls) = proxied_masters().await;
+            let holder = redlock(&urls).await;
+            let waiter = redlock(&urls).await;
+            // Heard, the waiter's attempt costs one node timeout (50 ms) on the
+            // silent master; polled, up to 200 ms more.
+            let heard_within = Duration::from_millis(150);
+            for (blackholed, proxy) in proxies.iter().enumerate() {
+                proxy.blackhole();
+                for run in 1..=3 {
+                    let key = format!("silent:{blackholed}:{run}");
+                    let (took, starved) = handed_over(&holder, &waiter, &key, || {
+                        (0..3)
+                            .filter(|m| *m != blackholed)
+                            .all(|m| subscribed(&masters[m], &key))
+                    })
+                    .await;
+                    if took < heard_within {
+                        break;
+                    }
+                    // A process starved past the margin cannot be on time.
+                    assert!(
+                        starved > heard_within / 3 && run < 3,
+                        "master {blackholed} blackholed: the waiter took the lock {took:?} after its release \
+                         (starved at most {starved:?})"
+                    );
+                    eprintln!("master {blackholed}, run {run} INVALID: starved {starved:?}");
+                }
+                proxy.pass();
+            }
+        },
+    )
+    .await
+}
+
+/// Three masters, each reached through a proxy that can blackhole it, and
+/// the proxies' URLs.
+async fn proxied_masters() -> (Vec<RedisServer>, Vec<Proxy>, Vec<String>) {
+    let masters = start_masters(3);
+    let mut proxies = Vec::new();
+    for m in &masters {
+        proxies.push(Proxy::start(m.port()).await);
+    }
+    let urls = proxies.iter().map(Proxy::url).collect();
+    (masters, proxies, urls)
+}
+
+/// Whether `master` has a subscriber to lock `key`'s release channel.
+fn subscribed(master: &RedisServer, key: &str) -> bool {
+    let channel = format!("lock:{{{key}}}:released");
+    let (_, count) = master.query::<(String, i64)>(redis::cmd("PUBSUB").arg("NUMSUB").arg(channel));
+    count > 0
+}
+
+/// Holds `key` through `holder` while a task waits for it through
+/// `waiter`; once `settled` says the waiter is set to hear the release,
+/// releases it. Returns how long after the release the waiter had the
+/// lock, and how starved this process was meanwhile.
+async fn handed_over(
+    holder: &LockClient,
+    waiter: &LockClient,
+    key: &str,
+    settled: impl Fn() -> bool,
+) -> (Duration, Duration) {
+    let held = holder
+        .lock(key)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("the holder gets the lock");
+    let monitor = Monitor::start();
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.to_owned());
+        tokio::spawn(async move {
+            let acquired = waiter.lock(&key).wait(Duration::from_secs(10)).acquire().await;
+            (Instant::now(), acquired)
+        })
+    };
+    let ready = lock_tests::eventually(Duration::from_secs(5), settled).await;
+    assert!(ready.is_some(), "the waiter on `{key}` never settled to wait");
+    let released_at = Instant::now();
+    held.release().await.expect("release");
+    let (acquired_at, acquired) = waiting.await.expect("the waiter's task");
+    acquired
+        .expect("the waiter gets the lock")
+        .release()
+        .await
+        .expect("release");
+    (
+        acquired_at.saturating_duration_since(released_at),
+        monitor.worst(),
+    )
 }
