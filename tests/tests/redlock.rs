@@ -627,23 +627,12 @@ async fn handed_over(
         .await
         .expect("the holder gets the lock");
     let monitor = Monitor::start();
-    let waiting = {
-        let (waiter, key) = (waiter.clone(), key.to_owned());
-        tokio::spawn(async move {
-            let acquired = waiter.lock(&key).wait(Duration::from_secs(10)).acquire().await;
-            (Instant::now(), acquired)
-        })
-    };
+    let waiting = lock_tests::spawn_waiter(waiter, key);
     let ready = lock_tests::eventually(Duration::from_secs(5), settled).await;
     assert!(ready.is_some(), "the waiter on `{key}` never settled to wait");
     let released_at = Instant::now();
     held.release().await.expect("release");
-    let (acquired_at, acquired) = waiting.await.expect("the waiter's task");
-    acquired
-        .expect("the waiter gets the lock")
-        .release()
-        .await
-        .expect("release");
+    let acquired_at = waiting.await.expect("the waiter's task");
     (
         acquired_at.saturating_duration_since(released_at),
         monitor.worst(),
