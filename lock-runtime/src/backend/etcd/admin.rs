@@ -127,6 +127,8 @@ impl EtcdBackend {
             for kv in reply.kvs() {
                 let lock = String::from_utf8_lossy(kv.key().get(root.len()..).unwrap_or_default())
                     .rsplit_once('/')
+                    // A tombstone is no lock's (see `Doomed`).
+                    .filter(|(encoded, _)| !encoded.ends_with(super::TOMBSTONES))
                     .and_then(|(encoded, _)| percent_decode_str(encoded).decode_utf8().ok())
                     .map(|name| name.into_owned());
                 names.extend(lock.filter(|name| glob.matches(name)));

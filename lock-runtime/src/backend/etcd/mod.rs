@@ -50,6 +50,16 @@ use crate::spec::Kind;
 /// range hold another's (`a/` holds `a/b/…`), and `%` is the escape.
 const ESCAPED: &AsciiSet = &CONTROLS.add(b'/').add(b'%');
 
+/// What a line's name takes to name its tombstones' range instead
+/// (`<root>/<lock>%gone/<key>`): `%g` is no escape, so no lock's line is
+/// named so, and the range is in no lock's line.
+const TOMBSTONES: &str = "%gone";
+
+/// How long a tombstone stays. etcd answers or drops a request within its
+/// deadline (the command timeout) and an election or two: a put not
+/// applied after this long will not be.
+const TOMBSTONE_LIFE: Duration = Duration::from_secs(30);
+
 /// The most operations etcd takes in one transaction (its default
 /// `--max-txn-ops`): a renewal batch is split into transactions this big.
 const MAX_TXN_OPS: usize = 128;
@@ -104,6 +114,55 @@ struct Entry {
     watch: Option<etcd::WatchStream>,
     /// A fixed lease: when this client deletes the key.
     expires: Option<Instant>,
+    /// A put of the key may still be on its way to the cluster: an attempt
+    /// sent it and was cut short, or got no answer. Its give-back then
+    /// leaves a tombstone (see [`Doomed`]).
+    unanswered: bool,
+}
+
+/// A key of ours to delete, and its slot. With `tombstone`, a put of it
+/// may still be on its way, and two requests keep no order: the put could
+/// be applied after the delete and put the key back, on a lease this
+/// client keeps alive, for good. So the delete also puts the key's
+/// tombstone (`tombstone_of`), which every put of the key is conditional
+/// on; the slot is freed when the tombstone goes, [`TOMBSTONE_LIFE`] later.
+struct Doomed {
+    path: String,
+    slot: u32,
+    tombstone: bool,
+}
+
+impl Doomed {
+    fn of(entry: Entry) -> Doomed {
+        Doomed {
+            path: entry.path,
+            slot: entry.slot,
+            tombstone: entry.unanswered,
+        }
+    }
+}
+
+/// Keys a removal has forgotten and not yet seen deleted: dropped with
+/// them (the removal cut short), it hands them to a background deletion.
+struct Unconfirmed<'a> {
+    backend: &'a EtcdBackend,
+    doomed: Option<Vec<Doomed>>,
+}
+
+impl Drop for Unconfirmed<'_> {
+    fn drop(&mut self) {
+        if let Some(doomed) = self.doomed.take() {
+            self.backend.delete_in_background(doomed, Duration::ZERO);
+        }
+    }
+}
+
+/// Where the tombstone of the key `path` (`<line>/<name>`) goes.
+fn tombstone_of(path: &str) -> String {
+    match path.rsplit_once('/') {
+        Some((line, name)) => format!("{line}{TOMBSTONES}/{name}"),
+        None => format!("{path}{TOMBSTONES}"),
+    }
 }
 
 /// This client's keys, by holder id (a set's locks share one), and the
@@ -141,11 +200,13 @@ impl Entries {
         Some(entry)
     }
 
-    /// Frees the slot of a key whose deletion was confirmed.
+    /// Frees the slot of a key (or of its tombstone) whose deletion was
+    /// confirmed.
     fn free(&mut self, path: &str, slot: u32) {
         let Some(line) = path.rsplit_once('/').map(|(line, _)| line) else {
             return;
         };
+        let line = line.strip_suffix(TOMBSTONES).unwrap_or(line);
         if let Some(used) = self.slots.get_mut(line) {
             used.remove(&slot);
             if used.is_empty() {
@@ -490,6 +551,7 @@ impl EtcdBackend {
     ) -> Result<Line, Failure> {
         let mut client = self.client().await?;
         let empty = etcd::Compare::create_revision(queue, etcd::CompareOp::Equal, 0).with_prefix();
+        let unburied = etcd::Compare::create_revision(tombstone_of(ours), etcd::CompareOp::Equal, 0);
         let read = etcd::TxnOp::get(
             queue,
             Some(
@@ -506,15 +568,21 @@ impl EtcdBackend {
             let absent = etcd::Compare::create_revision(ours, etcd::CompareOp::Equal, 0);
             etcd::TxnOp::txn(
                 etcd::Txn::new()
-                    .when([absent])
+                    .when([absent, unburied.clone()])
                     .and_then([put.clone(), read.clone()])
                     .or_else([read]),
             )
         };
         let txn = etcd::Txn::new()
-            .when([empty])
+            .when([empty, unburied])
             .and_then([put])
             .or_else([otherwise]);
+        // Unanswered until the cluster answers; if it never does (a
+        // timeout, or the attempt is cut short), the put may be applied
+        // later, and the key's give-back buries it.
+        let unanswered_before = self
+            .with_entry(key, holder, |e| std::mem::replace(&mut e.unanswered, true))
+            .unwrap_or(false);
         let reply = match client.txn(txn).await {
             Ok(reply) => reply,
             Err(e) if lease_not_found(&e) => {
@@ -523,6 +591,9 @@ impl EtcdBackend {
             }
             Err(e) => return Err(self.failure(Some(key), &e)),
         };
+        if !unanswered_before {
+            self.with_entry(key, holder, |e| e.unanswered = false);
+        }
         let revision = reply.header().map_or(0, etcd::ResponseHeader::revision);
         if reply.succeeded() {
             return Ok(Line {
@@ -588,6 +659,7 @@ impl EtcdBackend {
                 slot,
                 watch: None,
                 expires: None,
+                unanswered: false,
             });
         path
     }
@@ -600,10 +672,18 @@ impl EtcdBackend {
         self.entries().remove(&key.redis_key, holder)
     }
 
-    /// Forgets an entry whose key was never written, and frees its slot.
+    /// Forgets an entry whose key this attempt did not write, and frees its
+    /// slot; or, if an earlier attempt's put of it got no answer, buries
+    /// the key instead (that put may still come).
     fn drop_unwritten(&self, key: &LockKey, holder: &str) {
         let mut entries = self.entries();
-        if let Some(entry) = entries.remove(&key.redis_key, holder) {
+        let Some(entry) = entries.remove(&key.redis_key, holder) else {
+            return;
+        };
+        if entry.unanswered {
+            drop(entries);
+            self.delete_in_background(vec![Doomed::of(entry)], Duration::ZERO);
+        } else {
             entries.free(&entry.path, entry.slot);
         }
     }
@@ -765,7 +845,7 @@ impl EtcdBackend {
                         client,
                         lease,
                         lease_id,
-                        vec![(entry.path, entry.slot)],
+                        vec![Doomed::of(entry)],
                         Arc::downgrade(&entries),
                     )
                     .await;
@@ -785,38 +865,47 @@ impl EtcdBackend {
     /// other locks keep alive: it would keep the lock, and every waiter
     /// behind it, that long. So an unanswered deletion is handed to a task
     /// that keeps at it until the cluster answers or the lease ends; a key
-    /// this process knew of counts as released.
+    /// this process knew of counts as released. So is one whose removal is
+    /// itself dropped unfinished (an attempt cut short while it left the
+    /// line): its entry is forgotten already, and nobody else would.
     async fn remove(&self, keys: &[&LockKey], holder: &str) -> Result<bool, Failure> {
         let Some(first) = keys.first() else {
             return Ok(false);
         };
-        let doomed: Vec<(String, u32)> = keys
+        let doomed: Vec<Doomed> = keys
             .iter()
             .filter_map(|key| self.forget(key, holder))
-            .map(|entry| (entry.path, entry.slot))
+            .map(Doomed::of)
             .collect();
         if doomed.is_empty() {
             // Never ours here, or gone with an ended lease.
             return Ok(false);
         }
+        let Some(lease_id) = self.current_lease().map(|l| l.id) else {
+            // The lease ended, and our keys with it.
+            return Ok(false);
+        };
+        let mut unconfirmed = Unconfirmed {
+            backend: self,
+            doomed: Some(doomed),
+        };
+        let doomed = unconfirmed.doomed.as_deref().unwrap_or_default();
         let attempt = async {
             let mut client = self.client().await?;
-            if let [(path, _)] = doomed.as_slice() {
+            if let [only] = doomed
+                && !only.tombstone
+            {
                 // One key, the common case: a plain delete, no transaction.
                 let reply = client
-                    .delete(path.as_str(), None)
+                    .delete(only.path.as_str(), None)
                     .await
                     .map_err(|e| self.failure(Some(first), &e))?;
                 return Ok(reply.deleted() > 0);
             }
             let mut any = false;
-            for chunk in doomed.chunks(MAX_TXN_OPS) {
-                let deletes: Vec<etcd::TxnOp> = chunk
-                    .iter()
-                    .map(|(path, _)| etcd::TxnOp::delete(path.as_str(), None))
-                    .collect();
+            for chunk in doomed.chunks(MAX_TXN_OPS / 2) {
                 let reply = client
-                    .txn(etcd::Txn::new().and_then(deletes))
+                    .txn(etcd::Txn::new().and_then(deletion(chunk, lease_id)))
                     .await
                     .map_err(|e| self.failure(Some(first), &e))?;
                 any |= reply
@@ -826,39 +915,42 @@ impl EtcdBackend {
             }
             Ok::<bool, Failure>(any)
         };
-        match tokio::time::timeout(self.timeout, attempt).await {
+        let answer = tokio::time::timeout(self.timeout, attempt).await;
+        let doomed = unconfirmed.doomed.take().unwrap_or_default();
+        match answer {
             Ok(Ok(any)) => {
-                let mut entries = self.entries();
-                for (path, slot) in &doomed {
-                    entries.free(path, *slot);
+                let buried = freed(&mut self.entries(), &doomed);
+                if !buried.is_empty() {
+                    self.delete_in_background(buried, TOMBSTONE_LIFE);
                 }
                 Ok(any)
             }
             Ok(Err(failure)) if !failure.transient => Err(failure),
             _ => {
-                self.delete_in_background(doomed);
+                self.delete_in_background(doomed, Duration::ZERO);
                 // Ours until now, whatever the retry finds.
                 Ok(true)
             }
         }
     }
 
-    /// Deletes `doomed` (keys of ours, with their slots) from a task: see
-    /// [`delete_until_done`].
-    fn delete_in_background(&self, doomed: Vec<(String, u32)>) {
-        let (Some(client), Some(lease_id)) = (
+    /// Deletes `doomed` (keys of ours, with their slots) from a task,
+    /// `after` from now: see [`delete_until_done`].
+    fn delete_in_background(&self, doomed: Vec<Doomed>, after: Duration) {
+        // Called from `Drop` too, where there may be no runtime: then the
+        // lease's expiry deletes the keys.
+        let (Some(client), Some(lease_id), Ok(runtime)) = (
             self.client.get().map(|client| (**client).clone()),
             self.current_lease().map(|l| l.id),
+            tokio::runtime::Handle::try_current(),
         ) else {
             return;
         };
-        tokio::spawn(delete_until_done(
-            client,
-            Arc::downgrade(&self.lease),
-            lease_id,
-            doomed,
-            Arc::downgrade(&self.entries),
-        ));
+        let (lease, entries) = (Arc::downgrade(&self.lease), Arc::downgrade(&self.entries));
+        runtime.spawn(async move {
+            tokio::time::sleep(after).await;
+            delete_until_done(client, lease, lease_id, doomed, entries).await;
+        });
     }
 
     /// Resolves when the key before ours is deleted (or the watch ends):
@@ -929,49 +1021,88 @@ impl EtcdBackend {
 /// Deletes `doomed` (keys of ours on the lease `lease_id`, with their
 /// slots), retrying until the cluster answers, that lease ends (taking them
 /// with it), or the client is gone (`lease` no longer upgrades); frees the
-/// slots of the keys it saw deleted.
+/// slots of the keys it saw deleted. The tombstones it leaves are deleted
+/// the same way [`TOMBSTONE_LIFE`] later.
 async fn delete_until_done(
     client: etcd::Client,
     lease: std::sync::Weak<Mutex<Option<Lease>>>,
     lease_id: i64,
-    doomed: Vec<(String, u32)>,
+    doomed: Vec<Doomed>,
     entries: std::sync::Weak<Mutex<Entries>>,
 ) {
     let mut pause = Duration::from_millis(10);
-    for chunk in doomed.chunks(MAX_TXN_OPS) {
-        loop {
-            let on_lease = lease.upgrade().is_some_and(|l| {
-                l.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .as_ref()
-                    .map(|l| l.id)
-                    == Some(lease_id)
-            });
-            if !on_lease {
-                return;
-            }
-            let deletes: Vec<etcd::TxnOp> = chunk
-                .iter()
-                .map(|(path, _)| etcd::TxnOp::delete(path.as_str(), None))
-                .collect();
-            match client.kv_client().txn(etcd::Txn::new().and_then(deletes)).await {
-                Ok(_) => {
-                    if let Some(entries) = entries.upgrade() {
-                        let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);
-                        for (path, slot) in chunk {
-                            entries.free(path, *slot);
-                        }
-                    }
-                    break;
+    let mut doomed = doomed;
+    while !doomed.is_empty() {
+        let mut buried = Vec::new();
+        for chunk in doomed.chunks(MAX_TXN_OPS / 2) {
+            loop {
+                let on_lease = lease.upgrade().is_some_and(|l| {
+                    l.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .as_ref()
+                        .map(|l| l.id)
+                        == Some(lease_id)
+                });
+                if !on_lease {
+                    return;
                 }
-                Err(e) => {
-                    tracing::debug!(error = %e, "etcd lock release not confirmed yet; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
+                match client
+                    .kv_client()
+                    .txn(etcd::Txn::new().and_then(deletion(chunk, lease_id)))
+                    .await
+                {
+                    Ok(_) => {
+                        if let Some(entries) = entries.upgrade() {
+                            let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);
+                            buried.extend(freed(&mut entries, chunk));
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "etcd lock release not confirmed yet; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
                 }
             }
         }
+        if !buried.is_empty() {
+            tokio::time::sleep(TOMBSTONE_LIFE).await;
+        }
+        doomed = buried;
     }
+}
+
+/// One transaction's operations for `doomed`: each key's delete, and the
+/// put of its tombstone on `lease_id` where it needs one.
+fn deletion(doomed: &[Doomed], lease_id: i64) -> Vec<etcd::TxnOp> {
+    let mut ops = Vec::with_capacity(doomed.len());
+    for key in doomed {
+        ops.push(etcd::TxnOp::delete(key.path.as_str(), None));
+        if key.tombstone {
+            let put = etcd::PutOptions::new().with_lease(lease_id);
+            ops.push(etcd::TxnOp::put(tombstone_of(&key.path), "", Some(put)));
+        }
+    }
+    ops
+}
+
+/// Frees the slots of `deleted` keys, but for those a tombstone now keeps:
+/// those tombstones are returned, to be deleted in their turn.
+fn freed(entries: &mut Entries, deleted: &[Doomed]) -> Vec<Doomed> {
+    let mut buried = Vec::new();
+    for key in deleted {
+        if key.tombstone {
+            buried.push(Doomed {
+                path: tombstone_of(&key.path),
+                slot: key.slot,
+                tombstone: false,
+            });
+        } else {
+            entries.free(&key.path, key.slot);
+        }
+    }
+    buried
 }
 
 /// The keys a transaction's reads found under `queue` (in nested
