@@ -591,6 +591,63 @@ async fn a_waiter_hears_releases_through_the_masters_that_answer() {
     .await
 }
 
+/// A master left out of the release subscriptions while it did not answer
+/// is subscribed again once it answers: the set is opened again, that
+/// master included, 5 s after it was left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_left_out_while_silent_is_subscribed_again_once_it_answers() {
+    lock_tests::bounded(
+        "a_master_left_out_while_silent_is_subscribed_again_once_it_answers",
+        async move {
+            let (masters, proxies, urls) = proxied_masters().await;
+            let holder = redlock(&urls).await;
+            let waiter = redlock(&urls).await;
+            let held = holder
+                .lock("rejoin")
+                .ttl(Duration::from_secs(30))
+                .acquire()
+                .await
+                .expect("the holder gets the lock");
+            proxies[0].blackhole();
+            let waiting = tokio::spawn(async move {
+                waiter
+                    .lock("rejoin")
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await
+                    .expect("the waiter gets the lock once released")
+                    .release()
+                    .await
+                    .expect("release")
+            });
+            let without_it = lock_tests::eventually(Duration::from_secs(5), || {
+                subscribed(&masters[1], "rejoin") && subscribed(&masters[2], "rejoin")
+            })
+            .await;
+            assert!(
+                without_it.is_some(),
+                "the waiter never subscribed on the masters that answer"
+            );
+            assert!(
+                !subscribed(&masters[0], "rejoin"),
+                "a blackholed master got the subscription"
+            );
+            proxies[0].pass();
+            // The retry (5 s), the new connection and one SUBSCRIBE, with
+            // room for a slow machine.
+            let rejoined =
+                lock_tests::eventually(Duration::from_secs(10), || subscribed(&masters[0], "rejoin")).await;
+            assert!(
+                rejoined.is_some(),
+                "the master that answers again was not subscribed to within 10 s"
+            );
+            held.release().await.expect("release");
+            waiting.await.expect("the waiter's task");
+        },
+    )
+    .await
+}
+
 /// Three masters, each reached through a proxy that can blackhole it, and
 /// the proxies' URLs.
 async fn proxied_masters() -> (Vec<RedisServer>, Vec<Proxy>, Vec<String>) {
