@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
+use futures_util::FutureExt;
 use lock_runtime::{LockClient, LockError, fencing_token};
 use lock_tests::Etcd;
 use lock_tests::etcd::{LEASE_TTL, client, healthy, metric};
@@ -490,6 +491,67 @@ async fn a_waiter_that_gives_up_leaves_the_line() {
         holder.release().await.expect("release");
         assert!(line(&etcd, "given-up").await.is_empty());
     })
+    .await
+}
+
+/// A try whose attempt is dropped while it leaves the line (its put done,
+/// its delete not yet sent) leaves nothing in the line: the removal had
+/// forgotten the key before the delete was answered, and dropped, nobody
+/// deleted it. On one thread, so that the delete the removal queues is
+/// never written out before the drop.
+///
+/// The last poll comes once the put is applied and the client has had a
+/// few milliseconds to read the answer: that steers the race to the drop
+/// point. A round that misses it is cut inside the put, or has left the
+/// line already; either must leave nothing too. Before the removal handed
+/// its keys on when dropped, the first round left its key (7 of 7 runs).
+#[tokio::test(flavor = "current_thread")]
+async fn a_try_dropped_while_it_leaves_the_line_leaves_nothing() {
+    lock_tests::bounded(
+        "a_try_dropped_while_it_leaves_the_line_leaves_nothing",
+        async move {
+            let etcd = Etcd::start();
+            let locks = client(&etcd).await;
+            let holder = lock_tests::guard_from_another_task(&locks, "dropped").await;
+            for round in 0..10 {
+                let mut attempt = Box::pin(locks.lock("dropped").acquire());
+                // Polled until its key is in line: it may renew the
+                // client's lease first, and goes on only when polled. A
+                // poll that catches its answer takes it on past the drop
+                // point: the try then ends, refused, which is a miss.
+                let mut ended = (&mut attempt).now_or_never();
+                let joined = Instant::now() + Duration::from_secs(5);
+                while ended.is_none() && line(&etcd, "dropped").await.len() < 2 && Instant::now() < joined {
+                    tokio::task::yield_now().await;
+                    ended = (&mut attempt).now_or_never();
+                }
+                if ended.is_none() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    ended = (&mut attempt).now_or_never();
+                }
+                if let Some(outcome) = ended {
+                    assert!(
+                        matches!(outcome, Err(LockError::Timeout { .. })),
+                        "round {round}: the lock is held: {outcome:?}"
+                    );
+                }
+                drop(attempt);
+                let deadline = Instant::now() + Duration::from_secs(5);
+                let mut left = line(&etcd, "dropped").await;
+                while left.len() != 1 && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    left = line(&etcd, "dropped").await;
+                }
+                assert_eq!(
+                    left.len(),
+                    1,
+                    "round {round}: the dropped try's key stayed: {left:?}"
+                );
+            }
+            holder.release().await.expect("release");
+            assert!(line(&etcd, "dropped").await.is_empty());
+        },
+    )
     .await
 }
 
