@@ -147,6 +147,19 @@ async fn line(etcd: &Etcd, key: &str) -> Vec<(String, i64, i64)> {
     keys_under(etcd, &format!("/distributed-locks/lock:{{{key}}}/")).await
 }
 
+/// The line of `key` once it has `count` keys, or as it is after 10 s: a
+/// give-back that got no answer is retried from a task until the member
+/// answers.
+async fn line_settled(etcd: &Etcd, key: &str, count: usize) -> Vec<(String, i64, i64)> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut keys = line(etcd, key).await;
+    while keys.len() != count && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        keys = line(etcd, key).await;
+    }
+    keys
+}
+
 /// The keys under `prefix`: `(name past the prefix, create revision,
 /// lease)`, in create-revision order.
 async fn keys_under(etcd: &Etcd, prefix: &str) -> Vec<(String, i64, i64)> {
@@ -478,16 +491,12 @@ async fn a_waiter_that_gives_up_leaves_the_line() {
             Err(LockError::Timeout { .. })
         ));
         // The dropped one's key goes from a spawned task.
-        let mut left = 0;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            left = line(&etcd, "given-up").await.len();
-            if left == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(left, 1, "keys of waiters that gave up are left in the line");
+        let left = line_settled(&etcd, "given-up", 1).await;
+        assert_eq!(
+            left.len(),
+            1,
+            "keys of waiters that gave up are left in the line: {left:?}"
+        );
         holder.release().await.expect("release");
         assert!(line(&etcd, "given-up").await.is_empty());
     })
@@ -536,12 +545,7 @@ async fn a_try_dropped_while_it_leaves_the_line_leaves_nothing() {
                     );
                 }
                 drop(attempt);
-                let deadline = Instant::now() + Duration::from_secs(5);
-                let mut left = line(&etcd, "dropped").await;
-                while left.len() != 1 && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    left = line(&etcd, "dropped").await;
-                }
+                let left = line_settled(&etcd, "dropped", 1).await;
                 assert_eq!(
                     left.len(),
                     1,
@@ -626,14 +630,7 @@ async fn a_waiter_cut_short_mid_attempt_leaves_nothing_in_line() {
                     assert!(waited.is_err(), "round {round}: the lock is held: {waited:?}");
                 }
                 etcd.resume(0);
-                // The give-backs that got no answer are retried until the
-                // member answers.
-                let deadline = Instant::now() + Duration::from_secs(5);
-                let mut left = line(&etcd, "cut").await;
-                while left.len() != 1 && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    left = line(&etcd, "cut").await;
-                }
+                let left = line_settled(&etcd, "cut", 1).await;
                 assert_eq!(
                     left.len(),
                     1,
