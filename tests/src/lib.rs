@@ -265,14 +265,18 @@ where
 /// `key`, releases it, and returns the instant it got it, so that handoff
 /// latency can be taken from the release that let it in.
 pub fn spawn_waiter(locks: &lock_runtime::LockClient, key: &str) -> tokio::task::JoinHandle<Instant> {
+    spawn_waiter_within(locks, key, Duration::from_secs(5))
+}
+
+/// [`spawn_waiter`] with a `wait` of the caller's choosing.
+pub fn spawn_waiter_within(
+    locks: &lock_runtime::LockClient,
+    key: &str,
+    wait: Duration,
+) -> tokio::task::JoinHandle<Instant> {
     let (locks, key) = (locks.clone(), key.to_owned());
     tokio::spawn(async move {
-        let guard = locks
-            .lock(key)
-            .wait(Duration::from_secs(5))
-            .acquire()
-            .await
-            .expect("waiter");
+        let guard = locks.lock(key).wait(wait).acquire().await.expect("waiter");
         let acquired = Instant::now();
         guard.release().await.expect("release");
         acquired

@@ -609,17 +609,8 @@ async fn a_master_left_out_while_silent_is_subscribed_again_once_it_answers() {
                 .await
                 .expect("the holder gets the lock");
             proxies[0].blackhole();
-            let waiting = tokio::spawn(async move {
-                waiter
-                    .lock("rejoin")
-                    .wait(Duration::from_secs(30))
-                    .acquire()
-                    .await
-                    .expect("the waiter gets the lock once released")
-                    .release()
-                    .await
-                    .expect("release")
-            });
+            // Longer than the 5 s the left-out master waits to be tried again.
+            let waiting = lock_tests::spawn_waiter_within(&waiter, "rejoin", Duration::from_secs(30));
             let without_it = lock_tests::eventually(Duration::from_secs(5), || {
                 subscribed(&masters[1], "rejoin") && subscribed(&masters[2], "rejoin")
             })

@@ -50,7 +50,7 @@ use crate::spec::Kind;
 /// range hold another's (`a/` holds `a/b/…`), and `%` is the escape.
 const ESCAPED: &AsciiSet = &CONTROLS.add(b'/').add(b'%');
 
-/// What a line's name takes to name its tombstones' range instead
+/// The suffix that turns a line's name into its tombstones' range
 /// (`<root>/<lock>%gone/<key>`): `%g` is no escape, so no lock's line is
 /// named so, and the range is in no lock's line.
 const TOMBSTONES: &str = "%gone";
