@@ -13,6 +13,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
+use self::call::ScriptCall;
 use self::cluster::ClusterLink;
 use self::sentinel::SentinelLink;
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal};
@@ -37,6 +38,7 @@ macro_rules! script {
 }
 
 pub(crate) mod admin;
+mod call;
 pub(crate) mod cluster;
 mod coalesce;
 pub(crate) mod redlock;
@@ -412,12 +414,12 @@ impl<C: Connection> Backend for RedisBackend<C> {
         ttl: Duration,
         extend_only: bool,
     ) -> Result<bool, Failure> {
-        let renewed: i64 = RENEW
-            .key(&key.redis_key)
+        let renewed: i64 = ScriptCall::new(&RENEW, 1, 4)
+            .arg(&key.redis_key)
             .arg(holder)
             .arg(millis(ttl))
             .arg(if extend_only { "1" } else { "0" })
-            .invoke_async(&mut self.conn.clone())
+            .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
         if renewed == 1
@@ -462,14 +464,14 @@ impl<C: Connection> RedisBackend<C> {
         ttl: Duration,
         fencing: bool,
     ) -> Result<HandOver, Failure> {
-        let reply: Value = HAND_OVER
-            .key(&key.redis_key)
-            .key(key.fence_key())
+        let reply: Value = ScriptCall::new(&HAND_OVER, 2, 6)
+            .arg(&key.redis_key)
+            .arg(key.fence_key())
             .arg(from)
             .arg(to)
             .arg(millis(ttl))
             .arg(if fencing { "1" } else { "0" })
-            .invoke_async(&mut self.conn.clone())
+            .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
         match reply.as_sequence() {
@@ -512,10 +514,10 @@ impl<C: Connection> RedisBackend<C> {
                 return Ok(AcquireReply::acquired(None));
             }
         }
-        let mut invocation = ACQUIRE.key(&key.redis_key);
-        invocation.key(key.fence_key());
-        let reply: Value = attempt_args(&mut invocation, req)
-            .invoke_async(&mut self.conn.clone())
+        let mut call = ScriptCall::new(&ACQUIRE, 2, 6);
+        call.arg(&key.redis_key).arg(key.fence_key());
+        let reply: Value = attempt_args(&mut call, req)
+            .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
         match reply.as_sequence() {
@@ -531,14 +533,14 @@ impl<C: Connection> RedisBackend<C> {
     /// A fair lock: free and first in line, or wait in line.
     async fn acquire_fair(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let key = req.key;
-        let mut invocation = ACQUIRE_FAIR.key(&key.redis_key);
-        invocation
-            .key(key.fence_key())
-            .key(key.line_key())
-            .key(key.alive_key());
-        let reply: Value = attempt_args(&mut invocation, req)
+        let mut call = ScriptCall::new(&ACQUIRE_FAIR, 4, 9);
+        call.arg(&key.redis_key)
+            .arg(key.fence_key())
+            .arg(key.line_key())
+            .arg(key.alive_key());
+        let reply: Value = attempt_args(&mut call, req)
             .arg(millis(req.waiter_timeout))
-            .invoke_async(&mut self.conn.clone())
+            .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
         match reply.as_sequence() {
@@ -554,12 +556,13 @@ impl<C: Connection> RedisBackend<C> {
     /// Every lock of a set at once, or none.
     async fn acquire_set(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let key = req.key;
-        let mut invocation = ACQUIRE_MANY.key(&key.redis_key);
+        let mut call = ScriptCall::new(&ACQUIRE_MANY, 1 + req.also.len(), 5 + req.also.len());
+        call.arg(&key.redis_key);
         for other in req.also {
-            invocation.key(&other.redis_key);
+            call.arg(&other.redis_key);
         }
-        let reply: Value = attempt_args(&mut invocation, req)
-            .invoke_async(&mut self.conn.clone())
+        let reply: Value = attempt_args(&mut call, req)
+            .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
         let in_set = |index: &i64| usize::try_from(*index).ok().filter(|&i| i <= req.also.len());
@@ -582,12 +585,12 @@ impl<C: Connection> RedisBackend<C> {
     /// A side of a read-write lock (`permits` 0) or a permit of a semaphore.
     async fn acquire_shared(&self, req: &AcquireRequest<'_>, permits: u32) -> Result<AcquireReply, Failure> {
         let key = req.key;
-        let mut invocation = ACQUIRE_SHARED.key(&key.redis_key);
-        invocation.key(key.fence_key());
-        let reply: Value = attempt_args(&mut invocation, req)
+        let mut call = ScriptCall::new(&ACQUIRE_SHARED, 2, 8);
+        call.arg(&key.redis_key).arg(key.fence_key());
+        let reply: Value = attempt_args(&mut call, req)
             .arg(permits)
             .arg(millis(WRITER_CLAIM))
-            .invoke_async(&mut self.conn.clone())
+            .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
         match reply.as_sequence() {
@@ -603,18 +606,19 @@ impl<C: Connection> RedisBackend<C> {
     /// Any free one of `count` segments, all tried by one script.
     async fn acquire_segment(&self, req: &AcquireRequest<'_>, count: u32) -> Result<AcquireReply, Failure> {
         let key = req.key;
-        let mut invocation = ACQUIRE_SEGMENT.prepare_invoke();
+        let keys = count as usize * if req.fencing { 2 } else { 1 };
+        let mut call = ScriptCall::new(&ACQUIRE_SEGMENT, keys, keys + 5);
         for segment in key.segment_keys(count) {
-            invocation.key(segment);
+            call.arg(segment);
         }
         if req.fencing {
             for segment in key.segment_keys(count) {
-                invocation.key(format!("{segment}:fence"));
+                call.arg(format!("{segment}:fence"));
             }
         }
-        let reply: Value = attempt_args(&mut invocation, req)
+        let reply: Value = attempt_args(&mut call, req)
             .arg(count)
-            .invoke_async(&mut self.conn.clone())
+            .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
         match reply.as_sequence() {
@@ -642,13 +646,9 @@ impl<C: Connection> RedisBackend<C> {
 
 /// The arguments every acquire script starts with: the holder id, the
 /// lease, and the fencing and waiting flags.
-fn attempt_args<'s, 'i>(
-    invocation: &'i mut redis::ScriptInvocation<'s>,
-    req: &AcquireRequest<'_>,
-) -> &'i mut redis::ScriptInvocation<'s> {
+fn attempt_args<'s, 'c>(call: &'c mut ScriptCall<'s>, req: &AcquireRequest<'_>) -> &'c mut ScriptCall<'s> {
     let flag = |on: bool| if on { "1" } else { "0" };
-    invocation
-        .arg(req.holder)
+    call.arg(req.holder)
         .arg(millis(req.ttl))
         .arg(flag(req.fencing))
         .arg(flag(req.waiting))
