@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tracing::Instrument;
 
 use crate::backend::{AcquireReply, AcquireRequest, Backend, Failure};
 use crate::drop_guard::{Cleanup, DropGuard};
 use crate::error::LockError;
-use crate::handoff::{Granted, OfferHandle};
+use crate::handoff::{Granted, Handed, OfferHandle};
 use crate::holder;
 use crate::key::LockKey;
 use crate::lease::Lease;
@@ -327,6 +327,18 @@ impl<'a> Acquisition<'a> {
     /// within what is left of `wait`. Returns when it was sent (the lease
     /// counts from then) and the answer.
     async fn attempt(&mut self) -> (Instant, Result<AcquireReply, Failure>) {
+        // A handoff in parts (a Redlock's, one call per master) must not
+        // meet an attempt of ours: the attempt could find it half done and,
+        // winning no majority, give back what it found ours, which is part
+        // of the lock being handed to us. So the offer is withdrawn first
+        // (a later wait offers again), or, if a release took it already,
+        // its word is awaited (the giver's call, bounded by its timeout).
+        if self.handed.is_none() && self.client.backend.hands_over_in_parts() {
+            if self.offer.as_ref().is_some_and(|offer| !offer.withdraw()) {
+                self.handed = hear_from_the_giver(&mut self.offer, &mut self.pending.in_doubt).await;
+            }
+            self.offer = None;
+        }
         self.attempts += 1;
         self.doubt_before = self.pending.in_doubt;
         if let Some(granted) = self.handed.take() {
@@ -698,8 +710,22 @@ async fn wait_for_turn(
         () = released => return None,
         () = tokio::time::sleep(poll) => return None,
     };
-    // Taken: handed, maybe handed (its call got no answer), or not (the
-    // giver no longer had the lock).
+    taken_over(offer, told, in_doubt)
+}
+
+/// How the handoff of the release that took `offer` went, once it went.
+async fn hear_from_the_giver(offer: &mut Option<OfferHandle>, in_doubt: &mut bool) -> Option<Granted> {
+    let told = (&mut offer.as_mut()?.rx).await;
+    taken_over(offer, told, in_doubt)
+}
+
+/// A release took `offer`, and `told` us: handed, maybe handed (its call
+/// got no answer), or not (the giver no longer had the lock).
+fn taken_over(
+    offer: &mut Option<OfferHandle>,
+    told: Result<Handed, oneshot::error::RecvError>,
+    in_doubt: &mut bool,
+) -> Option<Granted> {
     *offer = None;
     let mut told = told.ok()?;
     told.claim.disarm();

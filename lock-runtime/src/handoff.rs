@@ -194,6 +194,14 @@ pub(crate) struct OfferHandle {
 }
 
 impl OfferHandle {
+    /// Withdraws the offer, unless a release took it already: then its
+    /// handoff is on the wire or done, how it went comes on `rx`, and this
+    /// returns false. Decided under the offer's lock, so no release takes
+    /// it after a `true`.
+    pub(crate) fn withdraw(&self) -> bool {
+        self.offer.withdraw()
+    }
+
     /// For a waiter that got the lock by its own attempt (same holder id):
     /// a handoff under way for it is waited for and its claim disarmed,
     /// since the lock it hands over is the one the waiter now holds.

@@ -1,11 +1,12 @@
 //! Redlock over independent `redis-server` masters (scenarios R2–R4, R8):
 //! majorities, dead and stalled masters, foreign holders, configuration.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockError, LockMode, LostReason};
+use lock_runtime::{LockClient, LockError, LockGuard, LockMode, LostReason};
 use lock_tests::monitor::Monitor;
-use lock_tests::{Proxy, RedisServer, increment_under_lock, start_masters};
+use lock_tests::{Proxy, RedisServer, commands_between, increment_under_lock, start_masters};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
@@ -685,4 +686,195 @@ async fn handed_over(
         acquired_at.saturating_duration_since(released_at),
         monitor.worst(),
     )
+}
+
+/// A task of its own acquiring `key` (waiting up to 10 s), returning the
+/// guard it got.
+fn acquiring_task(locks: &LockClient, key: &str) -> tokio::task::JoinHandle<LockGuard> {
+    let (locks, key) = (locks.clone(), key.to_owned());
+    tokio::spawn(async move {
+        locks
+            .lock(key)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .expect("the task gets the lock")
+    })
+}
+
+/// Holds `key` in one task of `locks` while another waits for it, and
+/// releases it once the waiter has made its second attempt (after which it
+/// waits with its offer to be handed the lock standing, unless this
+/// process was starved between the two). Returns the waiter's guard and
+/// what each master ran for the release and the waiter's acquisition.
+async fn release_to_a_waiter_here(
+    masters: &[RedisServer],
+    locks: &LockClient,
+    key: &str,
+    before_release: impl FnOnce(),
+) -> (LockGuard, Vec<BTreeMap<String, u64>>) {
+    let holder = lock_tests::guard_from_another_task(locks, key).await;
+    let script_calls = || masters[0].command_calls().get("evalsha").copied().unwrap_or(0);
+    let before = script_calls();
+    let waiter = acquiring_task(locks, key);
+    let attempted = lock_tests::eventually(Duration::from_secs(10), || script_calls() >= before + 2).await;
+    assert!(attempted.is_some(), "the waiter never made its second attempt");
+    before_release();
+    let before: Vec<_> = masters.iter().map(RedisServer::command_calls).collect();
+    holder.release().await.expect("released");
+    let handed = waiter.await.expect("the waiter's task");
+    let sent = masters
+        .iter()
+        .zip(&before)
+        .map(|(master, before)| {
+            let mut sent = commands_between(before, &master.command_calls());
+            // The waiter's subscription leaving the channel, now that
+            // nobody here waits: not part of the handoff.
+            sent.remove("unsubscribe");
+            sent
+        })
+        .collect();
+    (handed, sent)
+}
+
+/// What `hand_over.lua` runs on a master: one script call whose GET checks
+/// the giver and whose SET gives the lock its new holder and lease. No DEL,
+/// no announcement, no attempt by the waiter.
+fn handoff_alone() -> BTreeMap<String, u64> {
+    [("evalsha", 1), ("get", 1), ("set", 1)]
+        .map(|(c, n)| (c.to_owned(), n))
+        .into()
+}
+
+/// A release with a waiter of the same client hands a Redlock over on
+/// every master at once, one owner-checked call each, instead of a release
+/// on each, announcements, and the waiter's own attempt on each. Fails
+/// without `RedlockBackend::hand_over` (every try then shows the release's
+/// DEL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_a_redlock_to_a_waiter_here_on_every_master() {
+    lock_tests::bounded(
+        "a_release_hands_a_redlock_to_a_waiter_here_on_every_master",
+        async move {
+            let masters = start_masters(3);
+            let locks = redlock(&urls(&masters)).await;
+            // Loads the scripts (NOSCRIPT, then SCRIPT LOAD): not counted.
+            let (warm, _) = release_to_a_waiter_here(&masters, &locks, "handed:warm-up", || {}).await;
+            warm.release().await.expect("released");
+            // A waiter starved between its second attempt and its offer is
+            // not there to be handed the lock: then the release goes
+            // through the masters, and the next try is made.
+            for attempt in 1..=5 {
+                let key = format!("handed:{attempt}");
+                let (handed, sent) = release_to_a_waiter_here(&masters, &locks, &key, || {}).await;
+                assert!(handed.is_held());
+                handed.release().await.expect("the handed lock is released");
+                for master in &masters {
+                    assert!(!exists(master, &format!("lock:{{{key}}}")), "left on a master");
+                }
+                if sent.iter().all(|sent| *sent == handoff_alone()) {
+                    return;
+                }
+                eprintln!("try {attempt}: not handed over ({sent:?})");
+            }
+            panic!("no release handed the lock to the waiter here in 5 tries");
+        },
+    )
+    .await
+}
+
+/// With one master blackholed, the handoff still reaches a majority: the
+/// waiter holds the lock through the two that answer, and gets it without
+/// waiting for the silent one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_with_a_master_blackholed_is_handed_by_the_majority() {
+    lock_tests::bounded(
+        "a_handoff_with_a_master_blackholed_is_handed_by_the_majority",
+        async move {
+            let (masters, proxies, urls) = proxied_masters().await;
+            let locks = redlock(&urls).await;
+            let (warm, _) = release_to_a_waiter_here(&masters, &locks, "quorum:warm-up", || {}).await;
+            warm.release().await.expect("released");
+            for attempt in 1..=5 {
+                let key = format!("quorum:{attempt}");
+                let (handed, sent) =
+                    release_to_a_waiter_here(&masters, &locks, &key, || proxies[2].blackhole()).await;
+                let handed_over = sent[..2].iter().all(|sent| *sent == handoff_alone());
+                assert!(handed.is_held());
+                for master in &masters[..2] {
+                    assert!(
+                        exists(master, &format!("lock:{{{key}}}")),
+                        "not held on a live master"
+                    );
+                }
+                proxies[2].pass();
+                handed.release().await.expect("the handed lock is released");
+                if handed_over {
+                    return;
+                }
+                eprintln!("try {attempt}: not handed over ({sent:?})");
+            }
+            panic!("no release handed the lock to the waiter here in 5 tries");
+        },
+    )
+    .await
+}
+
+/// The stale-holder contract (`stale_holder.rs`) for a Redlock's handoff:
+/// a holder that kept the lock on one master only, another client having
+/// taken the other two, hands its waiter nothing. Handed on one master of
+/// three, the handoff is no majority: undone, the release reports the lock
+/// lost, the other client's keys are untouched, and the waiter still
+/// waits. The other two masters answer 20 ms late, so that the one handed
+/// answers first: handed on the first answer instead of a majority, the
+/// waiter would hold a lock the other client holds (as it did, 3 runs of
+/// 3, with the count compared against 1 instead of the quorum).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_handed_on_a_minority_of_masters_is_not_handed() {
+    lock_tests::bounded(
+        "a_redlock_handed_on_a_minority_of_masters_is_not_handed",
+        async move {
+            let (masters, proxies, urls) = proxied_masters().await;
+            let locks = redlock(&urls).await;
+            let (warm, _) = release_to_a_waiter_here(&masters, &locks, "minority:warm-up", || {}).await;
+            warm.release().await.expect("released");
+            let key = "minority";
+            let redis_key = "lock:{minority}";
+            let holder = lock_tests::guard_from_another_task(&locks, key).await;
+            let script_calls = || masters[0].command_calls().get("evalsha").copied().unwrap_or(0);
+            let before = script_calls();
+            let waiter = acquiring_task(&locks, key);
+            let attempted =
+                lock_tests::eventually(Duration::from_secs(10), || script_calls() >= before + 2).await;
+            assert!(attempted.is_some(), "the waiter never made its second attempt");
+            let rival = "0123456789abcdef0123456789abcdef:424242";
+            let mut expiries = Vec::new();
+            for master in &masters[1..] {
+                master.query::<()>(redis::cmd("SET").arg(redis_key).arg(rival).arg("PX").arg(20_000));
+                expiries.push(master.query::<i64>(redis::cmd("PEXPIRETIME").arg(redis_key)));
+            }
+            for proxy in &proxies[1..] {
+                proxy.delay(Duration::from_millis(20));
+            }
+            let released = holder.release().await;
+            assert!(matches!(released, Err(LockError::NotHeld { .. })), "{released:?}");
+            for (master, expiry) in masters[1..].iter().zip(expiries) {
+                // The waiter, refused there, may have marked it (`+w`).
+                let value: Option<String> = master.query(redis::cmd("GET").arg(redis_key));
+                assert_eq!(
+                    value.as_deref().map(|v| v.trim_end_matches("+w")),
+                    Some(rival),
+                    "the other client's lock was changed"
+                );
+                let after: i64 = master.query(redis::cmd("PEXPIRETIME").arg(redis_key));
+                assert_eq!(after, expiry, "the other client's lease was changed");
+            }
+            assert!(
+                !waiter.is_finished(),
+                "the waiter got a lock another client holds on a majority"
+            );
+            waiter.abort();
+        },
+    )
+    .await
 }

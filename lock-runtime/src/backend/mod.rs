@@ -135,18 +135,26 @@ impl AnyBackend {
 
     /// Whether an exclusive lock can be handed from its holder to a waiter
     /// in one owner-checked call ([`hand_over`](Self::hand_over)): on a
-    /// Redis node, a Sentinel's master or a cluster, unless every write
-    /// must wait for replicas (a handed lock would have to wait too), and
-    /// on PostgreSQL.
+    /// Redis node, a Sentinel's master or a cluster, and on a Redlock (one
+    /// call per master, handed once a majority handed it), unless every
+    /// write must wait for replicas (a handed lock would have to wait too),
+    /// and on PostgreSQL.
     pub(crate) fn hands_over(&self) -> bool {
         match self {
             AnyBackend::Redis(b) => b.hands_over(),
             AnyBackend::Cluster(b) => b.hands_over(),
             AnyBackend::Sentinel(b) => b.hands_over(),
+            AnyBackend::Redlock(b) => b.hands_over(),
             #[cfg(feature = "postgres")]
             AnyBackend::Postgres(_) => true,
             _ => false,
         }
+    }
+
+    /// Whether a handoff is several calls (a Redlock's, one per master)
+    /// that an attempt of the waiter's could meet half done.
+    pub(crate) fn hands_over_in_parts(&self) -> bool {
+        matches!(self, AnyBackend::Redlock(_))
     }
 
     /// Gives the exclusive lock `key` from `from` to `to`, with `to`'s lease
@@ -163,6 +171,7 @@ impl AnyBackend {
             AnyBackend::Redis(b) => b.hand_over(key, from, to, ttl, fencing).await,
             AnyBackend::Cluster(b) => b.hand_over(key, from, to, ttl, fencing).await,
             AnyBackend::Sentinel(b) => b.hand_over(key, from, to, ttl, fencing).await,
+            AnyBackend::Redlock(b) => Box::pin(b.hand_over(key, from, to, ttl, fencing)).await,
             #[cfg(feature = "postgres")]
             AnyBackend::Postgres(b) => Box::pin(b.hand_over(key, from, to, ttl, fencing)).await,
             // Never offered: `hands_over` is false here.

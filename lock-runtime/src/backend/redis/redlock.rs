@@ -15,7 +15,9 @@ use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 
 use super::RedisBackend;
-use crate::backend::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use crate::backend::contract::{
+    AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
@@ -138,6 +140,94 @@ impl RedlockBackend {
             }
         }))
         .await
+    }
+
+    /// Whether a lock can be handed from its holder to a waiter of this
+    /// client: unless the masters' writes must wait for replicas.
+    pub(crate) fn hands_over(&self) -> bool {
+        self.nodes.iter().all(RedisBackend::hands_over)
+    }
+
+    /// Hands the exclusive lock `key` from `from` to `to` (`handoff.rs`) on
+    /// every master at once: handed once a majority of them handed it,
+    /// exactly as an acquisition is granted once a majority granted it (the
+    /// caller counts the lease from before the calls). A master that did
+    /// not answer is given `from`'s release in the background, so that the
+    /// giver's key does not sit there for the rest of its lease.
+    ///
+    /// Without a majority the handoff is undone: `to` is released on every
+    /// master (owner-checked, so harmless where it got nothing; on each
+    /// master's connection after the handoff, so never overtaken by it), and
+    /// the handoff is refused, so that the caller releases `from` as usual
+    /// and the waiter, told it was not handed the lock, looks again.
+    pub(crate) async fn hand_over(
+        &self,
+        key: &LockKey,
+        from: &str,
+        to: &str,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<HandOver, Failure> {
+        let timeout = self.node_timeout;
+        let owned = Arc::new((key.clone(), from.to_owned(), to.to_owned()));
+        let mut pending: FuturesUnordered<_> = (0..self.nodes.len())
+            .map(|index| {
+                let (nodes, owned) = (Arc::clone(&self.nodes), Arc::clone(&owned));
+                async move {
+                    let (key, from, to) = &*owned;
+                    let answer =
+                        tokio::time::timeout(timeout, nodes[index].hand_over(key, from, to, ttl, fencing))
+                            .await;
+                    (index, matches!(answer, Ok(Ok(HandOver::Handed { .. }))), answer)
+                }
+            })
+            .collect();
+        let (mut handed, mut silent) = (0, Vec::new());
+        let mut causes = Vec::new();
+        while let Some((index, ok, answer)) = pending.next().await {
+            let node = &self.nodes[index];
+            match answer {
+                _ if ok => handed += 1,
+                Ok(Ok(_)) => causes.push(format!("{}: not held by the giver", node.node())),
+                Ok(Err(failure)) => {
+                    silent.push(index);
+                    causes.push(format!("{}: {}", node.node(), failure.error));
+                }
+                Err(_) => {
+                    silent.push(index);
+                    causes.push(format!("{}: no reply within {timeout:?}", node.node()));
+                }
+            }
+            if handed >= self.quorum() {
+                let nodes = Arc::clone(&self.nodes);
+                tokio::spawn(async move {
+                    let (key, from, _) = &*owned;
+                    while let Some((index, ok, answer)) = pending.next().await {
+                        if !ok && !matches!(answer, Ok(Ok(HandOver::NotHeld))) {
+                            silent.push(index);
+                        }
+                    }
+                    let releases = silent
+                        .iter()
+                        .map(|&index| tokio::time::timeout(timeout, nodes[index].release(key, from)));
+                    join_all(releases).await;
+                });
+                return Ok(HandOver::Handed { token: None });
+            }
+            if causes.len() > self.nodes.len() - self.quorum() {
+                break;
+            }
+        }
+        drop(pending);
+        let undo = self
+            .nodes
+            .iter()
+            .map(|node| tokio::time::timeout(timeout, node.release(key, to)));
+        join_all(undo).await;
+        Err(Failure {
+            transient: false,
+            ..self.quorum_failure(key, handed, causes)
+        })
     }
 
     fn quorum_failure(&self, key: &LockKey, granted: usize, causes: Vec<String>) -> Failure {
