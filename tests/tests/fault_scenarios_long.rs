@@ -214,11 +214,17 @@ async fn campaign(
 }
 
 /// Every fault the campaigns draw from, but `left_out`. Not drawn: the
-/// faults of scenarios of their own (eviction, an empty restart, and a
+/// faults of scenarios of their own (eviction, an empty restart, a
 /// replicated master's kill, which needs replicas and a failover these
-/// nodes do not have).
+/// nodes do not have, and X3's deaths of a server or an ensemble member).
 fn mix_without(left_out: &str) -> Vec<&'static str> {
-    const OWN_SCENARIOS: [&str; 3] = ["eviction", "kill-restart-empty", "master-sigkill"];
+    const OWN_SCENARIOS: [&str; 5] = [
+        "eviction",
+        "kill-restart-empty",
+        "master-sigkill",
+        "server-kill-restart",
+        "member-kill-restart",
+    ];
     FAULTS
         .iter()
         .copied()
