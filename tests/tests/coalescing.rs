@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use futures_util::poll;
-use lock_runtime::{LockClient, LockGuard};
+use lock_runtime::{LockClient, LockError, LockGuard};
 use lock_tests::{RedisServer, commands_between};
 
 async fn client(server: &RedisServer) -> LockClient {
@@ -171,6 +171,82 @@ async fn a_release_abandoned_while_it_queued_still_frees_its_lock() {
                 .map(|args| args.iter().filter(|a| *a == abandoned_key).count())
                 .sum::<usize>();
             assert_eq!(sent, 1, "releases of the abandoned lock on the wire");
+        },
+    )
+    .await;
+}
+
+/// The stale-holder contract (`stale_holder.rs`) for a release that goes
+/// out in a coalesced call: a holder whose lock another client has taken
+/// meanwhile is told `NotHeld`, and the other's lock (holder and expiry)
+/// is untouched. Fails with `coalesced.lua`'s owner check removed
+/// (`tests/owner-conditions.py`, R11); a release sent alone is covered by
+/// `stale_holder.rs` (R4).
+#[tokio::test]
+async fn a_stale_release_in_a_coalesced_call_leaves_the_other_holders_lock() {
+    lock_tests::bounded(
+        "a_stale_release_in_a_coalesced_call_leaves_the_other_holders_lock",
+        async {
+            let server = RedisServer::start();
+            let locks = client(&server).await;
+            load_the_release_scripts(&locks).await;
+            let mut leases = Vec::new();
+            for key in ["first", "second", "stale"] {
+                leases.push(
+                    locks
+                        .lock(key)
+                        .ttl(Duration::from_secs(30))
+                        .acquire()
+                        .await
+                        .expect("acquired"),
+                );
+            }
+            let [first, second, stale] = <[LockGuard; 3]>::try_from(leases).expect("three leases");
+            let rival = "0123456789abcdef0123456789abcdef:424242";
+            server.query::<()>(
+                redis::cmd("SET")
+                    .arg("lock:{stale}")
+                    .arg(rival)
+                    .arg("PX")
+                    .arg(20_000),
+            );
+            let expiry: i64 = server.query(redis::cmd("PEXPIRETIME").arg("lock:{stale}"));
+
+            server.log_every_command();
+            // Two releases are out and unanswered while the server is
+            // stopped; the stale one queues behind them and goes out in the
+            // flush after them, as `coalesced.lua`.
+            server.pause();
+            let mut first = pin!(first.release());
+            assert!(poll!(first.as_mut()).is_pending());
+            let mut second = pin!(second.release());
+            assert!(poll!(second.as_mut()).is_pending());
+            let mut stale = pin!(stale.release());
+            assert!(poll!(stale.as_mut()).is_pending());
+            server.resume();
+            let (first, second, stale) = tokio::join!(first, second, stale);
+            first.expect("first released");
+            second.expect("second released");
+            assert!(matches!(stale, Err(LockError::NotHeld { .. })), "{stale:?}");
+
+            assert_eq!(
+                holder_of(&server, "stale").as_deref(),
+                Some(rival),
+                "the other client's lock was changed"
+            );
+            let after: i64 = server.query(redis::cmd("PEXPIRETIME").arg("lock:{stale}"));
+            assert_eq!(after, expiry, "the other client's lease was changed");
+            let coalesced = redis::Script::new(include_str!(
+                "../../lock-runtime/src/backend/redis/scripts/coalesced.lua"
+            ));
+            let in_a_coalesced_call = server.commands_logged().iter().any(|args| {
+                args.get(1).is_some_and(|sha| sha == coalesced.get_hash())
+                    && args.iter().any(|a| a == "lock:{stale}")
+            });
+            assert!(
+                in_a_coalesced_call,
+                "the stale release was not sent in a coalesced call"
+            );
         },
     )
     .await;

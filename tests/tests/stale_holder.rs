@@ -16,8 +16,9 @@
 //! Each test fails, by name, when the owner condition of the write it
 //! covers is removed (`docs/contributing.md`, "Owner conditions"). A new backend joins the
 //! contract by adding a `Rig` variant and a line to `contract!`. The handoff
-//! of a released lock to a waiter of the same client (Redis and PostgreSQL)
-//! is tested beside the other handoffs (`handoff.rs`, `postgres.rs`).
+//! of a released lock to a waiter of the same client (Redis, Redlock and
+//! PostgreSQL) is tested beside the other handoffs (`handoff.rs`,
+//! `redlock.rs`, `postgres.rs`).
 
 use std::time::Duration;
 
