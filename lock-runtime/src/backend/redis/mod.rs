@@ -501,7 +501,9 @@ impl<C: Connection> RedisBackend<C> {
         // unanswered earlier attempt) falls through to the script, which tells
         // those apart.
         if req.first && !req.fencing {
-            let set: Option<String> = redis::cmd("SET")
+            // `OK` or nil, read as a `Value`: as a `String` it would be
+            // allocated on every acquisition to be compared and dropped.
+            let set: Value = redis::cmd("SET")
                 .arg(&key.redis_key)
                 .arg(req.holder)
                 .arg("NX")
@@ -510,8 +512,11 @@ impl<C: Connection> RedisBackend<C> {
                 .query_async(&mut self.conn.clone())
                 .await
                 .map_err(|e| self.failure(key, e))?;
-            if set.is_some() {
-                return Ok(AcquireReply::acquired(None));
+            match set {
+                Value::Okay => return Ok(AcquireReply::acquired(None)),
+                Value::SimpleString(ok) if ok == "OK" => return Ok(AcquireReply::acquired(None)),
+                Value::Nil => {}
+                other => return Err(self.unexpected(key, "SET NX PX", &other)),
             }
         }
         let mut call = ScriptCall::new(&ACQUIRE, 2, 6);
