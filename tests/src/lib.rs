@@ -283,6 +283,24 @@ pub fn spawn_waiter_within(
     })
 }
 
+/// A task of its own acquiring `key` within `wait` and keeping the guard
+/// it got, for the caller to look at and release.
+pub fn acquiring_task(
+    locks: &lock_runtime::LockClient,
+    key: &str,
+    wait: Duration,
+) -> tokio::task::JoinHandle<lock_runtime::LockGuard> {
+    let (locks, key) = (locks.clone(), key.to_owned());
+    tokio::spawn(async move {
+        locks
+            .lock(key)
+            .wait(wait)
+            .acquire()
+            .await
+            .expect("the task gets the lock")
+    })
+}
+
 #[cfg(test)]
 mod limits {
     use std::time::Duration;

@@ -40,6 +40,15 @@ async fn take_and_release_at_once(locks: &LockClient, prefix: &str, count: usize
     }
 }
 
+/// The guards of three locks, taken one after the other.
+async fn three_locks(locks: &LockClient, keys: [&str; 3]) -> [LockGuard; 3] {
+    let mut guards = Vec::new();
+    for key in keys {
+        guards.push(locks.lock(key).acquire().await.expect("acquired"));
+    }
+    <[LockGuard; 3]>::try_from(guards).expect("three guards")
+}
+
 fn holder_of(server: &RedisServer, key: &str) -> Option<String> {
     server.query(redis::cmd("GET").arg(format!("lock:{{{key}}}")))
 }
@@ -130,11 +139,7 @@ async fn a_release_abandoned_while_it_queued_still_frees_its_lock() {
             // Loaded first, so that each release below is one call on the
             // wire (a script's first call is sent again after NOSCRIPT).
             load_the_release_scripts(&locks).await;
-            let mut leases = Vec::new();
-            for key in ["first", "second", "abandoned"] {
-                leases.push(locks.lock(key).acquire().await.expect("acquired"));
-            }
-            let [first, second, abandoned] = <[LockGuard; 3]>::try_from(leases).expect("three leases");
+            let [first, second, abandoned] = three_locks(&locks, ["first", "second", "abandoned"]).await;
 
             server.log_every_command();
             // Two releases are out and unanswered while the server is stopped;
@@ -190,18 +195,7 @@ async fn a_stale_release_in_a_coalesced_call_leaves_the_other_holders_lock() {
             let server = RedisServer::start();
             let locks = client(&server).await;
             load_the_release_scripts(&locks).await;
-            let mut leases = Vec::new();
-            for key in ["first", "second", "stale"] {
-                leases.push(
-                    locks
-                        .lock(key)
-                        .ttl(Duration::from_secs(30))
-                        .acquire()
-                        .await
-                        .expect("acquired"),
-                );
-            }
-            let [first, second, stale] = <[LockGuard; 3]>::try_from(leases).expect("three leases");
+            let [first, second, stale] = three_locks(&locks, ["first", "second", "stale"]).await;
             let rival = "0123456789abcdef0123456789abcdef:424242";
             server.query::<()>(
                 redis::cmd("SET")

@@ -33,20 +33,6 @@ async fn load_the_acquire_script(locks: &LockClient) {
     holder.release().await.expect("released");
 }
 
-/// A task of its own acquiring `key` (waiting up to 10 s), returning the
-/// guard it got.
-fn acquiring_task(locks: &LockClient, key: &str) -> tokio::task::JoinHandle<LockGuard> {
-    let (locks, key) = (locks.clone(), key.to_owned());
-    tokio::spawn(async move {
-        locks
-            .lock(key)
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await
-            .expect("the task gets the lock")
-    })
-}
-
 /// A task waiting for `key` with its offer to be handed the lock standing:
 /// it has made the attempt it makes after offering (its second script
 /// call), so a release from now on finds the offer.
@@ -56,7 +42,7 @@ async fn offered_waiter(
     key: &str,
 ) -> tokio::task::JoinHandle<LockGuard> {
     let before = script_calls(server);
-    let waiter = acquiring_task(locks, key);
+    let waiter = lock_tests::acquiring_task(locks, key, Duration::from_secs(10));
     let offered =
         lock_tests::eventually(Duration::from_secs(10), || script_calls(server) >= before + 2).await;
     assert!(offered.is_some(), "the waiter never made its second attempt");
@@ -202,7 +188,7 @@ async fn a_waiter_gone_before_the_release_is_not_handed_the_lock() {
         // Finding an offer standing, it joins the line without a command:
         // this test's runtime runs one task at a time, so once this task
         // runs again, it waits with its offer behind the first.
-        let live = acquiring_task(&locks, "left");
+        let live = lock_tests::acquiring_task(&locks, "left", Duration::from_secs(10));
         for _ in 0..10 {
             tokio::task::yield_now().await;
         }
@@ -321,7 +307,7 @@ async fn a_task_that_finds_others_waiting_here_joins_them_without_an_attempt() {
             let first = offered_waiter(&server, &locks, "line").await;
 
             let before = server.command_calls();
-            let late = acquiring_task(&locks, "line");
+            let late = lock_tests::acquiring_task(&locks, "line", Duration::from_secs(10));
             // This test's runtime runs one task at a time: once this task
             // runs again, the late one has gone as far as it can (waiting).
             for _ in 0..10 {

@@ -777,17 +777,7 @@ async fn held_with_a_waiter_here(
 ) {
     let holder = lock_tests::guard_from_another_task(locks, key).await;
     let before = attempts(server);
-    let waiter = {
-        let (locks, key) = (locks.clone(), key.to_owned());
-        tokio::spawn(async move {
-            locks
-                .lock(key)
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await
-                .expect("the waiter gets the lock")
-        })
-    };
+    let waiter = lock_tests::acquiring_task(locks, key, Duration::from_secs(20));
     let offered = lock_tests::eventually(Duration::from_secs(10), || attempts(server) >= before + 2).await;
     assert!(offered.is_some(), "the waiter never made its second attempt");
     (holder, waiter)

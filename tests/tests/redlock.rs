@@ -688,20 +688,6 @@ async fn handed_over(
     )
 }
 
-/// A task of its own acquiring `key` (waiting up to 10 s), returning the
-/// guard it got.
-fn acquiring_task(locks: &LockClient, key: &str) -> tokio::task::JoinHandle<LockGuard> {
-    let (locks, key) = (locks.clone(), key.to_owned());
-    tokio::spawn(async move {
-        locks
-            .lock(key)
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await
-            .expect("the task gets the lock")
-    })
-}
-
 /// Holds `key` in one task of `locks` while another waits for it, and
 /// releases it once the waiter has made its second attempt (after which it
 /// waits with its offer to be handed the lock standing, unless this
@@ -716,7 +702,7 @@ async fn release_to_a_waiter_here(
     let holder = lock_tests::guard_from_another_task(locks, key).await;
     let script_calls = || masters[0].command_calls().get("evalsha").copied().unwrap_or(0);
     let before = script_calls();
-    let waiter = acquiring_task(locks, key);
+    let waiter = lock_tests::acquiring_task(locks, key, Duration::from_secs(10));
     let attempted = lock_tests::eventually(Duration::from_secs(10), || script_calls() >= before + 2).await;
     assert!(attempted.is_some(), "the waiter never made its second attempt");
     before_release();
@@ -843,7 +829,7 @@ async fn a_redlock_handed_on_a_minority_of_masters_is_not_handed() {
             let holder = lock_tests::guard_from_another_task(&locks, key).await;
             let script_calls = || masters[0].command_calls().get("evalsha").copied().unwrap_or(0);
             let before = script_calls();
-            let waiter = acquiring_task(&locks, key);
+            let waiter = lock_tests::acquiring_task(&locks, key, Duration::from_secs(10));
             let attempted =
                 lock_tests::eventually(Duration::from_secs(10), || script_calls() >= before + 2).await;
             assert!(attempted.is_some(), "the waiter never made its second attempt");
