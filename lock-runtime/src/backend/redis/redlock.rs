@@ -151,9 +151,9 @@ impl RedlockBackend {
     /// Hands the exclusive lock `key` from `from` to `to` (`handoff.rs`) on
     /// every master at once: handed once a majority of them handed it,
     /// exactly as an acquisition is granted once a majority granted it (the
-    /// caller counts the lease from before the calls). A master that did
-    /// not answer is given `from`'s release in the background, so that the
-    /// giver's key does not sit there for the rest of its lease.
+    /// caller counts the lease from before the calls). The masters that
+    /// have not answered by then still get their call, as an acquisition's
+    /// do, so that the lock reaches every master that answers.
     ///
     /// Without a majority the handoff is undone: `to` is released on every
     /// master (owner-checked, so harmless where it got nothing; on each
@@ -175,43 +175,25 @@ impl RedlockBackend {
                 let (nodes, owned) = (Arc::clone(&self.nodes), Arc::clone(&owned));
                 async move {
                     let (key, from, to) = &*owned;
-                    let answer =
-                        tokio::time::timeout(timeout, nodes[index].hand_over(key, from, to, ttl, fencing))
-                            .await;
-                    (index, matches!(answer, Ok(Ok(HandOver::Handed { .. }))), answer)
+                    let call = nodes[index].hand_over(key, from, to, ttl, fencing);
+                    (index, tokio::time::timeout(timeout, call).await)
                 }
             })
             .collect();
-        let (mut handed, mut silent) = (0, Vec::new());
+        let mut handed = 0;
         let mut causes = Vec::new();
-        while let Some((index, ok, answer)) = pending.next().await {
-            let node = &self.nodes[index];
+        while let Some((index, answer)) = pending.next().await {
+            let node = self.nodes[index].node();
             match answer {
-                _ if ok => handed += 1,
-                Ok(Ok(_)) => causes.push(format!("{}: not held by the giver", node.node())),
-                Ok(Err(failure)) => {
-                    silent.push(index);
-                    causes.push(format!("{}: {}", node.node(), failure.error));
-                }
-                Err(_) => {
-                    silent.push(index);
-                    causes.push(format!("{}: no reply within {timeout:?}", node.node()));
-                }
+                Ok(Ok(HandOver::Handed { .. })) => handed += 1,
+                Ok(Ok(HandOver::NotHeld)) => causes.push(format!("{node}: not held by the giver")),
+                Ok(Err(failure)) => causes.push(format!("{node}: {}", failure.error)),
+                Err(_) => causes.push(format!("{node}: no reply within {timeout:?}")),
             }
             if handed >= self.quorum() {
-                let nodes = Arc::clone(&self.nodes);
-                tokio::spawn(async move {
-                    let (key, from, _) = &*owned;
-                    while let Some((index, ok, answer)) = pending.next().await {
-                        if !ok && !matches!(answer, Ok(Ok(HandOver::NotHeld))) {
-                            silent.push(index);
-                        }
-                    }
-                    let releases = silent
-                        .iter()
-                        .map(|&index| tokio::time::timeout(timeout, nodes[index].release(key, from)));
-                    join_all(releases).await;
-                });
+                if !pending.is_empty() {
+                    tokio::spawn(async move { while pending.next().await.is_some() {} });
+                }
                 return Ok(HandOver::Handed { token: None });
             }
             if causes.len() > self.nodes.len() - self.quorum() {
@@ -219,11 +201,7 @@ impl RedlockBackend {
             }
         }
         drop(pending);
-        let undo = self
-            .nodes
-            .iter()
-            .map(|node| tokio::time::timeout(timeout, node.release(key, to)));
-        join_all(undo).await;
+        self.ask_all(|node| node.release(key, to)).await;
         Err(Failure {
             transient: false,
             ..self.quorum_failure(key, handed, causes)
