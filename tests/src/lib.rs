@@ -29,7 +29,8 @@ pub use postgres::Postgres;
 pub use proxy::Proxy;
 pub use sentinel::Replicated;
 pub use server::{
-    RedisServer, commands_between, free_port, percent_encode, redis_server_binary, start_masters,
+    RIVAL, RedisServer, RivalLock, commands_between, free_port, percent_encode, redis_server_binary,
+    start_masters,
 };
 pub use zookeeper::ZooKeeper;
 

@@ -174,6 +174,27 @@ impl RedisServer {
         cmd.query(&mut conn).expect("query test redis")
     }
 
+    /// Another client takes the lock at `redis_key` behind its holder's
+    /// back, as [`RIVAL`] for `lease`: what a holder whose lease ended
+    /// unseen finds.
+    pub fn take_as_rival(&self, redis_key: &str, lease: Duration) -> RivalLock {
+        let ms = u64::try_from(lease.as_millis()).expect("lease fits");
+        self.query::<()>(redis::cmd("SET").arg(redis_key).arg(RIVAL).arg("PX").arg(ms));
+        self.rival_lock(redis_key)
+    }
+
+    /// The lock at `redis_key` as it stands: compared with what
+    /// [`take_as_rival`](Self::take_as_rival) returned, it shows whether a
+    /// stale holder changed the rival's lock. A waiter's mark (`+w`) is
+    /// not a change: a waiter refused by the rival may add it.
+    pub fn rival_lock(&self, redis_key: &str) -> RivalLock {
+        let value: Option<String> = self.query(redis::cmd("GET").arg(redis_key));
+        RivalLock {
+            holder: value.map(|v| v.trim_end_matches("+w").to_owned()),
+            expiry_ms: self.query(redis::cmd("PEXPIRETIME").arg(redis_key)),
+        }
+    }
+
     /// The server's process id.
     pub fn pid(&self) -> Pid {
         let id = self.child.as_ref().expect("server is running").id();
@@ -284,6 +305,20 @@ pub fn commands_between(
             (sent > 0).then(|| (name.clone(), sent))
         })
         .collect()
+}
+
+/// A holder id of this library's shape that no client in a test process
+/// uses: the other client of the stale-holder tests.
+pub const RIVAL: &str = "0123456789abcdef0123456789abcdef:424242";
+
+/// A lock's holder (without a waiter's mark) and its expiry
+/// (`PEXPIRETIME`, ms).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RivalLock {
+    /// Who holds it, `None` if nobody.
+    pub holder: Option<String>,
+    /// When it expires, in Unix milliseconds (-2: no key, -1: no expiry).
+    pub expiry_ms: i64,
 }
 
 impl Drop for RedisServer {

@@ -6,7 +6,8 @@
 //! log with a threshold of 0, which records every command with its
 //! arguments).
 
-use std::pin::pin;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -47,6 +48,22 @@ async fn three_locks(locks: &LockClient, keys: [&str; 3]) -> [LockGuard; 3] {
         guards.push(locks.lock(key).acquire().await.expect("acquired"));
     }
     <[LockGuard; 3]>::try_from(guards).expect("three guards")
+}
+
+/// A release started and not finished.
+type Releasing = Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>;
+
+/// Stops the server and starts the releases of `guards`: the first two are
+/// sent and stay unanswered (every call slot of the connection is out),
+/// and the third queues behind them for the next flush. The server stays
+/// stopped: the caller resumes it.
+async fn third_release_queued(server: &RedisServer, guards: [LockGuard; 3]) -> [Releasing; 3] {
+    server.pause();
+    let mut releases = guards.map(|guard| Box::pin(guard.release()) as Releasing);
+    for release in &mut releases {
+        assert!(poll!(release.as_mut()).is_pending());
+    }
+    releases
 }
 
 fn holder_of(server: &RedisServer, key: &str) -> Option<String> {
@@ -142,15 +159,9 @@ async fn a_release_abandoned_while_it_queued_still_frees_its_lock() {
             let [first, second, abandoned] = three_locks(&locks, ["first", "second", "abandoned"]).await;
 
             server.log_every_command();
-            // Two releases are out and unanswered while the server is stopped;
-            // the third queues behind them, and its caller stops waiting.
-            server.pause();
-            let mut first = pin!(first.release());
-            assert!(poll!(first.as_mut()).is_pending());
-            let mut second = pin!(second.release());
-            assert!(poll!(second.as_mut()).is_pending());
-            let mut abandoned = Box::pin(abandoned.release());
-            assert!(poll!(abandoned.as_mut()).is_pending());
+            // The third release queues behind two out, and its caller
+            // stops waiting.
+            let [first, second, abandoned] = third_release_queued(&server, [first, second, abandoned]).await;
             drop(abandoned);
             server.resume();
 
@@ -196,27 +207,12 @@ async fn a_stale_release_in_a_coalesced_call_leaves_the_other_holders_lock() {
             let locks = client(&server).await;
             load_the_release_scripts(&locks).await;
             let [first, second, stale] = three_locks(&locks, ["first", "second", "stale"]).await;
-            let rival = "0123456789abcdef0123456789abcdef:424242";
-            server.query::<()>(
-                redis::cmd("SET")
-                    .arg("lock:{stale}")
-                    .arg(rival)
-                    .arg("PX")
-                    .arg(20_000),
-            );
-            let expiry: i64 = server.query(redis::cmd("PEXPIRETIME").arg("lock:{stale}"));
+            let taken = server.take_as_rival("lock:{stale}", Duration::from_secs(20));
 
             server.log_every_command();
-            // Two releases are out and unanswered while the server is
-            // stopped; the stale one queues behind them and goes out in the
-            // flush after them, as `coalesced.lua`.
-            server.pause();
-            let mut first = pin!(first.release());
-            assert!(poll!(first.as_mut()).is_pending());
-            let mut second = pin!(second.release());
-            assert!(poll!(second.as_mut()).is_pending());
-            let mut stale = pin!(stale.release());
-            assert!(poll!(stale.as_mut()).is_pending());
+            // The stale release queues behind two out and goes in the flush
+            // after them, as `coalesced.lua`.
+            let [first, second, stale] = third_release_queued(&server, [first, second, stale]).await;
             server.resume();
             let (first, second, stale) = tokio::join!(first, second, stale);
             first.expect("first released");
@@ -224,12 +220,10 @@ async fn a_stale_release_in_a_coalesced_call_leaves_the_other_holders_lock() {
             assert!(matches!(stale, Err(LockError::NotHeld { .. })), "{stale:?}");
 
             assert_eq!(
-                holder_of(&server, "stale").as_deref(),
-                Some(rival),
+                server.rival_lock("lock:{stale}"),
+                taken,
                 "the other client's lock was changed"
             );
-            let after: i64 = server.query(redis::cmd("PEXPIRETIME").arg("lock:{stale}"));
-            assert_eq!(after, expiry, "the other client's lease was changed");
             let coalesced = redis::Script::new(include_str!(
                 "../../lock-runtime/src/backend/redis/scripts/coalesced.lua"
             ));

@@ -6,13 +6,10 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LostReason};
-use lock_tests::RedisServer;
+use lock_tests::{RIVAL, RedisServer};
 
 /// No test here may hang: every wait on the library is bounded.
 const BOUND: Duration = Duration::from_secs(20);
-
-/// A holder id of this library's shape that no client in this process uses.
-const RIVAL: &str = "0123456789abcdef0123456789abcdef:424242";
 
 fn pttl(server: &RedisServer, key: &str) -> i64 {
     server.query(redis::cmd("PTTL").arg(format!("lock:{{{key}}}")))
@@ -24,13 +21,7 @@ fn value(server: &RedisServer, key: &str) -> Option<String> {
 
 /// Another holder takes the key, as after an expiry the holder missed.
 fn take_over(server: &RedisServer, key: &str, lease_ms: u64) {
-    server.query::<()>(
-        redis::cmd("SET")
-            .arg(format!("lock:{{{key}}}"))
-            .arg(RIVAL)
-            .arg("PX")
-            .arg(lease_ms),
-    );
+    server.take_as_rival(&format!("lock:{{{key}}}"), Duration::from_millis(lease_ms));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

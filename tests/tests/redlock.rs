@@ -688,24 +688,31 @@ async fn handed_over(
     )
 }
 
-/// Holds `key` in one task of `locks` while another waits for it, and
-/// releases it once the waiter has made its second attempt (after which it
-/// waits with its offer to be handed the lock standing, unless this
-/// process was starved between the two). Returns the waiter's guard and
-/// what each master ran for the release and the waiter's acquisition.
-async fn release_to_a_waiter_here(
+/// Holds `key` in one task of `locks` while another waits for it, once the
+/// waiter has made its second attempt (after which it waits with its offer
+/// to be handed the lock standing, unless this process was starved between
+/// the two). Returns the holder's guard and the waiter's task.
+async fn held_with_a_waiter_here(
     masters: &[RedisServer],
     locks: &LockClient,
     key: &str,
-    before_release: impl FnOnce(),
-) -> (LockGuard, Vec<BTreeMap<String, u64>>) {
+) -> (LockGuard, tokio::task::JoinHandle<LockGuard>) {
     let holder = lock_tests::guard_from_another_task(locks, key).await;
     let script_calls = || masters[0].command_calls().get("evalsha").copied().unwrap_or(0);
     let before = script_calls();
     let waiter = lock_tests::acquiring_task(locks, key, Duration::from_secs(10));
     let attempted = lock_tests::eventually(Duration::from_secs(10), || script_calls() >= before + 2).await;
     assert!(attempted.is_some(), "the waiter never made its second attempt");
-    before_release();
+    (holder, waiter)
+}
+
+/// Releases `holder` to `waiter`; returns the waiter's guard and what each
+/// master ran for the release and the waiter's acquisition.
+async fn release_to(
+    masters: &[RedisServer],
+    holder: LockGuard,
+    waiter: tokio::task::JoinHandle<LockGuard>,
+) -> (LockGuard, Vec<BTreeMap<String, u64>>) {
     let before: Vec<_> = masters.iter().map(RedisServer::command_calls).collect();
     holder.release().await.expect("released");
     let handed = waiter.await.expect("the waiter's task");
@@ -732,6 +739,49 @@ fn handoff_alone() -> BTreeMap<String, u64> {
         .into()
 }
 
+/// Releases `{prefix}:{try}`, held in one task of `locks`, to a waiter in
+/// another until a release hands it over: on each of the first `answering`
+/// masters, `hand_over.lua` alone. `silence` runs just before each release
+/// and `heal` after it (a master blackholed, and back). The handed guard
+/// must hold the lock on the answering masters, and its release free it
+/// there. A waiter starved between its second attempt and its offer is not
+/// there to be handed the lock (the release then goes through the
+/// masters), so a try that is no handoff is made again, 5 times at most.
+/// A first round loads the scripts (NOSCRIPT, then SCRIPT LOAD).
+async fn handed_over_within_five_tries(
+    masters: &[RedisServer],
+    locks: &LockClient,
+    prefix: &str,
+    answering: usize,
+    silence: impl Fn(),
+    heal: impl Fn(),
+) {
+    let (holder, waiter) = held_with_a_waiter_here(masters, locks, &format!("{prefix}:warm-up")).await;
+    let (warm, _) = release_to(masters, holder, waiter).await;
+    warm.release().await.expect("released");
+    for attempt in 1..=5 {
+        let key = format!("{prefix}:{attempt}");
+        let redis_key = format!("lock:{{{key}}}");
+        let (holder, waiter) = held_with_a_waiter_here(masters, locks, &key).await;
+        silence();
+        let (handed, sent) = release_to(masters, holder, waiter).await;
+        heal();
+        assert!(handed.is_held());
+        for master in &masters[..answering] {
+            assert!(exists(master, &redis_key), "not held on a master that answers");
+        }
+        handed.release().await.expect("the handed lock is released");
+        for master in &masters[..answering] {
+            assert!(!exists(master, &redis_key), "left on a master that answers");
+        }
+        if sent[..answering].iter().all(|sent| *sent == handoff_alone()) {
+            return;
+        }
+        eprintln!("try {attempt}: not handed over ({sent:?})");
+    }
+    panic!("no release handed the lock to the waiter here in 5 tries");
+}
+
 /// A release with a waiter of the same client hands a Redlock over on
 /// every master at once, one owner-checked call each, instead of a release
 /// on each, announcements, and the waiter's own attempt on each. Fails
@@ -744,26 +794,7 @@ async fn a_release_hands_a_redlock_to_a_waiter_here_on_every_master() {
         async move {
             let masters = start_masters(3);
             let locks = redlock(&urls(&masters)).await;
-            // Loads the scripts (NOSCRIPT, then SCRIPT LOAD): not counted.
-            let (warm, _) = release_to_a_waiter_here(&masters, &locks, "handed:warm-up", || {}).await;
-            warm.release().await.expect("released");
-            // A waiter starved between its second attempt and its offer is
-            // not there to be handed the lock: then the release goes
-            // through the masters, and the next try is made.
-            for attempt in 1..=5 {
-                let key = format!("handed:{attempt}");
-                let (handed, sent) = release_to_a_waiter_here(&masters, &locks, &key, || {}).await;
-                assert!(handed.is_held());
-                handed.release().await.expect("the handed lock is released");
-                for master in &masters {
-                    assert!(!exists(master, &format!("lock:{{{key}}}")), "left on a master");
-                }
-                if sent.iter().all(|sent| *sent == handoff_alone()) {
-                    return;
-                }
-                eprintln!("try {attempt}: not handed over ({sent:?})");
-            }
-            panic!("no release handed the lock to the waiter here in 5 tries");
+            handed_over_within_five_tries(&masters, &locks, "handed", 3, || {}, || {}).await;
         },
     )
     .await
@@ -779,28 +810,8 @@ async fn a_handoff_with_a_master_blackholed_is_handed_by_the_majority() {
         async move {
             let (masters, proxies, urls) = proxied_masters().await;
             let locks = redlock(&urls).await;
-            let (warm, _) = release_to_a_waiter_here(&masters, &locks, "quorum:warm-up", || {}).await;
-            warm.release().await.expect("released");
-            for attempt in 1..=5 {
-                let key = format!("quorum:{attempt}");
-                let (handed, sent) =
-                    release_to_a_waiter_here(&masters, &locks, &key, || proxies[2].blackhole()).await;
-                let handed_over = sent[..2].iter().all(|sent| *sent == handoff_alone());
-                assert!(handed.is_held());
-                for master in &masters[..2] {
-                    assert!(
-                        exists(master, &format!("lock:{{{key}}}")),
-                        "not held on a live master"
-                    );
-                }
-                proxies[2].pass();
-                handed.release().await.expect("the handed lock is released");
-                if handed_over {
-                    return;
-                }
-                eprintln!("try {attempt}: not handed over ({sent:?})");
-            }
-            panic!("no release handed the lock to the waiter here in 5 tries");
+            let (silence, heal) = (|| proxies[2].blackhole(), || proxies[2].pass());
+            handed_over_within_five_tries(&masters, &locks, "quorum", 2, silence, heal).await;
         },
     )
     .await
@@ -822,38 +833,27 @@ async fn a_redlock_handed_on_a_minority_of_masters_is_not_handed() {
         async move {
             let (masters, proxies, urls) = proxied_masters().await;
             let locks = redlock(&urls).await;
-            let (warm, _) = release_to_a_waiter_here(&masters, &locks, "minority:warm-up", || {}).await;
+            // One handoff first, so that no call below meets NOSCRIPT.
+            let (holder, waiter) = held_with_a_waiter_here(&masters, &locks, "minority:warm-up").await;
+            let (warm, _) = release_to(&masters, holder, waiter).await;
             warm.release().await.expect("released");
-            let key = "minority";
             let redis_key = "lock:{minority}";
-            let holder = lock_tests::guard_from_another_task(&locks, key).await;
-            let script_calls = || masters[0].command_calls().get("evalsha").copied().unwrap_or(0);
-            let before = script_calls();
-            let waiter = lock_tests::acquiring_task(&locks, key, Duration::from_secs(10));
-            let attempted =
-                lock_tests::eventually(Duration::from_secs(10), || script_calls() >= before + 2).await;
-            assert!(attempted.is_some(), "the waiter never made its second attempt");
-            let rival = "0123456789abcdef0123456789abcdef:424242";
-            let mut expiries = Vec::new();
-            for master in &masters[1..] {
-                master.query::<()>(redis::cmd("SET").arg(redis_key).arg(rival).arg("PX").arg(20_000));
-                expiries.push(master.query::<i64>(redis::cmd("PEXPIRETIME").arg(redis_key)));
-            }
+            let (holder, waiter) = held_with_a_waiter_here(&masters, &locks, "minority").await;
+            let taken: Vec<_> = masters[1..]
+                .iter()
+                .map(|master| master.take_as_rival(redis_key, Duration::from_secs(20)))
+                .collect();
             for proxy in &proxies[1..] {
                 proxy.delay(Duration::from_millis(20));
             }
             let released = holder.release().await;
             assert!(matches!(released, Err(LockError::NotHeld { .. })), "{released:?}");
-            for (master, expiry) in masters[1..].iter().zip(expiries) {
-                // The waiter, refused there, may have marked it (`+w`).
-                let value: Option<String> = master.query(redis::cmd("GET").arg(redis_key));
+            for (master, taken) in masters[1..].iter().zip(taken) {
                 assert_eq!(
-                    value.as_deref().map(|v| v.trim_end_matches("+w")),
-                    Some(rival),
+                    master.rival_lock(redis_key),
+                    taken,
                     "the other client's lock was changed"
                 );
-                let after: i64 = master.query(redis::cmd("PEXPIRETIME").arg(redis_key));
-                assert_eq!(after, expiry, "the other client's lease was changed");
             }
             assert!(
                 !waiter.is_finished(),

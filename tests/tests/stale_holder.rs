@@ -23,14 +23,11 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LockGuard, LockMode, LockRequest, LostReason};
-use lock_tests::{Etcd, MariaDb, Postgres, RedisServer, ZooKeeper, etcd, zookeeper};
+// `RIVAL`: the foreign writer of the Redis, MySQL and PostgreSQL rigs.
+use lock_tests::{Etcd, MariaDb, Postgres, RIVAL, RedisServer, ZooKeeper, etcd, zookeeper};
 
 /// No test here may hang: every wait on the library is bounded.
 const BOUND: Duration = Duration::from_secs(20);
-
-/// A holder id of this library's shape that no client in this process uses:
-/// the foreign writer of the Redis, MySQL and PostgreSQL rigs.
-const RIVAL: &str = "0123456789abcdef0123456789abcdef:424242";
 
 /// A backend the harness started, with raw access to its lock state.
 enum Rig {
@@ -105,13 +102,7 @@ impl Rig {
         let ms = lease.as_millis();
         match self {
             Rig::Redis(server) => {
-                server.query::<()>(
-                    redis::cmd("SET")
-                        .arg(name)
-                        .arg(RIVAL)
-                        .arg("PX")
-                        .arg(u64::try_from(ms).expect("fits")),
-                );
+                server.take_as_rival(name, lease);
                 None
             }
             Rig::Mysql(server) => {
