@@ -7,6 +7,7 @@
 //! is measured by the caller from *before* the first request, so the time
 //! spent collecting a majority is already taken out of the lease.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,6 +107,36 @@ enum Answer<T> {
     Failed(String),
 }
 
+impl<T> Answer<T> {
+    /// `node`'s answer to `call` within `timeout`, or why there is none, in
+    /// the words a `QuorumNotReached` lists its causes in.
+    async fn within(
+        node: &RedisBackend,
+        timeout: Duration,
+        call: impl Future<Output = Result<T, Failure>>,
+    ) -> Self {
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(value)) => Answer::Got(value),
+            Ok(Err(failure)) => Answer::Failed(format!("{}: {}", node.node(), failure.error)),
+            Err(_) => Answer::Failed(format!("{}: no reply within {timeout:?}", node.node())),
+        }
+    }
+}
+
+/// Lets the calls still out when a majority decided run to their end in the
+/// background (each is bounded by the node timeout). Dropped instead, a
+/// call not yet written would never be sent, leaving the lock on a bare
+/// majority.
+fn run_on<F>(mut pending: FuturesUnordered<F>)
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+{
+    if !pending.is_empty() {
+        tokio::spawn(async move { while pending.next().await.is_some() {} });
+    }
+}
+
 impl RedlockBackend {
     pub(crate) fn new(nodes: Vec<RedisBackend>, node_timeout: Duration) -> Self {
         RedlockBackend {
@@ -126,19 +157,14 @@ impl RedlockBackend {
     async fn ask_all<'a, T, F, Fut>(&'a self, op: F) -> Vec<Answer<T>>
     where
         F: Fn(&'a RedisBackend) -> Fut,
-        Fut: std::future::Future<Output = Result<T, Failure>>,
+        Fut: Future<Output = Result<T, Failure>>,
     {
         let timeout = self.node_timeout;
-        join_all(self.nodes.iter().map(|node| {
-            let call = op(node);
-            async move {
-                match tokio::time::timeout(timeout, call).await {
-                    Ok(Ok(value)) => Answer::Got(value),
-                    Ok(Err(failure)) => Answer::Failed(format!("{}: {}", node.node(), failure.error)),
-                    Err(_) => Answer::Failed(format!("{}: no reply within {timeout:?}", node.node())),
-                }
-            }
-        }))
+        join_all(
+            self.nodes
+                .iter()
+                .map(|node| Answer::within(node, timeout, op(node))),
+        )
         .await
     }
 
@@ -175,25 +201,24 @@ impl RedlockBackend {
                 let (nodes, owned) = (Arc::clone(&self.nodes), Arc::clone(&owned));
                 async move {
                     let (key, from, to) = &*owned;
-                    let call = nodes[index].hand_over(key, from, to, ttl, fencing);
-                    (index, tokio::time::timeout(timeout, call).await)
+                    let node = &nodes[index];
+                    let call = node.hand_over(key, from, to, ttl, fencing);
+                    (index, Answer::within(node, timeout, call).await)
                 }
             })
             .collect();
         let mut handed = 0;
         let mut causes = Vec::new();
         while let Some((index, answer)) = pending.next().await {
-            let node = self.nodes[index].node();
             match answer {
-                Ok(Ok(HandOver::Handed { .. })) => handed += 1,
-                Ok(Ok(HandOver::NotHeld)) => causes.push(format!("{node}: not held by the giver")),
-                Ok(Err(failure)) => causes.push(format!("{node}: {}", failure.error)),
-                Err(_) => causes.push(format!("{node}: no reply within {timeout:?}")),
+                Answer::Got(HandOver::Handed { .. }) => handed += 1,
+                Answer::Got(HandOver::NotHeld) => {
+                    causes.push(format!("{}: not held by the giver", self.nodes[index].node()));
+                }
+                Answer::Failed(cause) => causes.push(cause),
             }
             if handed >= self.quorum() {
-                if !pending.is_empty() {
-                    tokio::spawn(async move { while pending.next().await.is_some() {} });
-                }
+                run_on(pending);
                 return Ok(HandOver::Handed { token: None });
             }
             if causes.len() > self.nodes.len() - self.quorum() {
@@ -231,8 +256,11 @@ impl Backend for RedlockBackend {
             .map(|index| {
                 let (nodes, owned) = (Arc::clone(&self.nodes), Arc::clone(&owned));
                 async move {
-                    let answer = tokio::time::timeout(timeout, nodes[index].acquire(&owned.borrowed())).await;
-                    (index, answer)
+                    let node = &nodes[index];
+                    (
+                        index,
+                        Answer::within(node, timeout, node.acquire(&owned.borrowed())).await,
+                    )
                 }
             })
             .collect();
@@ -248,12 +276,12 @@ impl Backend for RedlockBackend {
         while let Some((index, answer)) = pending.next().await {
             let node = &self.nodes[index];
             match answer {
-                Ok(Ok(AcquireReply::Acquired { .. })) => granted += 1,
-                Ok(Ok(AcquireReply::Held {
+                Answer::Got(AcquireReply::Acquired { .. }) => granted += 1,
+                Answer::Got(AcquireReply::Held {
                     pttl,
                     claimed: c,
                     blocked_by,
-                })) => {
+                }) => {
                     held += 1;
                     claimed |= c;
                     blocker = blocked_by;
@@ -263,18 +291,12 @@ impl Backend for RedlockBackend {
                     }
                     causes.push(format!("{}: held by another holder", node.node()));
                 }
-                Ok(Err(failure)) => causes.push(format!("{}: {}", node.node(), failure.error)),
-                Err(_) => causes.push(format!("{}: no reply within {timeout:?}", node.node())),
+                Answer::Failed(cause) => causes.push(cause),
             }
             if granted >= self.quorum() {
-                // The masters that have not answered still get their
-                // request (each bounded by the node timeout): dropped here,
-                // a request not yet written would never be sent, leaving
-                // the lock on a bare majority. A grant that lands after the
-                // release is this holder's and expires with its lease.
-                if !pending.is_empty() {
-                    tokio::spawn(async move { while pending.next().await.is_some() {} });
-                }
+                // A grant that lands after the release is this holder's and
+                // expires with its lease.
+                run_on(pending);
                 return Ok(AcquireReply::acquired(None));
             }
             if causes.len() > self.nodes.len() - self.quorum() {
