@@ -817,6 +817,80 @@ async fn a_handoff_with_a_master_blackholed_is_handed_by_the_majority() {
     .await
 }
 
+/// A master slower than the majority is still handed the lock, as it
+/// still gets an acquisition's (`a_master_slower_than_the_majority_still_gets_the_lock`):
+/// the handoff returns as soon as two masters of three handed it, and the
+/// call to the third runs on to its end (here three round trips, because
+/// that master no longer knows the handoff's script). Dropped with the
+/// decided handoff, that call would leave the third master on the giver,
+/// who has let go of the lock: the new holder one master failure from
+/// losing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_slower_than_the_majority_is_still_handed_the_lock() {
+    lock_tests::bounded(
+        "a_master_slower_than_the_majority_is_still_handed_the_lock",
+        async move {
+            let masters = start_masters(3);
+            let slow = Proxy::start(masters[2].port()).await;
+            // Room for the slow master's three round trips, 40 ms each.
+            let locks = LockClient::builder()
+                .node_timeout(Duration::from_secs(2))
+                .redlock(&[masters[0].url(), masters[1].url(), slow.url()])
+                .await
+                .expect("redlock client");
+            // Who holds `key` on `master`, without the mark a waiter leaves
+            // (`+w`).
+            let holder_of = |master: &RedisServer, key: &str| {
+                master
+                    .query::<Option<String>>(redis::cmd("GET").arg(key))
+                    .map(|value| value.trim_end_matches("+w").to_owned())
+            };
+            // A first round warms the client up, as in
+            // `handed_over_within_five_tries`; the first handoff proper may
+            // still come later, loading its script on every master.
+            let (holder, waiter) = held_with_a_waiter_here(&masters, &locks, "slow-handoff:warm-up").await;
+            let (warm, _) = release_to(&masters, holder, waiter).await;
+            warm.release().await.expect("released");
+            for attempt in 1..=5 {
+                let key = format!("slow-handoff:{attempt}");
+                let redis_key = format!("lock:{{{key}}}");
+                let (holder, waiter) = held_with_a_waiter_here(&masters, &locks, &key).await;
+                masters[2].query::<()>(redis::cmd("SCRIPT").arg("FLUSH"));
+                slow.delay(Duration::from_millis(20));
+                let (handed, sent) = release_to(&masters, holder, waiter).await;
+                if sent[..2].iter().any(|sent| *sent != handoff_alone()) {
+                    // Not a handoff by scripts the first two masters knew:
+                    // the waiter was not there to be handed the lock (see
+                    // `handed_over_within_five_tries`), or this was the
+                    // first handoff. Try again.
+                    slow.pass();
+                    handed.release().await.expect("released");
+                    eprintln!("try {attempt}: not handed over ({sent:?})");
+                    continue;
+                }
+                let new_holder = holder_of(&masters[0], &redis_key);
+                assert!(new_holder.is_some(), "the handed lock is on the first master");
+                let reached = lock_tests::eventually(Duration::from_secs(5), || {
+                    holder_of(&masters[2], &redis_key) == new_holder
+                })
+                .await;
+                assert!(
+                    reached.is_some(),
+                    "the slow master was never handed the lock its majority handed: its call was dropped"
+                );
+                slow.pass();
+                handed.release().await.expect("the handed lock is released");
+                for master in &masters {
+                    assert!(!exists(master, &redis_key), "released on every master");
+                }
+                return;
+            }
+            panic!("no release handed the lock to the waiter here in 5 tries");
+        },
+    )
+    .await
+}
+
 /// The stale-holder contract (`stale_holder.rs`) for a Redlock's handoff:
 /// a holder that kept the lock on one master only, another client having
 /// taken the other two, hands its waiter nothing. Handed on one master of
