@@ -33,9 +33,10 @@ pub(crate) async fn w0_round_trip(url: &str) -> Result<Report, Error> {
     })
 }
 
-/// The floor's acquire + release: SET NX PX, then compare-and-delete.
-pub(crate) async fn floor_pair(
-    conn: &mut MultiplexedConnection,
+/// The floor's acquire + release: SET NX PX, then compare-and-delete, on
+/// either a bare multiplexed connection or one that reconnects.
+pub(crate) async fn floor_pair<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
     release: &redis::Script,
     key: &str,
     holder: &str,

@@ -1,5 +1,12 @@
-//! W2: 64 tasks, each on its own key, against the floor in alternating
-//! rounds.
+//! W2: 64 tasks, each on its own key, against two floors in rotating
+//! rounds: the hand-written pair on a bare multiplexed connection, and the
+//! same pair on a `redis::aio::ConnectionManager`, which reconnects after a
+//! lost connection as the library's does (and as a hand-written lock kept
+//! in service would need to). Their difference is what reconnection costs
+//! per command; their spread from run to run is how far this machine
+//! moves a ratio that no code changed (docs/benchmarks.md).
+
+use redis::aio::{ConnectionLike, ConnectionManager};
 
 use super::*;
 
@@ -41,85 +48,146 @@ where
     Ok((done.load(Ordering::Relaxed), start.elapsed(), latencies))
 }
 
-/// W2 and its floor, in alternating rounds. Returns (floor, library); the
-/// library's report carries the median of the per-round throughput ratios.
-pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report), Error> {
-    let conn = raw_connection(url).await?;
-    let release = Arc::new(redis::Script::new(COMPARE_AND_DELETE));
-    let locks = LockClient::connect(url).await?;
-    let mut floor = Report {
-        workload: "W2 floor, 64 tasks x own key",
-        ..Report::default()
-    };
-    let mut library = Report {
-        workload: "W2 64 tasks x own key",
-        ..Report::default()
-    };
-    let mut ratios = Vec::new();
-    // What each side costs the server: Redis is one core, and its CPU time
-    // per pair is the ceiling on how many pairs it can serve.
-    let (mut f_cpu, mut l_cpu) = (Duration::ZERO, Duration::ZERO);
-    // And what each costs the client (this process, every thread).
-    let (mut f_client, mut l_client) = (Duration::ZERO, Duration::ZERO);
-    let mut stats = conn.clone();
-    for round in 0..W2_ROUNDS {
-        let (conn, release) = (conn.clone(), Arc::clone(&release));
-        let cpu_before = server_cpu(&mut stats).await?;
-        let client_before = cpu_time();
-        let (f_ops, f_elapsed, f_latencies) = independent_keys(move |task, i| {
+/// One side's figures summed over its rounds, with what it cost the
+/// server and this process.
+struct Side {
+    report: Report,
+    server: Duration,
+    client: Duration,
+}
+
+impl Side {
+    fn new(workload: &'static str) -> Self {
+        Side {
+            report: Report {
+                workload,
+                ..Report::default()
+            },
+            server: Duration::ZERO,
+            client: Duration::ZERO,
+        }
+    }
+
+    /// Runs one round of `pair` on this side; returns its pairs per second.
+    async fn round<F, Fut>(&mut self, stats: &mut MultiplexedConnection, pair: F) -> Result<f64, Error>
+    where
+        F: Fn(usize, usize) -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = Result<(), Error>> + Send,
+    {
+        let (server_before, client_before) = (server_cpu(stats).await?, cpu_time());
+        let (ops, elapsed, latencies) = independent_keys(pair).await?;
+        // What each side costs the server: Redis is one core, and its CPU
+        // time per pair is the ceiling on how many pairs it can serve. And
+        // what each costs the client (this process, every thread).
+        self.client += cpu_time() - client_before;
+        self.server += server_cpu(stats).await? - server_before;
+        self.report.ops += ops;
+        self.report.elapsed += elapsed;
+        self.report.latencies.extend(latencies);
+        Ok(ops as f64 / elapsed.as_secs_f64())
+    }
+
+    fn finish(mut self) -> Report {
+        let per_pair = |cpu: Duration| cpu.as_secs_f64() * 1e6 / self.report.ops as f64;
+        let extra = [
+            ("server_cpu_us_per_pair", per_pair(self.server)),
+            ("client_cpu_us_per_pair", per_pair(self.client)),
+        ];
+        self.report.extra.extend(extra);
+        self.report
+    }
+}
+
+impl Side {
+    /// One round of the floor's pairs on `conn`, each pair with a holder of
+    /// its own.
+    async fn floor_round<C>(
+        &mut self,
+        stats: &mut MultiplexedConnection,
+        conn: &C,
+        release: &Arc<redis::Script>,
+        tag: &'static str,
+        round: usize,
+    ) -> Result<f64, Error>
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let (conn, release) = (conn.clone(), Arc::clone(release));
+        self.round(stats, move |task, i| {
             let (mut conn, release) = (conn.clone(), Arc::clone(&release));
             async move {
                 floor_pair(
                     &mut conn,
                     &release,
-                    &format!("w2f:{task}"),
+                    &format!("w2{tag}:{task}"),
                     &format!("floor:{round}:{task}:{i}"),
                 )
                 .await
             }
         })
-        .await?;
-        let cpu_between = server_cpu(&mut stats).await?;
-        let client_between = cpu_time();
-        f_client += client_between - client_before;
-        f_cpu += cpu_between - cpu_before;
-        let locks = locks.clone();
-        let (l_ops, l_elapsed, l_latencies) = independent_keys(move |task, _| {
-            let locks = locks.clone();
-            async move {
-                locks
-                    .lock(format!("w2:{task}"))
-                    .acquire()
-                    .await?
-                    .release()
-                    .await?;
-                Ok(())
-            }
-        })
-        .await?;
-        l_cpu += server_cpu(&mut stats).await? - cpu_between;
-        l_client += cpu_time() - client_between;
-        ratios.push((l_ops as f64 / l_elapsed.as_secs_f64()) / (f_ops as f64 / f_elapsed.as_secs_f64()));
-        for (report, ops, elapsed, latencies) in [
-            (&mut floor, f_ops, f_elapsed, f_latencies),
-            (&mut library, l_ops, l_elapsed, l_latencies),
-        ] {
-            report.ops += ops;
-            report.elapsed += elapsed;
-            report.latencies.extend(latencies);
-        }
+        .await
     }
+}
+
+/// The median of `ratios`.
+fn median(mut ratios: Vec<f64>) -> f64 {
     ratios.sort_by(f64::total_cmp);
-    for (report, server, client) in [(&mut floor, f_cpu, f_client), (&mut library, l_cpu, l_client)] {
-        let per_pair = |cpu: Duration| cpu.as_secs_f64() * 1e6 / report.ops as f64;
-        let extra = [
-            ("server_cpu_us_per_pair", per_pair(server)),
-            ("client_cpu_us_per_pair", per_pair(client)),
-        ];
-        report.extra.extend(extra);
+    ratios[ratios.len() / 2]
+}
+
+/// W2 and its two floors, in alternating rounds. Returns (floor, floor on
+/// a connection manager, library); the library's report carries the median
+/// of the per-round throughput ratios against each.
+pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report, Report), Error> {
+    let bare = raw_connection(url).await?;
+    let managed = ConnectionManager::new(redis::Client::open(url)?).await?;
+    let release = Arc::new(redis::Script::new(COMPARE_AND_DELETE));
+    let locks = LockClient::connect(url).await?;
+    let mut floor = Side::new("W2 floor, 64 tasks x own key");
+    let mut managed_floor = Side::new("W2 floor on a ConnectionManager, 64 tasks x own key");
+    let mut library = Side::new("W2 64 tasks x own key");
+    let (mut to_floor, mut to_managed) = (Vec::new(), Vec::new());
+    let mut stats = raw_connection(url).await?;
+    for round in 0..W2_ROUNDS {
+        // Each round starts with a different side, so that over the rounds
+        // each side runs first, second and third once: whatever the side
+        // before leaves behind (in the allocator, the runtime, the server)
+        // falls on every side alike.
+        let (mut f, mut m, mut l) = (0.0, 0.0, 0.0);
+        for turn in 0..3 {
+            match (round + turn) % 3 {
+                0 => f = floor.floor_round(&mut stats, &bare, &release, "f", round).await?,
+                1 => {
+                    m = managed_floor
+                        .floor_round(&mut stats, &managed, &release, "m", round)
+                        .await?;
+                }
+                _ => {
+                    let locks = locks.clone();
+                    l = library
+                        .round(&mut stats, move |task, _| {
+                            let locks = locks.clone();
+                            async move {
+                                locks
+                                    .lock(format!("w2:{task}"))
+                                    .acquire()
+                                    .await?
+                                    .release()
+                                    .await?;
+                                Ok(())
+                            }
+                        })
+                        .await?;
+                }
+            }
+        }
+        to_floor.push(l / f);
+        to_managed.push(l / m);
     }
-    library
-        .extra
-        .push(("median_round_ratio_to_floor", ratios[ratios.len() / 2]));
-    Ok((floor, library))
+    let mut library = library.finish();
+    library.extra.extend([
+        ("median_round_ratio_to_floor", median(to_floor)),
+        ("median_round_ratio_to_managed_floor", median(to_managed)),
+    ]);
+    Ok((floor.finish(), managed_floor.finish(), library))
 }
