@@ -96,9 +96,7 @@ impl Side {
         self.report.extra.extend(extra);
         self.report
     }
-}
 
-impl Side {
     /// One round of the floor's pairs on `conn`, each pair with a holder of
     /// its own.
     async fn floor_round<C>(
@@ -135,7 +133,7 @@ fn median(mut ratios: Vec<f64>) -> f64 {
     ratios[ratios.len() / 2]
 }
 
-/// W2 and its two floors, in alternating rounds. Returns (floor, floor on
+/// W2 and its two floors, in rotating rounds. Returns (floor, floor on
 /// a connection manager, library); the library's report carries the median
 /// of the per-round throughput ratios against each.
 pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report, Report), Error> {
