@@ -56,17 +56,30 @@ pub(crate) async fn floor_pair<C: redis::aio::ConnectionLike + Send>(
     Ok(())
 }
 
+/// `pairs` floor pairs on `key`, one after another, each holder
+/// `{holder_prefix}{i}`; returns each pair's latency.
+pub(crate) async fn timed_floor_pairs(
+    conn: &mut MultiplexedConnection,
+    release: &redis::Script,
+    key: &str,
+    holder_prefix: &str,
+    pairs: usize,
+) -> Result<Vec<Duration>, Error> {
+    let mut latencies = Vec::with_capacity(pairs);
+    for i in 0..pairs {
+        let t = Instant::now();
+        floor_pair(conn, release, key, &format!("{holder_prefix}{i}")).await?;
+        latencies.push(t.elapsed());
+    }
+    Ok(latencies)
+}
+
 /// W0: the W1 shape with no library logic.
 pub(crate) async fn w0_pairs(url: &str) -> Result<Report, Error> {
     let mut conn = raw_connection(url).await?;
     let release = redis::Script::new(COMPARE_AND_DELETE);
-    let mut latencies = Vec::with_capacity(SEQUENTIAL_PAIRS);
     let start = Instant::now();
-    for i in 0..SEQUENTIAL_PAIRS {
-        let t = Instant::now();
-        floor_pair(&mut conn, &release, "w0", &format!("floor:{i}")).await?;
-        latencies.push(t.elapsed());
-    }
+    let latencies = timed_floor_pairs(&mut conn, &release, "w0", "floor:", SEQUENTIAL_PAIRS).await?;
     Ok(Report {
         workload: "W0 floor pair (SET NX PX + compare-and-delete)",
         ops: SEQUENTIAL_PAIRS,

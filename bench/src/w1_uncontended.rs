@@ -9,7 +9,7 @@ use super::*;
 /// ratios (one stall on this shared VM moves a whole run's p99, and the
 /// median of rounds leaves out the one round it fell in), and the p99 of
 /// all the library's pairs against the p99 of all the floor's. The rounds
-/// alternate which side goes first, so neither always follows the other.
+/// alternate which side goes first ([`turn_order`]).
 pub(crate) async fn w1_uncontended(url: &str) -> Result<Report, Error> {
     const ROUNDS: usize = 5;
     let locks = LockClient::connect(url).await?;
@@ -23,20 +23,15 @@ pub(crate) async fn w1_uncontended(url: &str) -> Result<Report, Error> {
     let mut floor_latencies = Vec::with_capacity(SEQUENTIAL_PAIRS);
     let (mut ratios, mut p99_ratios) = (Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS));
     for round in 0..ROUNDS {
-        let mut floor = Vec::with_capacity(per_round);
-        let mut ours = None;
-        for turn in 0..2 {
-            if (round + turn) % 2 == 0 {
-                for i in 0..per_round {
-                    let t = Instant::now();
-                    floor_pair(&mut conn, &release, "w1:floor", &format!("floor:{round}:{i}")).await?;
-                    floor.push(t.elapsed());
-                }
+        let (mut floor, mut ours) = (Vec::new(), Report::default());
+        for side in turn_order::<2>(round) {
+            if side == 0 {
+                let prefix = format!("floor:{round}:");
+                floor = timed_floor_pairs(&mut conn, &release, "w1:floor", &prefix, per_round).await?;
             } else {
-                ours = Some(w1_on(&locks, "W1", per_round).await?);
+                ours = w1_on(&locks, "W1", per_round).await?;
             }
         }
-        let ours = ours.ok_or("a W1 round ran no library pairs")?;
         ratios.push(ours.p50() / percentile_us(&floor, 0.5));
         p99_ratios.push(ours.percentile_us(0.99) / percentile_us(&floor, 0.99));
         library.ops += ours.ops;
@@ -44,13 +39,11 @@ pub(crate) async fn w1_uncontended(url: &str) -> Result<Report, Error> {
         library.latencies.extend(ours.latencies);
         floor_latencies.extend(floor);
     }
-    ratios.sort_by(f64::total_cmp);
-    p99_ratios.sort_by(f64::total_cmp);
     let floor_p99 = percentile_us(&floor_latencies, 0.99);
     let p99_ratio = library.percentile_us(0.99) / floor_p99;
     library.extra.extend([
-        ("median_round_p50_ratio_to_floor", ratios[ROUNDS / 2]),
-        ("median_round_p99_ratio_to_floor", p99_ratios[ROUNDS / 2]),
+        ("median_round_p50_ratio_to_floor", median(ratios)),
+        ("median_round_p99_ratio_to_floor", median(p99_ratios)),
         ("interleaved_floor_p99_us", floor_p99),
         ("p99_ratio_to_interleaved_floor", p99_ratio),
     ]);

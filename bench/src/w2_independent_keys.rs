@@ -127,12 +127,6 @@ impl Side {
     }
 }
 
-/// The median of `ratios`.
-fn median(mut ratios: Vec<f64>) -> f64 {
-    ratios.sort_by(f64::total_cmp);
-    ratios[ratios.len() / 2]
-}
-
 /// W2 and its two floors, in rotating rounds. Returns (floor, floor on
 /// a connection manager, library); the library's report carries the median
 /// of the per-round throughput ratios against each.
@@ -147,22 +141,19 @@ pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report, Re
     let (mut to_floor, mut to_managed) = (Vec::new(), Vec::new());
     let mut stats = raw_connection(url).await?;
     for round in 0..W2_ROUNDS {
-        // Each round starts with a different side, so that over the rounds
-        // each side runs first, second and third once: whatever the side
-        // before leaves behind (in the allocator, the runtime, the server)
-        // falls on every side alike.
-        let (mut f, mut m, mut l) = (0.0, 0.0, 0.0);
-        for turn in 0..3 {
-            match (round + turn) % 3 {
-                0 => f = floor.floor_round(&mut stats, &bare, &release, "f", round).await?,
+        // Over the three rounds each side runs first, second and third once.
+        let mut pairs_per_s = [0.0; 3];
+        for side in turn_order::<3>(round) {
+            pairs_per_s[side] = match side {
+                0 => floor.floor_round(&mut stats, &bare, &release, "f", round).await?,
                 1 => {
-                    m = managed_floor
+                    managed_floor
                         .floor_round(&mut stats, &managed, &release, "m", round)
-                        .await?;
+                        .await?
                 }
                 _ => {
                     let locks = locks.clone();
-                    l = library
+                    library
                         .round(&mut stats, move |task, _| {
                             let locks = locks.clone();
                             async move {
@@ -175,10 +166,11 @@ pub(crate) async fn w2_independent_keys(url: &str) -> Result<(Report, Report, Re
                                 Ok(())
                             }
                         })
-                        .await?;
+                        .await?
                 }
-            }
+            };
         }
+        let [f, m, l] = pairs_per_s;
         to_floor.push(l / f);
         to_managed.push(l / m);
     }

@@ -46,9 +46,10 @@ pub(crate) async fn wg_postgres(given: Option<&str>, uncontended_only: bool) -> 
         let mut ours = w1_on(&locks, "WG1 PostgreSQL uncontended acquire+release", PG_PAIRS).await?;
         ratios.push(ours.p50() / floor.p50());
         if round + 1 == WG1_ROUNDS {
-            ratios.sort_by(f64::total_cmp);
-            ours.extra
-                .push(("median_round_p50_ratio_to_lease_row", ratios[WG1_ROUNDS / 2]));
+            ours.extra.push((
+                "median_round_p50_ratio_to_lease_row",
+                median(std::mem::take(&mut ratios)),
+            ));
         }
         reports.push(floor);
         reports.push(ours);
