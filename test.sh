@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
 # The README's test command: installs what the tests need when it is missing,
-# then runs the whole workspace's tests. Extra arguments go to `cargo test`;
-# `--install-only` installs and stops.
+# then runs the whole workspace's tests with cargo-nextest (each test in a
+# process of its own, tests of all binaries side by side; how many at once,
+# and which run alone, is in .config/nextest.toml), then the doctests.
+#
+#   ./test.sh                  every test of tier 1 (NEXTEST_PROFILE=ci:
+#                              tiers 1 and 2, as .ci/run runs them)
+#   ./test.sh postgres         one backend's tests: redis, mysql, postgres,
+#                              zookeeper, etcd or memory
+#   ./test.sh s4pg             the tests whose name contains `s4pg` (one
+#                              fault scenario), whichever tier; options
+#                              (`--no-capture`, ...) go to `cargo nextest run`
+#   ./test.sh --install-only   installs what is missing and stops
 #
 # The tests start their own servers on free loopback ports and stop them;
 # they need the programs, not a running service:
@@ -73,7 +83,57 @@ etcd --version | sed -n 1p
 protoc --version
 "$PYTHON" -c 'import redis; print("redis-py", redis.__version__)'
 
+# The runner. A new machine of this project's kind has it; elsewhere it is
+# built from crates.io (a few minutes, once). 0.9.91 brought the test
+# priorities .config/nextest.toml sets.
+nextest_ok() {
+  local version
+  version="$(cargo nextest --version 2>/dev/null | sed -n '1s/^cargo-nextest \([0-9.]*\).*/\1/p')"
+  [ -n "$version" ] && [ "$(printf '%s\n0.9.91\n' "$version" | sort -V | sed -n 1p)" = "0.9.91" ]
+}
+if ! nextest_ok; then
+  echo "--- installing cargo-nextest (crates.io)"
+  cargo install --locked --quiet cargo-nextest@0.9.143
+  nextest_ok
+fi
+cargo nextest --version | sed -n 1p
+
 if [ "${1:-}" = "--install-only" ]; then
   exit 0
 fi
-exec cargo test --workspace "$@"
+
+# One backend's tests: a filter on the names of the test binaries and of
+# the tests (the kinds suite names its modules after the backends, the
+# fault scenarios end their ids in my, pg, zk or etcd).
+filter=()
+case "${1:-}" in
+  redis) filter=(-E 'not (test(/mysql|mariadb|postgres|zookeeper|ensemble|etcd|in_memory|in_process|::memory::/) | binary(/^(mysql|postgres|zookeeper|etcd)/) | test(/::s[0-9]+[a-z]*(my|pg|zk|etcd)_/) | package(ui-tests))') ;;
+  mysql | mariadb) filter=(-E 'test(/mysql|mariadb/) | binary(/^mysql/) | test(/::s[0-9]+[a-z]*my_/)') ;;
+  postgres) filter=(-E 'test(/postgres/) | binary(/^postgres/) | test(/::s[0-9]+[a-z]*pg_/)') ;;
+  zookeeper) filter=(-E 'test(/zookeeper|ensemble/) | binary(/^zookeeper/) | test(/::s[0-9]+[a-z]*zk_/)') ;;
+  etcd) filter=(-E 'test(/etcd/) | binary(/^etcd/)') ;;
+  memory) filter=(-E 'test(/in_memory|in_process|::memory::/)') ;;
+esac
+# A named backend or test runs whatever tier it is in.
+if [ "${#filter[@]}" -gt 0 ]; then
+  shift
+  exec cargo nextest run --workspace --no-fail-fast --ignore-default-filter "${filter[@]}" "$@"
+fi
+if [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then
+  exec cargo nextest run --workspace --no-fail-fast --ignore-default-filter "$@"
+fi
+
+# Everything: the tests, then the doctests (nextest does not run those;
+# they compile the README's and the docs' code blocks).
+# The fault scenarios write their records to target/reliability; the last
+# line counts this run's verdicts, and how many ran starved.
+rm -rf target/reliability
+status=0
+cargo nextest run --workspace --no-fail-fast "$@" || status=$?
+cargo test --workspace --doc || status=$?
+# A scenario that ran starved and could not be judged (INVALID) proved
+# nothing: it fails the command, as a FAIL does.
+# (the runner built it with the tests; `cargo run` would build the test
+# crate's dependencies once more, without the tests' features)
+"${CARGO_TARGET_DIR:-target}/debug/reliability-summary" --last-line --strict || status=$?
+exit "$status"

@@ -111,6 +111,34 @@ fn round(ms: f64) -> Value {
 /// The summary table of every report in `target/reliability`, one row per
 /// scenario in id order.
 pub fn summary() -> String {
+    summary_and_counts().0
+}
+
+/// How many scenario records gave each verdict (`PASS`, `FAIL`, `INVALID`),
+/// and how many of them ran with a process starved beyond the monitor's
+/// bound.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Counts {
+    /// Records per verdict word.
+    pub verdicts: std::collections::BTreeMap<String, usize>,
+    /// Records marked `starved`.
+    pub starved: usize,
+}
+
+impl Counts {
+    /// Records whose verdict is neither `PASS` nor missing: a failure, or a
+    /// run that proved nothing.
+    pub fn not_passed(&self) -> usize {
+        self.verdicts
+            .iter()
+            .filter(|(word, _)| word.as_str() != "PASS")
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+/// The summary table (as [`summary`]) and the verdicts' counts.
+pub fn summary_and_counts() -> (String, Counts) {
     let mut rows: Vec<Value> = std::fs::read_dir(dir())
         .into_iter()
         .flatten()
@@ -132,12 +160,13 @@ pub fn summary() -> String {
     let mut table = String::from(
         "| id | scenario | verdict | acquisitions | faults | overlaps | token regressions | lost slack ms min / p50 | key figure |\n|---|---|---|---|---|---|---|---|---|\n",
     );
-    let mut counts = std::collections::BTreeMap::new();
+    let mut counts = Counts::default();
     for r in &rows {
         let verdict = cell(&r["verdict"]);
         let word = verdict.split([' ', ';']).next().unwrap_or("").to_owned();
-        *counts.entry(word).or_insert(0) += 1;
+        *counts.verdicts.entry(word).or_insert(0) += 1;
         let verdict = if r["starved"] == json!(true) {
+            counts.starved += 1;
             format!("{verdict} (starved {} ms)", cell(&r["worst_lateness_ms"]))
         } else {
             verdict
@@ -155,13 +184,18 @@ pub fn summary() -> String {
             cell(&r["key_figure"]),
         ));
     }
-    let counts: Vec<String> = counts.iter().map(|(word, n)| format!("{word} {n}")).collect();
+    let words: Vec<String> = counts
+        .verdicts
+        .iter()
+        .map(|(word, n)| format!("{word} {n}"))
+        .collect();
     table.push_str(&format!(
-        "\nverdicts of {} scenarios: {}\n",
+        "\nverdicts of {} scenarios: {} ({} with a process starved beyond the monitor's bound)\n",
         rows.len(),
-        counts.join(", ")
+        words.join(", "),
+        counts.starved
     ));
-    table
+    (table, counts)
 }
 
 /// S2 before S10, R before C before X.

@@ -641,7 +641,12 @@ async fn a_waiter_cut_short_mid_attempt_leaves_nothing_in_line() {
             // and out of an operator's list of locks.
             let tombstones = keys_under(&etcd, "/distributed-locks/lock:{cut}%gone/").await;
             assert!(!tombstones.is_empty(), "no give-back left a tombstone");
-            let listed: Vec<String> = locks
+            // Listed through a client with the default command timeout:
+            // the 100 ms one above is for cutting attempts short, and a
+            // machine running other tests beside this one can take longer
+            // to answer a list.
+            let patient = client(&etcd).await;
+            let listed: Vec<String> = patient
                 .admin()
                 .list(None)
                 .await

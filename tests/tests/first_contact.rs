@@ -365,6 +365,10 @@ async fn durations_of_any_size_never_panic() {
                     }
                     // A ttl of a few ms can be granted too late to be used.
                     Err(LockError::Backend { .. }) if ttl < Duration::from_millis(20) => {}
+                    // So can a longer one on a busy machine (the tests run
+                    // side by side): refusing it is right.
+                    Err(LockError::Backend { source, .. })
+                        if ttl < Duration::from_secs(1) && source.to_string().contains("past the") => {}
                     Err(other) => panic!("{backend}: ttl {ttl:?} wait {wait:?}: {other}"),
                 }
             }

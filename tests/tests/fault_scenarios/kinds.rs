@@ -376,7 +376,12 @@ async fn run_bodies_that_outlive_a_fixed_lease_are_dropped_in_time() {
                         );
                         continue;
                     }
-                    Verdict::Invalid | Verdict::Pass => {}
+                    // Starved in every run: nothing was judged, which is
+                    // not a pass.
+                    Verdict::Invalid => panic!(
+                        "INVALID in 3 runs: a process was {worst_late:?} late (bound {bound:?}), so nothing was judged"
+                    ),
+                    Verdict::Pass => {}
                 }
                 assert!(
                     tally.lost > 0,

@@ -78,10 +78,11 @@ pub(crate) async fn stop_for(server: &impl Database, how_long: Duration) {
 }
 
 /// Runs one scenario's `body` under the suite's time limit
-/// ([`lock_tests::bounded`]), and alone: scenarios run one at a time
-/// whatever the test harness's thread count. Two at once on a 2-core
-/// machine starve each other's processes past the assumption monitor's
-/// bound, and the runs say nothing (the INVALID runs of #31).
+/// ([`lock_tests::bounded`]), and alone among this process's scenarios
+/// under `cargo test`. Two at once on a 2-core machine starve each other's
+/// processes past the assumption monitor's bound, and the runs say nothing
+/// (the INVALID runs of #31). The README's test command runs each test in a
+/// process of its own: there `.config/nextest.toml` keeps them apart.
 pub(crate) async fn scenario<F: std::future::Future>(name: &str, body: F) -> F::Output {
     static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _alone = ONE.lock().await;
