@@ -216,7 +216,7 @@ async fn renew_batch(backend: &AnyBackend, command_timeout: Duration, batch: &[A
     match outcome {
         Ok(Ok(renewed)) => {
             let now = Instant::now();
-            let (mut confirmed, mut gone, mut unconfirmed) = (0, 0, 0);
+            let (mut confirmed, mut unconfirmed) = (0, 0);
             for ((lease, &ttl), renewal) in batch.iter().zip(&ttls).zip(renewed) {
                 match renewal {
                     Renewal::Renewed => {
@@ -225,8 +225,10 @@ async fn renew_batch(backend: &AnyBackend, command_timeout: Duration, batch: &[A
                     }
                     // Not a release racing this renewal (`is_live` would be
                     // false): the key is gone or someone else has it.
+                    // Counted before the holder is told: a caller that reads
+                    // the metric once its body was stopped sees the loss.
                     Renewal::Gone if lease.is_live() => {
-                        gone += 1;
+                        telemetry::renewals(RenewalOutcome::Lost, 1);
                         lease.mark_lost(LostReason::TakenOver);
                     }
                     Renewal::Gone => {}
@@ -237,7 +239,6 @@ async fn renew_batch(backend: &AnyBackend, command_timeout: Duration, batch: &[A
                 }
             }
             telemetry::renewals(RenewalOutcome::Renewed, confirmed);
-            telemetry::renewals(RenewalOutcome::Lost, gone);
             telemetry::renewals(RenewalOutcome::Unconfirmed, unconfirmed);
             tracing::trace!(leases = batch.len(), "leases renewed");
         }
