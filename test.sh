@@ -123,14 +123,14 @@ if [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then
   exec cargo nextest run --workspace --no-fail-fast --ignore-default-filter "$@"
 fi
 
-# Everything: the tests, then the doctests (nextest does not run those;
-# they compile the README's and the docs' code blocks).
+# Everything: the doctests (nextest does not run those; they compile the
+# README's and the docs' code blocks), then the tests.
 # The fault scenarios write their records to target/reliability; the last
 # line counts this run's verdicts, and how many ran starved.
 rm -rf target/reliability
 status=0
-cargo nextest run --workspace --no-fail-fast "$@" || status=$?
 cargo test --workspace --doc || status=$?
+cargo nextest run --workspace --no-fail-fast "$@" || status=$?
 # A scenario that ran starved and could not be judged (INVALID) proved
 # nothing: it fails the command, as a FAIL does.
 # (the runner built it with the tests; `cargo run` would build the test
