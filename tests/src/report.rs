@@ -116,7 +116,7 @@ pub fn summary() -> String {
 
 /// How many scenario records gave each verdict (`PASS`, `FAIL`, `INVALID`),
 /// and how many of them ran with a process starved beyond the monitor's
-/// bound.
+/// bound. Its `Display` is the summary's closing line.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Counts {
     /// Records per verdict word.
@@ -126,14 +126,31 @@ pub struct Counts {
 }
 
 impl Counts {
-    /// Records whose verdict is neither `PASS` nor missing: a failure, or a
-    /// run that proved nothing.
+    /// Records whose verdict is not `PASS` (a failure, a run that proved
+    /// nothing, or a record without a verdict).
     pub fn not_passed(&self) -> usize {
         self.verdicts
             .iter()
             .filter(|(word, _)| word.as_str() != "PASS")
             .map(|(_, n)| n)
             .sum()
+    }
+}
+
+impl std::fmt::Display for Counts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let words: Vec<String> = self
+            .verdicts
+            .iter()
+            .map(|(word, n)| format!("{word} {n}"))
+            .collect();
+        write!(
+            f,
+            "verdicts of {} scenarios: {} ({} with a process starved beyond the monitor's bound)",
+            self.verdicts.values().sum::<usize>(),
+            words.join(", "),
+            self.starved
+        )
     }
 }
 
@@ -184,17 +201,7 @@ pub fn summary_and_counts() -> (String, Counts) {
             cell(&r["key_figure"]),
         ));
     }
-    let words: Vec<String> = counts
-        .verdicts
-        .iter()
-        .map(|(word, n)| format!("{word} {n}"))
-        .collect();
-    table.push_str(&format!(
-        "\nverdicts of {} scenarios: {} ({} with a process starved beyond the monitor's bound)\n",
-        rows.len(),
-        words.join(", "),
-        counts.starved
-    ));
+    table.push_str(&format!("\n{counts}\n"));
     (table, counts)
 }
 
@@ -206,4 +213,23 @@ fn sort_key(id: &str) -> (usize, u32, String) {
         .take_while(char::is_ascii_digit)
         .collect::<String>();
     (family, number.parse().unwrap_or(0), id.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Counts;
+
+    #[test]
+    fn only_pass_counts_as_passed_and_the_line_says_how_many_starved() {
+        let mut counts = Counts::default();
+        counts.verdicts.insert("PASS".to_owned(), 3);
+        assert_eq!(counts.not_passed(), 0);
+        counts.verdicts.insert("INVALID".to_owned(), 1);
+        counts.starved = 2;
+        assert_eq!(counts.not_passed(), 1);
+        assert_eq!(
+            counts.to_string(),
+            "verdicts of 4 scenarios: INVALID 1, PASS 3 (2 with a process starved beyond the monitor's bound)"
+        );
+    }
 }
