@@ -2,7 +2,7 @@
 # The README's test command: installs what the tests need when it is missing,
 # then runs the whole workspace's tests with cargo-nextest (each test in a
 # process of its own, tests of all binaries side by side; how many at once,
-# and which run alone, is in .config/nextest.toml), then the doctests.
+# and which run alone, is in .config/nextest.toml), the doctests first.
 #
 #   ./test.sh                  every test of tier 1 (NEXTEST_PROFILE=ci:
 #                              tiers 1 and 2, as .ci/run runs them)
@@ -121,26 +121,31 @@ case "${1:-}" in
   etcd) filter=(-E "$etcd_tests") ;;
   memory) filter=(-E "$memory_tests") ;;
 esac
-# A named backend or test runs whatever tier it is in.
-if [ "${#filter[@]}" -gt 0 ]; then
-  shift
-  exec cargo nextest run --workspace --no-fail-fast --ignore-default-filter "${filter[@]}" "$@"
-fi
-if [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then
-  exec cargo nextest run --workspace --no-fail-fast --ignore-default-filter "$@"
-fi
-
-# Everything: the doctests (nextest does not run those; they compile the
-# README's and the docs' code blocks), then the tests.
-# The fault scenarios write their records to target/reliability; the last
-# line counts this run's verdicts, and how many ran starved.
+# The fault scenarios write their records to target/reliability; the
+# summary's last line counts this run's verdicts, and how many ran starved.
 rm -rf target/reliability
 status=0
-cargo test --workspace --doc || status=$?
-cargo nextest run --workspace --no-fail-fast "$@" || status=$?
+everything=0
+if [ "${#filter[@]}" -gt 0 ]; then
+  # A named backend runs its tests whatever tier they are in.
+  shift
+  cargo nextest run --workspace --no-fail-fast --ignore-default-filter "${filter[@]}" "$@" || status=$?
+elif [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then
+  # So does a part of a test's name.
+  cargo nextest run --workspace --no-fail-fast --ignore-default-filter "$@" || status=$?
+else
+  everything=1
+  # Everything: the doctests (nextest does not run those; they compile the
+  # README's and the docs' code blocks), then the tests.
+  cargo test --workspace --doc || status=$?
+  cargo nextest run --workspace --no-fail-fast "$@" || status=$?
+fi
 # A scenario that ran starved and could not be judged (INVALID) proved
-# nothing: it fails the command, as a FAIL does.
+# nothing: it fails the command, as a FAIL does, whatever was selected (a
+# selection without fault scenarios has no verdicts to sum).
 # (the runner built it with the tests; `cargo run` would build the test
 # crate's dependencies once more, without the tests' features)
-"${CARGO_TARGET_DIR:-target}/debug/reliability-summary" --last-line --strict || status=$?
+if [ "$everything" = 1 ] || compgen -G 'target/reliability/*.json' >/dev/null; then
+  "${CARGO_TARGET_DIR:-target}/debug/reliability-summary" --last-line --strict || status=$?
+fi
 exit "$status"

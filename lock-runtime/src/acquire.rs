@@ -32,6 +32,13 @@ use crate::waiter::{POLL, Watch};
 /// The shortest time a retry is given to answer, even with less of `wait` left.
 const LATE_ATTEMPT_FLOOR: Duration = Duration::from_millis(10);
 
+/// Attempts made at once, one after another, while each meets a broken
+/// connection (the first attempt included), whatever is left of `wait`. After a server restart the
+/// client can hold more than one dead connection (the one it used, and one
+/// its reconnect opened while the server was still down); each failure
+/// replaces one, and a dead server fails each retry fast (refused).
+const RECONNECTS_AT_ONCE: u32 = 3;
+
 pub(crate) async fn acquire(
     client: &Arc<ClientInner>,
     key: LockKey,
@@ -218,6 +225,8 @@ struct Acquisition<'a> {
     pending: DropGuard<Pending>,
     backoff: Duration,
     attempts: u32,
+    /// Attempts in a row, from the first, that met a broken connection.
+    reconnects_in_row: u32,
     /// Whether the acquisition was in doubt before the latest attempt.
     doubt_before: bool,
     /// The latest attempt that failed for a reason of its own, kept to
@@ -266,6 +275,7 @@ impl<'a> Acquisition<'a> {
             }),
             backoff: client.config.retry_min,
             attempts: 0,
+            reconnects_in_row: 0,
             doubt_before: false,
             last_failure: None,
             last_held: None,
@@ -375,7 +385,9 @@ impl<'a> Acquisition<'a> {
         // Later attempts get what is left of `wait` (but at least a floor a
         // healthy round trip fits in), so a stalled server cannot carry the
         // call a whole command timeout past the wait the caller asked for.
-        let budget = if self.attempts == 1 {
+        // An attempt that follows only broken connections is still the
+        // first real try, and its reconnect needs more than a round trip.
+        let budget = if self.attempts == self.reconnects_in_row + 1 {
             config.command_timeout
         } else {
             config.command_timeout.min(
@@ -499,8 +511,12 @@ impl<'a> Acquisition<'a> {
             }
             Err(failure) if failure.transient => {
                 // A first attempt that met a broken connection is not a real
-                // try: the client reconnects on that error, so try again now.
-                retry_now = self.attempts == 1 && failure.reconnecting;
+                // try: the client reconnects on that error, so try again now
+                // (a few times: see `RECONNECTS_AT_ONCE`).
+                if self.reconnects_in_row + 1 == self.attempts && failure.reconnecting {
+                    self.reconnects_in_row += 1;
+                    retry_now = self.reconnects_in_row < RECONNECTS_AT_ONCE;
+                }
                 Outcome::Failed(failure.error)
             }
             Err(failure) => {

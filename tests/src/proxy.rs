@@ -21,6 +21,8 @@ struct Link {
     mode: std::sync::atomic::AtomicU8,
     /// Delay in µs (`DELAY`) or bytes per second (`THROTTLE`).
     parameter: std::sync::atomic::AtomicU64,
+    /// Connections still to be closed as soon as they are accepted.
+    to_close: std::sync::atomic::AtomicU32,
     pumps: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
@@ -41,6 +43,18 @@ impl Proxy {
         let shared = std::sync::Arc::clone(&link);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                let close = shared
+                    .to_close
+                    .fetch_update(
+                        std::sync::atomic::Ordering::SeqCst,
+                        std::sync::atomic::Ordering::SeqCst,
+                        |n| n.checked_sub(1),
+                    )
+                    .is_ok();
+                if close {
+                    drop(client);
+                    continue;
+                }
                 let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
                     continue;
                 };
@@ -110,6 +124,16 @@ impl Proxy {
         for pump in self.link.pumps.lock().expect("pumps").drain(..) {
             pump.abort();
         }
+    }
+
+    /// Closes the next `count` connections as soon as they are accepted (the
+    /// client's connect succeeds, its first request meets a closed socket):
+    /// what a client reconnecting to a server that is still starting, or
+    /// dying, can meet.
+    pub fn close_next(&self, count: u32) {
+        self.link
+            .to_close
+            .store(count, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Forwards again; what a blackhole held back is delivered.

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{RedisServer, commands_between, eventually, free_port};
+use lock_tests::{Proxy, RedisServer, commands_between, eventually, free_port};
 
 async fn client(server: &RedisServer) -> LockClient {
     LockClient::connect(&server.url()).await.expect("connect")
@@ -365,6 +365,28 @@ async fn a_restarted_server_is_reconnected() {
         lock_once(&locks, "restart")
             .await
             .expect("second lock after restart");
+    })
+    .await
+}
+
+/// A lock taken with no wait after its connection broke and the client's
+/// first new connection was closed at once: two broken connections in a row
+/// are not a failed attempt (a server restart can leave the client both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_broken_connections_in_a_row_are_reconnected() {
+    lock_tests::bounded("two_broken_connections_in_a_row_are_reconnected", async move {
+        let server = RedisServer::start();
+        let proxy = Proxy::start(server.port()).await;
+        let locks = LockClient::connect(&proxy.url()).await.expect("connect");
+        lock_once(&locks, "relinked").await.expect("before the cut");
+        for round in 0..10 {
+            proxy.close_next(1);
+            proxy.reset();
+            lock_once(&locks, "relinked")
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        assert!(!exists(&server, "lock:{relinked}"));
     })
     .await
 }

@@ -331,22 +331,26 @@ fn is_taken_over(outcome: &Result<(), LockError>) -> bool {
 async fn a_stale_watchdog_renewal_leaves_the_other_holders_lock(rig: Rig) {
     let locks = rig.client().await;
     let ttl = Duration::from_millis(1500);
-    let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<(Taken, Snapshot)>();
+    let (inside_tx, inside_rx) = tokio::sync::oneshot::channel::<()>();
     let stale = locks.lock("renewed").ttl(ttl).fencing(true).run(async {
-        let taken = rig.take_over("renewed", Duration::from_secs(20)).await;
-        let before = rig.snapshot("renewed").await;
-        let _ = taken_tx.send((taken, before));
+        let _ = inside_tx.send(());
         std::future::pending::<()>().await;
     });
+    // The other holder takes the lock over beside the body, not in it: the
+    // body is dropped as soon as a renewal finds the lock gone, which can be
+    // before a take-over of several steps has finished.
+    let take_over = async {
+        inside_rx.await.expect("the body ran");
+        let taken = rig.take_over("renewed", Duration::from_secs(20)).await;
+        (taken, rig.snapshot("renewed").await)
+    };
     // Beside it, a lease of the same client that nobody takes, renewed by
     // the same watchdog (in the same batches when due together).
     let kept = locks.lock("kept").ttl(ttl).acquire().await.expect("acquire");
     let first_deadline = kept.valid_until();
-    let outcome = tokio::time::timeout(BOUND, stale)
-        .await
-        .expect("the body was not cancelled: the renewal did not see the other holder");
+    let (outcome, (_taken, before)) = tokio::join!(tokio::time::timeout(BOUND, stale), take_over);
+    let outcome = outcome.expect("the body was not cancelled: the renewal did not see the other holder");
     assert!(is_taken_over(&outcome), "{outcome:?}");
-    let (_taken, before) = taken_rx.await.expect("the body took the lock over");
     assert_eq!(
         rig.snapshot("renewed").await,
         before,
@@ -596,17 +600,22 @@ where
 {
     let locks = rig.client().await;
     let taken_name = name(key);
-    let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<(Snapshot, Taken)>();
+    let (inside_tx, inside_rx) = tokio::sync::oneshot::channel::<()>();
     let stale = request(&locks).ttl(Duration::from_millis(1500)).run(async {
-        let taken = rig.take_over_shared(key, &taken_name, rival, 20_000).await;
-        let _ = taken_tx.send((rig.snapshot_name(&taken_name).await, taken));
+        let _ = inside_tx.send(());
         std::future::pending::<()>().await;
     });
-    let outcome = tokio::time::timeout(BOUND, stale)
-        .await
-        .expect("the body was not cancelled: the renewal did not see the other holder");
+    // Beside the body, not in it, as above: ZooKeeper's take-over deletes
+    // the holder's node first, and the body was once dropped before the
+    // rival's node was made.
+    let take_over = async {
+        inside_rx.await.expect("the body ran");
+        let taken = rig.take_over_shared(key, &taken_name, rival, 20_000).await;
+        (rig.snapshot_name(&taken_name).await, taken)
+    };
+    let (outcome, (before, _taken)) = tokio::join!(tokio::time::timeout(BOUND, stale), take_over);
+    let outcome = outcome.expect("the body was not cancelled: the renewal did not see the other holder");
     assert!(matches!(outcome, Err(LockError::Lost { .. })), "{outcome:?}");
-    let (before, _taken) = taken_rx.await.expect("the body took the lock over");
     assert_eq!(
         rig.snapshot_name(&taken_name).await,
         before,
