@@ -33,10 +33,11 @@ use crate::waiter::{POLL, Watch};
 const LATE_ATTEMPT_FLOOR: Duration = Duration::from_millis(10);
 
 /// Attempts made at once, one after another, while each meets a broken
-/// connection (the first attempt included), whatever is left of `wait`. After a server restart the
-/// client can hold more than one dead connection (the one it used, and one
-/// its reconnect opened while the server was still down); each failure
-/// replaces one, and a dead server fails each retry fast (refused).
+/// connection (the first attempt included), whatever is left of `wait`.
+/// After a server restart the client can hold more than one dead connection
+/// (the one it used, and one its reconnect opened while the server was
+/// still down); each failure replaces one, and a dead server fails each
+/// retry fast (refused).
 const RECONNECTS_AT_ONCE: u32 = 3;
 
 pub(crate) async fn acquire(
@@ -251,6 +252,12 @@ struct Acquisition<'a> {
 }
 
 impl<'a> Acquisition<'a> {
+    /// Whether every attempt before the current one met a broken connection
+    /// (true for the first): the current one is still the first real try.
+    fn only_broken_connections_before(&self) -> bool {
+        self.attempts == self.reconnects_in_row + 1
+    }
+
     fn new(
         client: &'a Arc<ClientInner>,
         key: LockKey,
@@ -387,7 +394,7 @@ impl<'a> Acquisition<'a> {
         // call a whole command timeout past the wait the caller asked for.
         // An attempt that follows only broken connections is still the
         // first real try, and its reconnect needs more than a round trip.
-        let budget = if self.attempts == self.reconnects_in_row + 1 {
+        let budget = if self.only_broken_connections_before() {
             config.command_timeout
         } else {
             config.command_timeout.min(
@@ -513,7 +520,7 @@ impl<'a> Acquisition<'a> {
                 // A first attempt that met a broken connection is not a real
                 // try: the client reconnects on that error, so try again now
                 // (a few times: see `RECONNECTS_AT_ONCE`).
-                if self.reconnects_in_row + 1 == self.attempts && failure.reconnecting {
+                if failure.reconnecting && self.only_broken_connections_before() {
                     self.reconnects_in_row += 1;
                     retry_now = self.reconnects_in_row < RECONNECTS_AT_ONCE;
                 }

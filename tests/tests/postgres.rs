@@ -255,10 +255,10 @@ async fn clients_starting_at_once_on_a_fresh_database_all_start() {
                     })
                 })
                 .collect();
-            let blocked = lock_tests::eventually(Duration::from_secs(20), || {
-                server.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") == ["4"]
-            })
-            .await;
+            let waiting_on_locks =
+                || server.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'");
+            let blocked =
+                lock_tests::eventually(Duration::from_secs(20), || waiting_on_locks() == ["4"]).await;
             if blocked.is_none() {
                 // Say what the clients that are not waiting did instead.
                 let mut ended = Vec::new();
@@ -271,9 +271,7 @@ async fn clients_starting_at_once_on_a_fresh_database_all_start() {
                         });
                     }
                 }
-                let waiting = tokio::task::block_in_place(|| {
-                    server.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-                });
+                let waiting = tokio::task::block_in_place(waiting_on_locks);
                 panic!("the clients' creations wait for the other instance's: {waiting:?} waiting; ended: {ended:?}");
             }
             other_instance.send("COMMIT;");

@@ -328,28 +328,43 @@ fn is_taken_over(outcome: &Result<(), LockError>) -> bool {
 /// `TakenOver`, and the other's lease is neither extended nor cut. A
 /// second lease of the same client, renewed in the same batches, is kept:
 /// the batch tells each lease its own answer.
-async fn a_stale_watchdog_renewal_leaves_the_other_holders_lock(rig: Rig) {
-    let locks = rig.client().await;
-    let ttl = Duration::from_millis(1500);
+/// Runs `stale`'s lock with a body that only waits, and `take_over` once the
+/// body runs; the body's outcome (within `BOUND`) and what `take_over` gave.
+/// The take-over runs beside the body, not in it: the body is dropped as
+/// soon as a renewal finds the lock gone, which can be before a take-over of
+/// several steps has finished (ZooKeeper's deletes the holder's node first,
+/// and the body was once dropped before the rival's node was made).
+async fn taken_over_while_held<T>(
+    stale: LockRequest<'_>,
+    take_over: impl Future<Output = T>,
+) -> (Result<(), LockError>, T) {
     let (inside_tx, inside_rx) = tokio::sync::oneshot::channel::<()>();
-    let stale = locks.lock("renewed").ttl(ttl).fencing(true).run(async {
+    let body = stale.run(async {
         let _ = inside_tx.send(());
         std::future::pending::<()>().await;
     });
-    // The other holder takes the lock over beside the body, not in it: the
-    // body is dropped as soon as a renewal finds the lock gone, which can be
-    // before a take-over of several steps has finished.
-    let take_over = async {
+    let beside = async {
         inside_rx.await.expect("the body ran");
-        let taken = rig.take_over("renewed", Duration::from_secs(20)).await;
-        (taken, rig.snapshot("renewed").await)
+        take_over.await
     };
+    let (outcome, taken) = tokio::join!(tokio::time::timeout(BOUND, body), beside);
+    let outcome = outcome.expect("the body was not cancelled: the renewal did not see the other holder");
+    (outcome, taken)
+}
+
+async fn a_stale_watchdog_renewal_leaves_the_other_holders_lock(rig: Rig) {
+    let locks = rig.client().await;
+    let ttl = Duration::from_millis(1500);
     // Beside it, a lease of the same client that nobody takes, renewed by
     // the same watchdog (in the same batches when due together).
     let kept = locks.lock("kept").ttl(ttl).acquire().await.expect("acquire");
     let first_deadline = kept.valid_until();
-    let (outcome, (_taken, before)) = tokio::join!(tokio::time::timeout(BOUND, stale), take_over);
-    let outcome = outcome.expect("the body was not cancelled: the renewal did not see the other holder");
+    let (outcome, (_taken, before)) =
+        taken_over_while_held(locks.lock("renewed").ttl(ttl).fencing(true), async {
+            let taken = rig.take_over("renewed", Duration::from_secs(20)).await;
+            (taken, rig.snapshot("renewed").await)
+        })
+        .await;
     assert!(is_taken_over(&outcome), "{outcome:?}");
     assert_eq!(
         rig.snapshot("renewed").await,
@@ -600,21 +615,12 @@ where
 {
     let locks = rig.client().await;
     let taken_name = name(key);
-    let (inside_tx, inside_rx) = tokio::sync::oneshot::channel::<()>();
-    let stale = request(&locks).ttl(Duration::from_millis(1500)).run(async {
-        let _ = inside_tx.send(());
-        std::future::pending::<()>().await;
-    });
-    // Beside the body, not in it, as above: ZooKeeper's take-over deletes
-    // the holder's node first, and the body was once dropped before the
-    // rival's node was made.
-    let take_over = async {
-        inside_rx.await.expect("the body ran");
-        let taken = rig.take_over_shared(key, &taken_name, rival, 20_000).await;
-        (rig.snapshot_name(&taken_name).await, taken)
-    };
-    let (outcome, (before, _taken)) = tokio::join!(tokio::time::timeout(BOUND, stale), take_over);
-    let outcome = outcome.expect("the body was not cancelled: the renewal did not see the other holder");
+    let (outcome, (before, _taken)) =
+        taken_over_while_held(request(&locks).ttl(Duration::from_millis(1500)), async {
+            let taken = rig.take_over_shared(key, &taken_name, rival, 20_000).await;
+            (rig.snapshot_name(&taken_name).await, taken)
+        })
+        .await;
     assert!(matches!(outcome, Err(LockError::Lost { .. })), "{outcome:?}");
     assert_eq!(
         rig.snapshot_name(&taken_name).await,
