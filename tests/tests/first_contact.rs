@@ -440,7 +440,8 @@ async fn messages_say_what_happened() {
 
             let err = locks
                 .lock("fixed")
-                .ttl(Duration::from_millis(100))
+                .ttl(Duration::from_millis(300))
+                .wait(Duration::from_secs(5))
                 .renew(false)
                 .run(std::future::pending::<()>())
                 .await

@@ -430,6 +430,7 @@ async fn a_lost_lease_cancels_the_body_of_every_kind(f: Fixture) {
         let outcome = shape
             .request(locks, &key)
             .ttl(Duration::from_millis(300))
+            .wait(Duration::from_secs(5))
             .renew(false)
             .run(body)
             .await;

@@ -309,7 +309,8 @@ async fn renewals_and_losses_are_counted_with_their_reason() {
         let run = locks
             .lock("fixed")
             .name("fixed")
-            .ttl(Duration::from_millis(100))
+            .ttl(Duration::from_millis(300))
+            .wait(Duration::from_secs(5))
             .renew(false)
             .run(std::future::pending::<()>())
             .await;

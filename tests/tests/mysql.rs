@@ -535,6 +535,7 @@ async fn a_waiter_sleeps_until_the_lease_in_its_way_ends() {
         let _abandoned = holder
             .lock("job")
             .ttl(Duration::from_millis(300))
+            .wait(Duration::from_secs(5))
             .renew(false)
             .acquire()
             .await
