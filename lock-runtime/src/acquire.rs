@@ -10,9 +10,10 @@
 //! applies it after any late attempt (TCP keeps their order).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rand::Rng;
+use tokio::time::Instant;
+
 use tokio::sync::{Notify, oneshot};
 use tracing::Instrument;
 
@@ -20,7 +21,6 @@ use crate::backend::{AcquireReply, AcquireRequest, Backend, Failure};
 use crate::drop_guard::{Cleanup, DropGuard};
 use crate::error::LockError;
 use crate::handoff::{Granted, Handed, OfferHandle};
-use crate::holder;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::lease_state::{Grant, LeaseState};
@@ -45,7 +45,7 @@ pub(crate) async fn acquire(
     key: LockKey,
     opts: &LockOptions,
 ) -> Result<Lease, LockError> {
-    let holder = holder::new_holder_id(opts.kind);
+    let holder = client.entropy.holder_id(opts.kind);
     let span = tracing::debug_span!(
         "lock_acquire",
         lock = opts.name,
@@ -69,7 +69,7 @@ pub(crate) async fn acquire_all(
     keys: Vec<LockKey>,
     opts: &LockOptions,
 ) -> Result<Vec<Lease>, LockError> {
-    let holder = holder::new_holder_id(opts.kind);
+    let holder = client.entropy.holder_id(opts.kind);
     let span = tracing::debug_span!(
         "lock_acquire_all",
         lock = opts.name,
@@ -411,7 +411,7 @@ impl<'a> Acquisition<'a> {
         let answer = match client.backend.acquire_at_once(&request) {
             Some(answer) => Ok(answer),
             None => {
-                let deadline = tokio::time::Instant::from_std(sent + budget);
+                let deadline = sent + budget;
                 tokio::time::timeout_at(deadline, Box::pin(client.backend.acquire(&request))).await
             }
         };
@@ -672,6 +672,7 @@ impl<'a> Acquisition<'a> {
     /// wakes one waiter, whichever process it is in.
     async fn wait_in_line(&self, blocker: usize, pause: Duration) {
         tokio::select! {
+            biased;
             () = self.client.backend.turn(self.pending.lock(blocker), &self.pending.holder) => {}
             () = tokio::time::sleep(pause) => {}
         }
@@ -690,7 +691,7 @@ impl<'a> Acquisition<'a> {
         // releases are seen: jittered, so that waiters that started together
         // do not query in lockstep.
         let poll = if client.backend.polls_for_releases() {
-            jitter(client.config.poll_interval)
+            client.entropy.jitter(client.config.poll_interval)
         } else {
             POLL
         };
@@ -706,7 +707,7 @@ impl<'a> Acquisition<'a> {
 
     /// Nothing can wake us (no subscription): a growing, jittered pause.
     async fn back_off(&mut self, pause: Duration) {
-        tokio::time::sleep(jitter(self.backoff).min(pause)).await;
+        tokio::time::sleep(self.client.entropy.jitter(self.backoff).min(pause)).await;
         self.backoff = (self.backoff * 2).min(self.client.config.retry_max);
     }
 }
@@ -729,6 +730,7 @@ async fn wait_for_turn(
         }
     };
     let told = tokio::select! {
+        biased;
         told = handoff => told,
         () = released => return None,
         () = tokio::time::sleep(poll) => return None,
@@ -759,16 +761,6 @@ fn taken_over(
 enum Outcome {
     Held { no_expiry: bool },
     Failed(LockError),
-}
-
-/// A random pause in `[d/2, d]`, so waiters released together do not retry in
-/// lockstep.
-fn jitter(d: Duration) -> Duration {
-    let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-    if nanos < 2 {
-        return d;
-    }
-    Duration::from_nanos(rand::rng().random_range(nanos / 2..=nanos))
 }
 
 /// An acquisition under way. `in_doubt` is set once an attempt may have been

@@ -12,6 +12,7 @@ use crate::backend::redis::redlock::RedlockBackend;
 use crate::backend::redis::sentinel::SentinelLink;
 use crate::backend::redis::{RedisBackend, Topology, connect_error, open_url, redact_error};
 use crate::config::ClientConfig;
+use crate::entropy::Entropy;
 use crate::error::LockError;
 use crate::guard::LockRequest;
 use crate::key::validate_prefix;
@@ -707,11 +708,21 @@ impl LockClientBuilder {
     }
 
     fn build(self, backend: AnyBackend, notifier: Arc<Notifier>, node: String) -> LockClient {
+        self.build_with(backend, notifier, node, Entropy::Os)
+    }
+
+    pub(crate) fn build_with(
+        self,
+        backend: AnyBackend,
+        notifier: Arc<Notifier>,
+        node: String,
+        entropy: Entropy,
+    ) -> LockClient {
         // For exporters that show units and help texts: a recorder
         // installed before the first client hears them.
         crate::telemetry::describe();
         LockClient {
-            inner: Arc::new(ClientInner::new(backend, self.config, notifier, node)),
+            inner: Arc::new(ClientInner::new(backend, self.config, notifier, node, entropy)),
         }
     }
 }

@@ -4,7 +4,9 @@
 //! inside, or acquire it.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::acquire;
 use crate::error::LockError;

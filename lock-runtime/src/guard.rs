@@ -3,7 +3,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::entry::{self, Entered, EnteredAll};
 use crate::error::{LockError, LostReason};
@@ -240,7 +242,9 @@ impl LockGuard {
 
     /// The validity deadline: until then the server holds the lock for this
     /// holder even if the clocks drift by the allowance. Moves on with every
-    /// confirmed renewal.
+    /// confirmed renewal. On tokio's clock (`tokio::time::sleep_until`
+    /// takes it; `.into_std()` gives a `std::time::Instant`), so a test on
+    /// a paused clock sees the test's time.
     pub fn valid_until(&self) -> Instant {
         self.states()
             .map(|state| state.deadline())

@@ -1,7 +1,8 @@
 //! Who holds a lock, and which locks the running code is nested inside.
 //!
 //! A holder id names one outermost acquisition: a random per-process prefix
-//! (so ids from different processes and hosts never collide) and a counter.
+//! (so ids from different processes and hosts never collide) and a counter
+//! (`entropy.rs`).
 //! Re-entry is structural: a body runs inside a task-local scope
 //! that lists the leases held around it, so only code polled *inside* that
 //! body sees them. Sibling branches of one task (`join!`, `select!`) are polled
@@ -9,43 +10,11 @@
 //! task starts with no scope at all.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use crate::key::LockKey;
 use crate::lease_state::LeaseState;
 use crate::shared::ClientInner;
-use crate::spec::Kind;
-
-/// 128 random bits from the OS: the chance that two processes share a prefix
-/// is negligible, and sharing one would let them release each other's locks.
-/// With the `:` that ends it.
-static PROCESS_PREFIX: LazyLock<String> = LazyLock::new(|| format!("{:032x}:", rand::random::<u128>()));
-static NEXT_HOLDER: AtomicU64 = AtomicU64::new(1);
-
-/// A fresh holder id, `<32 hex digits>:<counter>`; the acquire script checks
-/// this shape to tell our values from foreign ones. A side of a read-write
-/// lock carries its side in front, `r:<id>` or `w:<id>`, and a permit
-/// holder's `p:<id>`, and a fair lock's holder `f:<id>`: the scripts tell
-/// them apart by that prefix.
-pub(crate) fn new_holder_id(kind: Kind) -> String {
-    let n = NEXT_HOLDER.fetch_add(1, Ordering::Relaxed);
-    let side = match kind {
-        Kind::Read => "r:",
-        Kind::Write => "w:",
-        Kind::Permits(_) => "p:",
-        Kind::Fair => "f:",
-        Kind::Exclusive | Kind::Segments(_) => "",
-    };
-    // Built by hand: `format!` costs several times these copies, on every
-    // acquisition.
-    let prefix = PROCESS_PREFIX.as_str();
-    let mut id = String::with_capacity(side.len() + prefix.len() + 20);
-    id.push_str(side);
-    id.push_str(prefix);
-    id.push_str(itoa::Buffer::new().format(n));
-    id
-}
 
 tokio::task_local! {
     static HELD: Held;
@@ -94,6 +63,24 @@ pub fn fencing_token() -> Option<u64> {
     HELD.try_with(|held| held.0.lease.token).ok().flatten()
 }
 
+/// Whether the running code holds the lock `key` (by the name it was taken
+/// under, as in `key = "..."` once rendered): inside the body of a lock
+/// call on `key`, or of a call that took it with others, on any client, and
+/// the lease still trusted. For tests and debug assertions; see
+/// [`assert_locked!`](crate::assert_locked).
+pub fn holds(key: &str) -> bool {
+    HELD.try_with(|held| {
+        held.iter().any(|h| {
+            let name = h.lease.key.name.as_str();
+            // A segment's lease is named `key#i`.
+            let of_key = name == key
+                || (h.lease.segment.is_some() && name.rsplit_once('#').is_some_and(|(lock, _)| lock == key));
+            of_key && h.lease.is_held()
+        })
+    })
+    .unwrap_or(false)
+}
+
 /// The segment of the innermost segmented lock (`segments = N`) held around
 /// the running code: `Some(i)` for `K#i`, or `None` outside such a body.
 pub fn segment() -> Option<u32> {
@@ -138,24 +125,4 @@ pub(crate) fn scope<F: Future>(
         parent,
     };
     HELD.scope(Held(Arc::new(node)), body)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn holder_ids_are_unique_and_well_formed() {
-        let a = new_holder_id(Kind::Exclusive);
-        let b = new_holder_id(Kind::Exclusive);
-        assert!(new_holder_id(Kind::Write).starts_with("w:"));
-        assert_ne!(a, b);
-        let (prefix, counter) = a.split_once(':').expect("prefix:counter");
-        assert_eq!(prefix.len(), 32);
-        assert!(prefix.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_eq!(
-            counter.parse::<u64>().map(|n| n.to_string()).as_deref(),
-            Ok(counter)
-        );
-    }
 }

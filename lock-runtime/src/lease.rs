@@ -3,7 +3,9 @@
 //! client state, because both send commands.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::backend::{Backend, HandOver};
 use crate::drop_guard::{Cleanup, DropGuard};
@@ -24,6 +26,7 @@ pub(crate) struct Lease {
 
 impl Lease {
     pub(crate) fn new(client: Arc<ClientInner>, state: Arc<LeaseState>) -> Self {
+        client.backend.hold_began(&state.key, &state.holder, state.kind);
         Lease {
             release: DropGuard::new(Release {
                 client,
@@ -57,6 +60,7 @@ struct Release {
 impl Cleanup for Release {
     async fn run(&self) -> Result<(), LockError> {
         let (client, state) = (&self.client, &self.state);
+        client.backend.hold_ended(&state.key, &state.holder);
         state.end();
         if state.kind == Kind::Exclusive
             && client.backend.hands_over()

@@ -4,7 +4,9 @@
 use std::sync::Mutex;
 use std::sync::PoisonError;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::error::LostReason;
 use crate::key::LockKey;
@@ -221,8 +223,9 @@ impl LeaseState {
                 return reason;
             }
             tokio::select! {
+                biased;
                 () = signal => {}
-                () = tokio::time::sleep_until(self.cutoff().into()) => {}
+                () = tokio::time::sleep_until(self.cutoff()) => {}
             }
         }
     }

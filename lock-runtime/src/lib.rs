@@ -40,6 +40,9 @@
 //! - `etcd`: `LockClient::etcd` and `LockClientBuilder::etcd`, locks as
 //!   keys on one lease per client on etcd 3.4+, through `etcd-client`
 //!   (whose build needs `protoc`).
+//! - `testing`: [`testing::simulated`], a lock server simulated in the
+//!   process on tokio's clock, with injected faults, for testing code that
+//!   takes locks without a server (`docs/testing.md`).
 //! - `tls`: `rediss://` URLs, through rustls with its `ring` provider
 //!   (installed when a TLS connection is opened, unless the application
 //!   installed one first).
@@ -61,6 +64,8 @@ mod timing;
 // Keys and what a call asks for (data only).
 mod key;
 mod spec;
+// Holder ids and jitter, from the OS or a seed.
+mod entropy;
 // Where locks live.
 mod backend;
 // One lease's state; guard bookkeeping, handoffs and release
@@ -88,17 +93,34 @@ mod admin;
 mod guard;
 
 mod client;
+#[cfg(feature = "testing")]
+pub mod testing;
+
 mod private;
 
 pub use admin::{HeldKind, LockAdmin, LockHolder, LockInfo};
 pub use client::{LockClient, LockClientBuilder, init};
 pub use error::{BoxError, LockError, LostReason};
 pub use guard::{LockGuard, LockRequest};
-pub use holder::{fencing_token, segment};
+pub use holder::{fencing_token, holds, segment};
 #[doc(inline)]
 #[doc = include_str!("attribute.md")]
 pub use lock_macros::distributed_lock;
 pub use spec::LockMode;
+
+/// Panics unless the running code holds the lock `key`
+/// ([`holds`](crate::holds)): inside the body of a lock call on `key`, with
+/// the lease still trusted.
+#[macro_export]
+macro_rules! assert_locked {
+    ($key:expr) => {
+        assert!(
+            $crate::holds($key),
+            "the lock `{}` is not held by the running code",
+            $key
+        )
+    };
+}
 
 /// What `#[distributed_lock]` expands to. Not a public API: no stability is
 /// promised for anything in here.
@@ -133,4 +155,7 @@ pub mod docs_doctests {
     pub struct Benchmarks;
     #[doc = include_str!("../../docs/contributing.md")]
     pub struct Contributing;
+    #[cfg(feature = "testing")]
+    #[doc = include_str!("../../docs/testing.md")]
+    pub struct Testing;
 }

@@ -15,11 +15,15 @@ where
     F: Future,
     F::Output: LockOutput,
 {
+    #[cfg(feature = "testing")]
+    if let Some(client) = crate::testing::scoped_client() {
+        return as_output(with_lock::run_with(&client.inner, key, spec, body).await);
+    }
     let client = match client::global() {
-        Ok(client) => &client.inner,
+        Ok(client) => client,
         Err(e) => return LockOutput::from_lock_error(e),
     };
-    as_output(with_lock::run_with(client, key, spec, body).await)
+    as_output(with_lock::run_with(&client.inner, key, spec, body).await)
 }
 
 /// [`run_locked`] for `keys = [...]`: every key, all or none.
@@ -28,11 +32,15 @@ where
     F: Future,
     F::Output: LockOutput,
 {
+    #[cfg(feature = "testing")]
+    if let Some(client) = crate::testing::scoped_client() {
+        return as_output(with_lock::run_with_all(&client.inner, keys, spec, body).await);
+    }
     let client = match client::global() {
-        Ok(client) => &client.inner,
+        Ok(client) => client,
         Err(e) => return LockOutput::from_lock_error(e),
     };
-    as_output(with_lock::run_with_all(client, keys, spec, body).await)
+    as_output(with_lock::run_with_all(&client.inner, keys, spec, body).await)
 }
 
 /// The body's output, or the lock's failure as the function's own error.

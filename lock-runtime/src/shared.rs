@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::backend::{AnyBackend, Failure};
 use crate::config::ClientConfig;
+use crate::entropy::Entropy;
 use crate::error::LockError;
 use crate::guards::GuardTable;
 use crate::key::LockKey;
@@ -22,6 +23,8 @@ pub(crate) struct ClientInner {
     pub(crate) guards: Arc<GuardTable>,
     /// The node(s) this client talks to, for messages; never with a password.
     pub(crate) node: String,
+    /// Where its holder ids and retry jitter come from.
+    pub(crate) entropy: Entropy,
 }
 
 impl ClientInner {
@@ -51,6 +54,7 @@ impl ClientInner {
         config: ClientConfig,
         notifier: Arc<Notifier>,
         node: String,
+        entropy: Entropy,
     ) -> Self {
         let backend = Arc::new(backend);
         ClientInner {
@@ -60,6 +64,7 @@ impl ClientInner {
             notifier,
             guards: Arc::default(),
             node,
+            entropy,
         }
     }
 }

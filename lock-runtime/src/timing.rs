@@ -1,7 +1,9 @@
 //! Lease arithmetic on the monotonic clock, and the limits every lock call
 //! shares, whether it comes from the attribute or the programmatic API.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// The shortest lease that leaves time to run a body after the clock-drift
 /// allowance and the stop margin (`8ms > 2ms + 5ms`). The attribute refuses

@@ -10,7 +10,9 @@
 //! declares it lost.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::backend::{AnyBackend, Backend, RenewItem, Renewal};
 use crate::error::LostReason;
@@ -118,23 +120,32 @@ impl Schedule {
     /// The leases to renew now, and when to look again otherwise. Drops
     /// released, lost and forgotten leases as it goes.
     fn due(&self, now: Instant) -> (Vec<Arc<LeaseState>>, Option<Instant>) {
-        let mut due = Vec::new();
-        let mut next: Option<Instant> = None;
+        let mut live = Vec::new();
         let mut watched = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
         watched.leases.retain(|weak| {
             let Some(lease) = weak.upgrade().filter(|l| l.is_live()) else {
                 return false;
             };
-            // Wake at the first lease that falls due, and take with it every
-            // lease due within `early` after: one batch instead of many.
+            live.push(lease);
+            true
+        });
+        // Wake at the first lease that falls due, and take with it every
+        // lease due within `early` after: one batch instead of many. Only
+        // once one is due: taken early while none is, a renewal that failed
+        // and waits `retry_after` (shorter than `early`) was tried again at
+        // once, every round trip, for as long as the server refused (the
+        // simulation found it).
+        let any_due = live.iter().any(|lease| lease.next_renewal() <= now);
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        for lease in live {
             let at = lease.next_renewal();
-            if at <= now + early(lease.ttl()) {
+            if any_due && at <= now + early(lease.ttl()) {
                 due.push(lease);
             } else {
                 next = Some(next.map_or(at, |n| n.min(at)));
             }
-            true
-        });
+        }
         watched.sweep_above = 2 * watched.leases.len();
         // With leases to renew now, the scheduler looks again right after.
         watched.next_wake = if due.is_empty() { next } else { Some(now) };
@@ -179,8 +190,9 @@ async fn run(schedule: Weak<Schedule>, backend: Weak<AnyBackend>, command_timeou
         match next {
             Some(at) => {
                 tokio::select! {
+                    biased;
                     () = wake.notified() => {}
-                    () = tokio::time::sleep_until(at.into()) => {}
+                    () = tokio::time::sleep_until(at) => {}
                 }
             }
             None => wake.notified().await,

@@ -43,9 +43,9 @@ async fn an_acquired_lease_is_trusted_from_before_the_send_not_from_the_reply() 
             // leaves room for a scheduler stall between `before` and the send.
             let latest = before + ttl + ONE_WAY;
             assert!(
-                guard.valid_until() <= latest,
+                guard.valid_until().into_std() <= latest,
                 "trusted {:?} past `before + ttl + 100 ms`: measured from the reply?",
-                guard.valid_until() - latest
+                guard.valid_until().into_std() - latest
             );
             guard.release().await.expect("release");
         },
@@ -65,11 +65,11 @@ async fn a_renewed_lease_is_trusted_from_before_the_renewal_was_sent() {
                 .await
                 .expect("bounded")
                 .expect("free");
-            let first = guard.valid_until();
+            let first = guard.valid_until().into_std();
             // Watch for the first confirmed renewal (due after ttl/3).
             let seen = tokio::time::timeout(BOUND, async {
                 loop {
-                    if guard.valid_until() > first {
+                    if guard.valid_until().into_std() > first {
                         return Instant::now();
                     }
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -82,9 +82,9 @@ async fn a_renewed_lease_is_trusted_from_before_the_renewal_was_sent() {
             // ms`; one from the reply would be within a few ms of `seen + ttl`.
             let latest = seen + ttl - Duration::from_millis(100);
             assert!(
-                guard.valid_until() <= latest,
+                guard.valid_until().into_std() <= latest,
                 "the renewal's deadline is {:?} past `seen + ttl - 100 ms`: measured from the reply?",
-                guard.valid_until() - latest
+                guard.valid_until().into_std() - latest
             );
             guard.release().await.expect("release");
         },

@@ -693,7 +693,7 @@ async fn split_majority_trial(
         tokio::spawn(async move {
             tokio::select! {
                 biased;
-                _ = guard.lost() => witness.lost(&key, 1, 0, guard.valid_until()),
+                _ = guard.lost() => witness.lost(&key, 1, 0, guard.valid_until().into_std()),
                 _ = done_rx => witness.exit(&key, 1, 0),
             }
             drop(guard);
@@ -983,7 +983,7 @@ async fn s12_a_foreign_busy_script_is_a_stall() {
     tokio::time::timeout(T * 2, guard.lost())
         .await
         .expect("the holder is told its lock could not be kept");
-    board.witness.lost("s12", 1, 0, guard.valid_until());
+    board.witness.lost("s12", 1, 0, guard.valid_until().into_std());
     busy.await.expect("join").expect("the script ran");
     let rival_outcome = rival_run.await.expect("join");
     assert!(

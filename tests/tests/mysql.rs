@@ -251,7 +251,7 @@ async fn a_cut_connection_loses_the_lock_before_its_deadline() {
             let monitor = Monitor::start();
             let guard = holder.lock("job").ttl(ttl).acquire().await.expect("acquire");
             proxy.blackhole();
-            let valid_until = guard.valid_until();
+            let valid_until = guard.valid_until().into_std();
             let give_up = Instant::now() + Duration::from_secs(10);
             while guard.is_held() {
                 assert!(

@@ -274,7 +274,10 @@ async fn the_watchdog_rides_out_a_stalled_minority_and_not_a_majority() {
             let reason = guard.lost().await;
             let lost_at = Instant::now();
             assert_eq!(reason, LostReason::Expired);
-            assert!(lost_at < guard.valid_until(), "signalled after the deadline");
+            assert!(
+                lost_at < guard.valid_until().into_std(),
+                "signalled after the deadline"
+            );
             proxies[0].pass();
             proxies[1].pass();
         },
@@ -433,9 +436,10 @@ async fn a_master_slower_than_the_majority_still_gets_the_lock() {
                 "the slow master never got the lock its majority granted: its request was dropped"
             );
             masters[0].kill();
-            let before = guard.valid_until();
+            let before = guard.valid_until().into_std();
             let renewed =
-                lock_tests::eventually(Duration::from_secs(5), || guard.valid_until() > before).await;
+                lock_tests::eventually(Duration::from_secs(5), || guard.valid_until().into_std() > before)
+                    .await;
             assert!(
                 renewed.is_some() && guard.is_held(),
                 "with one master of three dead, the holder's renewals found no majority"

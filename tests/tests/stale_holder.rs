@@ -358,7 +358,7 @@ async fn a_stale_watchdog_renewal_leaves_the_other_holders_lock(rig: Rig) {
     // Beside it, a lease of the same client that nobody takes, renewed by
     // the same watchdog (in the same batches when due together).
     let kept = locks.lock("kept").ttl(ttl).acquire().await.expect("acquire");
-    let first_deadline = kept.valid_until();
+    let first_deadline = kept.valid_until().into_std();
     let (outcome, (_taken, before)) =
         taken_over_while_held(locks.lock("renewed").ttl(ttl).fencing(true), async {
             let taken = rig.take_over("renewed", Duration::from_secs(20)).await;
@@ -371,7 +371,7 @@ async fn a_stale_watchdog_renewal_leaves_the_other_holders_lock(rig: Rig) {
         before,
         "the stale holder's renewal changed the other holder's lock"
     );
-    let renewed = lock_tests::eventually(BOUND, || kept.valid_until() > first_deadline).await;
+    let renewed = lock_tests::eventually(BOUND, || kept.valid_until().into_std() > first_deadline).await;
     assert!(
         renewed.is_some(),
         "the lease beside the stale one was not renewed"

@@ -161,7 +161,7 @@ async fn a_frozen_server_stops_the_holder_before_its_deadline() {
         server.pause();
         let reason = guard.lost().await;
         let lost_at = Instant::now();
-        let deadline = guard.valid_until();
+        let deadline = guard.valid_until().into_std();
         let starved = monitor.worst();
         assert_eq!(reason, LostReason::Expired);
         assert!(!guard.is_held());

@@ -506,7 +506,10 @@ async fn a_session_cut_off_stops_its_body_before_the_session_can_expire() {
                 .await
                 .expect("acquire");
             // The lease is the session, not the 60 s asked for.
-            let left = guard.valid_until().saturating_duration_since(Instant::now());
+            let left = guard
+                .valid_until()
+                .into_std()
+                .saturating_duration_since(Instant::now());
             assert!(left <= SESSION_TIMEOUT, "trusted for {left:?}");
             proxy.blackhole();
             let cut = Instant::now();
@@ -526,7 +529,7 @@ async fn a_session_cut_off_stops_its_body_before_the_session_can_expire() {
             // The lease was never trusted past the session timeout from the
             // last request answered before the cut, and the rival got in
             // only after that deadline.
-            let deadline = guard.valid_until();
+            let deadline = guard.valid_until().into_std();
             assert!(
                 deadline <= cut + SESSION_TIMEOUT,
                 "trusted {:?} past the cut",

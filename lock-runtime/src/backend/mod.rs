@@ -23,6 +23,8 @@ pub(crate) mod postgres;
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]
 mod queue;
 pub(crate) mod redis;
+#[cfg(feature = "testing")]
+pub(crate) mod sim;
 mod tls;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;
@@ -49,6 +51,8 @@ pub(crate) enum AnyBackend {
     ZooKeeper(zookeeper::ZooKeeperBackend),
     #[cfg(feature = "etcd")]
     Etcd(etcd::EtcdBackend),
+    #[cfg(feature = "testing")]
+    Sim(sim::SimBackend),
 }
 
 impl AnyBackend {
@@ -98,6 +102,8 @@ impl AnyBackend {
     pub(crate) fn announces_releases(&self) -> bool {
         match self {
             AnyBackend::Memory(_) => false,
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(_) => false,
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => false,
             // Each waiter's own watch tells it, not an announcement.
@@ -241,6 +247,8 @@ impl AnyBackend {
                 Ok(all)
             }
             AnyBackend::Memory(_) => Err(no_admin()),
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
             #[cfg(feature = "postgres")]
@@ -277,6 +285,8 @@ impl AnyBackend {
                 Ok(all)
             }
             AnyBackend::Memory(_) => Err(no_admin()),
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
             #[cfg(feature = "postgres")]
@@ -302,6 +312,8 @@ impl AnyBackend {
                 Ok(freed)
             }
             AnyBackend::Memory(_) => Err(no_admin()),
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
             AnyBackend::Mysql(_) => Err(no_mysql_admin()),
             #[cfg(feature = "postgres")]
@@ -311,6 +323,26 @@ impl AnyBackend {
             #[cfg(feature = "etcd")]
             AnyBackend::Etcd(b) => Ok(usize::from(Box::pin(b.force_unlock(key)).await?)),
         }
+    }
+
+    /// The client has the lock `key` in hand (a guard, a body): on a
+    /// simulated server, the start of a hold the test kit checks against
+    /// the server's leases. Nothing elsewhere.
+    pub(crate) fn hold_began(&self, key: &LockKey, holder: &str, kind: Kind) {
+        #[cfg(feature = "testing")]
+        if let AnyBackend::Sim(b) = self {
+            b.server.hold_began(key, holder, kind);
+        }
+        let _ = (key, holder, kind);
+    }
+
+    /// The client let go of the lock `key`: the end of a hold.
+    pub(crate) fn hold_ended(&self, key: &LockKey, holder: &str) {
+        #[cfg(feature = "testing")]
+        if let AnyBackend::Sim(b) = self {
+            b.server.hold_ended(key, holder);
+        }
+        let _ = (key, holder);
     }
 
     /// Why this backend cannot take a lock of `kind`, if it cannot.
@@ -338,6 +370,8 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Redis(b) => b.acquire(req).await,
             AnyBackend::Memory(b) => b.acquire(req).await,
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(b) => Box::pin(b.acquire(req)).await,
             AnyBackend::Redlock(b) => b.acquire(req).await,
             AnyBackend::Cluster(b) => b.acquire(req).await,
             AnyBackend::Sentinel(b) => b.acquire(req).await,
@@ -356,6 +390,8 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Redis(b) => b.release(key, holder).await,
             AnyBackend::Memory(b) => b.release(key, holder).await,
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(b) => Box::pin(b.release(key, holder)).await,
             AnyBackend::Redlock(b) => b.release(key, holder).await,
             AnyBackend::Cluster(b) => b.release(key, holder).await,
             AnyBackend::Sentinel(b) => b.release(key, holder).await,
@@ -374,6 +410,8 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Redis(b) => b.release_many(keys, holder).await,
             AnyBackend::Memory(b) => b.release_many(keys, holder).await,
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(b) => Box::pin(b.release_many(keys, holder)).await,
             AnyBackend::Redlock(b) => b.release_many(keys, holder).await,
             AnyBackend::Cluster(b) => b.release_many(keys, holder).await,
             AnyBackend::Sentinel(b) => b.release_many(keys, holder).await,
@@ -392,6 +430,8 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Redis(b) => b.release_segments(key, count, holder).await,
             AnyBackend::Memory(b) => b.release_segments(key, count, holder).await,
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(b) => Box::pin(b.release_segments(key, count, holder)).await,
             AnyBackend::Redlock(b) => b.release_segments(key, count, holder).await,
             AnyBackend::Cluster(b) => b.release_segments(key, count, holder).await,
             AnyBackend::Sentinel(b) => b.release_segments(key, count, holder).await,
@@ -416,6 +456,8 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Redis(b) => b.renew(key, holder, ttl, extend_only).await,
             AnyBackend::Memory(b) => b.renew(key, holder, ttl, extend_only).await,
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(b) => Box::pin(b.renew(key, holder, ttl, extend_only)).await,
             AnyBackend::Redlock(b) => b.renew(key, holder, ttl, extend_only).await,
             AnyBackend::Cluster(b) => b.renew(key, holder, ttl, extend_only).await,
             AnyBackend::Sentinel(b) => b.renew(key, holder, ttl, extend_only).await,
@@ -434,6 +476,8 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Redis(b) => b.renew_many(items).await,
             AnyBackend::Memory(b) => b.renew_many(items).await,
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(b) => Box::pin(b.renew_many(items)).await,
             AnyBackend::Redlock(b) => b.renew_many(items).await,
             AnyBackend::Cluster(b) => b.renew_many(items).await,
             AnyBackend::Sentinel(b) => b.renew_many(items).await,

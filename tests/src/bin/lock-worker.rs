@@ -684,7 +684,7 @@ async fn library_task(
             _ = guard.lost() => {
                 for key in &keys {
                     if exclusive {
-                        checker.lost(key, holder, token, guard.valid_until());
+                        checker.lost(key, holder, token, guard.valid_until().into_std());
                     } else {
                         checker.exit_shared(key, holder, token, share);
                     }

@@ -331,7 +331,7 @@ pub(crate) async fn run_s4(
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let stopped = Instant::now();
-        board.witness.lost(&key, 1, 0, guard.valid_until());
+        board.witness.lost(&key, 1, 0, guard.valid_until().into_std());
         let entered = rival_run.await.expect("join").expect("the rival gets the lock");
         gaps.push(entered.saturating_duration_since(stopped));
         assert_eq!(board.witness.seen(&key).overlaps, 0, "trial {trial}");

@@ -130,7 +130,7 @@ async fn p2s_sentinel_failover_under_load() {
         let witness = board.witness.clone();
         tokio::spawn(async move {
             let reason = held.lost().await;
-            witness.lost("p2s:held", 1, token, held.valid_until());
+            witness.lost("p2s:held", 1, token, held.valid_until().into_std());
             reason
         })
     };

@@ -252,7 +252,7 @@ async fn s11_eviction_is_caught_and_oom_fails_closed() {
     let told = tokio::time::timeout(Duration::from_secs(2), guard.lost()).await;
     let lost_latency = evicted_at.elapsed();
     assert!(told.is_ok(), "the holder was never told its lock was evicted");
-    board.witness.lost("s11:a", 1, 0, guard.valid_until());
+    board.witness.lost("s11:a", 1, 0, guard.valid_until().into_std());
     drop(guard);
     assert!(
         board.witness.seen("s11:a").overlaps >= 1,

@@ -58,7 +58,7 @@ async fn stall_trial(
         tokio::select! {
             biased;
             _ = guard.lost() => {
-                board.witness.lost(key, 1, 0, guard.valid_until());
+                board.witness.lost(key, 1, 0, guard.valid_until().into_std());
                 true
             }
             () = tokio::time::sleep(Duration::from_millis(200) + length + T / 2) => {

@@ -35,7 +35,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use etcd_client as etcd;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
@@ -821,7 +823,7 @@ impl EtcdBackend {
         tokio::spawn(async move {
             let mut at = at;
             loop {
-                tokio::time::sleep_until(at.into()).await;
+                tokio::time::sleep_until(at).await;
                 let Some(entries) = entries.upgrade() else {
                     return;
                 };

@@ -5,7 +5,9 @@
 //! other's locks.
 
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use hashbrown::HashMap;
 use hashbrown::hash_map::EntryRef;
@@ -26,7 +28,7 @@ pub(crate) struct MemoryBackend {
 }
 
 #[derive(Debug, Default)]
-struct State {
+pub(crate) struct State {
     held: HashMap<String, Entry>,
     /// Like the Redis fence counters: never expire, never reset.
     fences: HashMap<String, u64>,
@@ -416,6 +418,114 @@ impl State {
     }
 }
 
+/// The operations as a server applies them at its instant `now`: the
+/// in-process backend's, and the simulated server's (`sim.rs`), whose clock
+/// may run at another rate.
+impl State {
+    pub(crate) fn acquire(
+        &mut self,
+        req: &AcquireRequest<'_>,
+        now: Instant,
+    ) -> Result<AcquireReply, Failure> {
+        match req.kind {
+            Kind::Exclusive if !req.also.is_empty() => self.acquire_set(req, now),
+            Kind::Exclusive => Ok(match self.acquire_exclusive(req, &req.key.redis_key, now)? {
+                Some(pttl) => AcquireReply::Held {
+                    pttl: Some(pttl),
+                    claimed: false,
+                    blocked_by: 0,
+                },
+                None => AcquireReply::acquired(self.token(req, &req.key.redis_key)),
+            }),
+            Kind::Segments(n) => self.acquire_segment(req, n, now),
+            Kind::Read | Kind::Write => self.acquire_shared(req, 0, now),
+            Kind::Permits(n) => self.acquire_shared(req, n, now),
+            Kind::Fair => self.acquire_fair(req, now),
+        }
+    }
+
+    pub(crate) fn release_key(&mut self, key: &LockKey, holder: &str, now: Instant) -> bool {
+        self.release(&key.redis_key, holder, now)
+    }
+
+    pub(crate) fn release_many(&mut self, keys: &[LockKey], holder: &str, now: Instant) -> bool {
+        let mut released = false;
+        for key in keys {
+            released |= self.release(&key.redis_key, holder, now);
+        }
+        released
+    }
+
+    pub(crate) fn release_segments(&mut self, key: &LockKey, count: u32, holder: &str, now: Instant) -> bool {
+        let mut released = false;
+        for segment in key.segment_keys(count) {
+            released |= self.release(&segment, holder, now);
+        }
+        released
+    }
+
+    pub(crate) fn renew_key(
+        &mut self,
+        key: &LockKey,
+        holder: &str,
+        ttl: Duration,
+        extend_only: bool,
+        now: Instant,
+    ) -> bool {
+        self.renew(&key.redis_key, holder, ttl, extend_only, now)
+    }
+
+    pub(crate) fn renew_many(&mut self, items: &[RenewItem<'_>], now: Instant) -> Vec<Renewal> {
+        items
+            .iter()
+            .map(|item| {
+                self.renew(&item.key.redis_key, item.holder, item.ttl, false, now)
+                    .into()
+            })
+            .collect()
+    }
+
+    /// When `holder`'s lease at `redis_key` ends, if it holds one now.
+    #[cfg(feature = "testing")]
+    pub(crate) fn lease_of(&mut self, redis_key: &str, holder: &str, now: Instant) -> Option<Instant> {
+        match self.live(redis_key, now)? {
+            Entry::Exclusive(lease) => (lease.holder == holder).then_some(lease.expires),
+            Entry::Shared(members) => members.iter().find(|m| m.holder == holder).map(|m| m.expires),
+        }
+    }
+
+    /// Who holds `redis_key` now, with when each lease ends.
+    #[cfg(feature = "testing")]
+    pub(crate) fn holders(&mut self, redis_key: &str, now: Instant) -> Vec<(String, Instant)> {
+        match self.live(redis_key, now) {
+            None => Vec::new(),
+            Some(Entry::Exclusive(lease)) => vec![(lease.holder.clone(), lease.expires)],
+            Some(Entry::Shared(members)) => members.iter().map(|m| (m.holder.clone(), m.expires)).collect(),
+        }
+    }
+
+    /// Drops whatever is at `redis_key`, as a lease expiring would.
+    #[cfg(feature = "testing")]
+    pub(crate) fn forget(&mut self, redis_key: &str) {
+        self.held.remove(redis_key);
+    }
+
+    /// Gives the exclusive lock at `redis_key` to `holder` until `expires`,
+    /// with the next fencing token: what another client's grant after a
+    /// lost lease would do.
+    #[cfg(feature = "testing")]
+    pub(crate) fn take_over(&mut self, redis_key: &str, holder: &str, expires: Instant) -> u64 {
+        self.held.insert(
+            redis_key.to_owned(),
+            Entry::Exclusive(Lease {
+                holder: holder.to_owned(),
+                expires,
+            }),
+        );
+        self.next_token(format!("{redis_key}:fence"))
+    }
+}
+
 impl MemoryBackend {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -423,23 +533,7 @@ impl MemoryBackend {
 
     /// An acquire, answered within the call (`AnyBackend::acquire_at_once`).
     pub(crate) fn acquire_now(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
-        let now = Instant::now();
-        let mut state = self.state();
-        match req.kind {
-            Kind::Exclusive if !req.also.is_empty() => state.acquire_set(req, now),
-            Kind::Exclusive => Ok(match state.acquire_exclusive(req, &req.key.redis_key, now)? {
-                Some(pttl) => AcquireReply::Held {
-                    pttl: Some(pttl),
-                    claimed: false,
-                    blocked_by: 0,
-                },
-                None => AcquireReply::acquired(state.token(req, &req.key.redis_key)),
-            }),
-            Kind::Segments(n) => state.acquire_segment(req, n, now),
-            Kind::Read | Kind::Write => state.acquire_shared(req, 0, now),
-            Kind::Permits(n) => state.acquire_shared(req, n, now),
-            Kind::Fair => state.acquire_fair(req, now),
-        }
+        self.state().acquire(req, Instant::now())
     }
 }
 
@@ -449,27 +543,15 @@ impl Backend for MemoryBackend {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        Ok(self.state().release(&key.redis_key, holder, Instant::now()))
+        Ok(self.state().release_key(key, holder, Instant::now()))
     }
 
     async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
-        let now = Instant::now();
-        let mut state = self.state();
-        let mut released = false;
-        for key in keys {
-            released |= state.release(&key.redis_key, holder, now);
-        }
-        Ok(released)
+        Ok(self.state().release_many(keys, holder, Instant::now()))
     }
 
     async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
-        let now = Instant::now();
-        let mut state = self.state();
-        let mut released = false;
-        for segment in key.segment_keys(count) {
-            released |= state.release(&segment, holder, now);
-        }
-        Ok(released)
+        Ok(self.state().release_segments(key, count, holder, Instant::now()))
     }
 
     async fn renew(
@@ -481,20 +563,11 @@ impl Backend for MemoryBackend {
     ) -> Result<bool, Failure> {
         Ok(self
             .state()
-            .renew(&key.redis_key, holder, ttl, extend_only, Instant::now()))
+            .renew_key(key, holder, ttl, extend_only, Instant::now()))
     }
 
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
-        let now = Instant::now();
-        let mut state = self.state();
-        Ok(items
-            .iter()
-            .map(|item| {
-                state
-                    .renew(&item.key.redis_key, item.holder, item.ttl, false, now)
-                    .into()
-            })
-            .collect())
+        Ok(self.state().renew_many(items, Instant::now()))
     }
 }
 

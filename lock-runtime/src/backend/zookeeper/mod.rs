@@ -33,7 +33,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use zookeeper_client as zk;
@@ -776,7 +778,7 @@ impl ZooKeeperBackend {
         tokio::spawn(async move {
             let mut at = at;
             loop {
-                tokio::time::sleep_until(at.into()).await;
+                tokio::time::sleep_until(at).await;
                 let Some(children) = children.upgrade() else {
                     return;
                 };

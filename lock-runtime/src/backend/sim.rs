@@ -1,0 +1,619 @@
+//! A lock server simulated in this process (`testing`): the in-process
+//! backend's semantics (every kind, fencing), on tokio's clock so that
+//! tests run on the paused clock, with a server clock that may run at
+//! another rate than the client's, and faults injected between the client
+//! and the server: delays, refused requests, requests applied whose reply
+//! is lost, pauses. Every random choice comes from one seed, and the
+//! server keeps a history of what it granted and when, on its own clock,
+//! against which the test kit checks the client's holds.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::memory::State;
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::spec::Kind;
+
+/// Every request and every reply takes at least this long, as on a
+/// loopback connection: a client that retries a refusal at once must still
+/// let the clock move.
+const LEG_FLOOR: Duration = Duration::from_micros(100);
+
+/// How the simulated network and server misbehave at random, per request.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct RandomFaults {
+    /// Each way, a delay drawn from `[0, max_delay]`.
+    pub(crate) max_delay: Duration,
+    /// Out of 1,000 requests, how many are refused (not applied).
+    pub(crate) refused_per_mille: u32,
+    /// Out of 1,000 requests, how many are applied and their reply lost.
+    pub(crate) lost_reply_per_mille: u32,
+}
+
+/// One thing the server did, at its own clock's time since it started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimEvent {
+    /// The server's time, since the simulation started.
+    pub at: Duration,
+    /// The lock's key as stored (with the client's prefix).
+    pub key: String,
+    /// Who: a holder id, or `sim:thief:<n>` for [`SimControl::steal`](crate::testing::SimControl::steal).
+    pub holder: String,
+    /// What happened.
+    pub what: SimEventKind,
+}
+
+/// What happened in a [`SimEvent`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SimEventKind {
+    /// The lease began.
+    Granted {
+        /// When it ends unless renewed or released.
+        until: Duration,
+    },
+    /// The lease was renewed.
+    Renewed {
+        /// When it ends now.
+        until: Duration,
+    },
+    /// The holder released it.
+    Released,
+    /// The test made the server drop it ([`SimControl::expire`](crate::testing::SimControl::expire)).
+    Expired,
+    /// Another holder took it over ([`SimControl::steal`](crate::testing::SimControl::steal)).
+    Stolen,
+    /// The client began holding it (its guard or body started).
+    HoldBegan,
+    /// The client stopped holding it (its guard was released or dropped).
+    HoldEnded,
+    /// A request was applied and its reply lost.
+    ReplyLost,
+    /// A request was refused unapplied.
+    Refused,
+}
+
+/// A lease as the server saw it: from its grant until it was released,
+/// forced out, or ran out.
+#[derive(Debug, Clone)]
+struct ServerLease {
+    granted: Duration,
+    expires: Duration,
+    ended: Option<Duration>,
+    /// Ended by the test (`expire`, `steal`), not by the protocol.
+    forced: bool,
+}
+
+impl ServerLease {
+    fn end(&self) -> Duration {
+        self.ended.map_or(self.expires, |e| e.min(self.expires))
+    }
+}
+
+/// A client's hold: from when it had the lock in hand until it let go,
+/// on the server's clock.
+#[derive(Debug, Clone)]
+struct Hold {
+    key: String,
+    holder: String,
+    kind: Kind,
+    from: Duration,
+    until: Option<Duration>,
+}
+
+#[derive(Debug)]
+struct World {
+    locks: State,
+    /// Where the client's and the server's clocks both start.
+    origin: Instant,
+    /// How much faster than the client's the server's clock runs, in parts
+    /// per million (negative: slower).
+    rate_ppm: i64,
+    rng: StdRng,
+    random: RandomFaults,
+    refuse_next: u32,
+    lose_next: u32,
+    delay: Duration,
+    paused_until: Option<Instant>,
+    history: Vec<SimEvent>,
+    /// Every lease by (key, holder), the latest last.
+    leases: BTreeMap<(String, String), Vec<ServerLease>>,
+    holds: Vec<Hold>,
+    thieves: u64,
+}
+
+impl World {
+    /// The server's clock now, as an instant the lock state can use, and
+    /// as the time since the start for the history.
+    fn server_now(&self) -> (Instant, Duration) {
+        let client = Instant::now().saturating_duration_since(self.origin);
+        let nanos = i128::try_from(client.as_nanos()).unwrap_or(i128::MAX);
+        let scaled = nanos + nanos * i128::from(self.rate_ppm) / 1_000_000;
+        let since = Duration::from_nanos(u64::try_from(scaled.max(0)).unwrap_or(u64::MAX));
+        (self.origin + since, since)
+    }
+
+    fn record(&mut self, at: Duration, key: &str, holder: &str, what: SimEventKind) {
+        self.history.push(SimEvent {
+            at,
+            key: key.to_owned(),
+            holder: holder.to_owned(),
+            what,
+        });
+    }
+
+    /// Brings the lease ledger of (`key`, `holder`) up to what the lock
+    /// state says now, after an operation or a fault.
+    fn observe(&mut self, key: &str, holder: &str, released: bool) {
+        let (now, at) = self.server_now();
+        let live = self
+            .locks
+            .lease_of(key, holder, now)
+            .map(|expires| at + (expires - now));
+        let leases = self
+            .leases
+            .entry((key.to_owned(), holder.to_owned()))
+            .or_default();
+        let open = leases.last_mut().filter(|l| l.ended.is_none() && l.expires > at);
+        let event = match (live, open) {
+            (Some(until), Some(lease)) if lease.expires != until => {
+                lease.expires = until;
+                Some(SimEventKind::Renewed { until })
+            }
+            (Some(_), Some(_)) => None,
+            (Some(until), None) => {
+                leases.push(ServerLease {
+                    granted: at,
+                    expires: until,
+                    ended: None,
+                    forced: false,
+                });
+                Some(SimEventKind::Granted { until })
+            }
+            (None, Some(lease)) => {
+                lease.ended = Some(at);
+                released.then_some(SimEventKind::Released)
+            }
+            (None, None) => None,
+        };
+        if let Some(event) = event {
+            self.record(at, key, holder, event);
+        }
+    }
+
+    /// Ends by force every lease at `key`: the test expired or stole it.
+    fn force_end(&mut self, key: &str, what: SimEventKind) -> Vec<String> {
+        let (now, at) = self.server_now();
+        let holders = self.locks.holders(key, now);
+        for (holder, _) in &holders {
+            if let Some(lease) = self
+                .leases
+                .get_mut(&(key.to_owned(), holder.clone()))
+                .and_then(|l| l.last_mut())
+                .filter(|l| l.ended.is_none())
+            {
+                lease.ended = Some(at);
+                lease.forced = true;
+            }
+            self.record(at, key, holder, what);
+        }
+        self.locks.forget(key);
+        holders.into_iter().map(|(h, _)| h).collect()
+    }
+}
+
+/// The simulated server, shared by every client of one simulation.
+#[derive(Debug)]
+pub(crate) struct SimServer {
+    world: Mutex<World>,
+}
+
+/// What a request meets on its way, drawn when it is sent.
+struct Journey {
+    there: Duration,
+    back: Duration,
+    refused: bool,
+    reply_lost: bool,
+}
+
+impl SimServer {
+    pub(crate) fn new(seed: u64, rate_ppm: i64, random: RandomFaults) -> Arc<Self> {
+        Arc::new(SimServer {
+            world: Mutex::new(World {
+                locks: State::default(),
+                origin: Instant::now(),
+                rate_ppm,
+                rng: StdRng::seed_from_u64(seed),
+                random,
+                refuse_next: 0,
+                lose_next: 0,
+                delay: Duration::ZERO,
+                paused_until: None,
+                history: Vec::new(),
+                leases: BTreeMap::new(),
+                holds: Vec::new(),
+                thieves: 0,
+            }),
+        })
+    }
+
+    fn world(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn journey(&self) -> Journey {
+        let mut w = self.world();
+        let max = w.random.max_delay;
+        let leg = |w: &mut World| {
+            let random = if max.is_zero() {
+                Duration::ZERO
+            } else {
+                Duration::from_nanos(
+                    w.rng
+                        .random_range(0..=u64::try_from(max.as_nanos()).unwrap_or(u64::MAX)),
+                )
+            };
+            LEG_FLOOR + w.delay + random
+        };
+        let there = leg(&mut w);
+        let back = leg(&mut w);
+        let (refused_rate, lost_rate) = (w.random.refused_per_mille, w.random.lost_reply_per_mille);
+        let draw = w.rng.random_range(0..1000);
+        let refused = if w.refuse_next > 0 {
+            w.refuse_next -= 1;
+            true
+        } else {
+            draw < refused_rate
+        };
+        let reply_lost = if !refused && w.lose_next > 0 {
+            w.lose_next -= 1;
+            true
+        } else {
+            !refused && (refused_rate..refused_rate + lost_rate).contains(&draw)
+        };
+        Journey {
+            there,
+            back,
+            refused,
+            reply_lost,
+        }
+    }
+
+    /// Sends a request: it travels, waits out a pause, is refused or
+    /// applied by `apply` (given the lock state and the server's instant),
+    /// and its reply travels back, or is lost.
+    async fn call<T>(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        apply: impl FnOnce(&mut World, Instant) -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
+        let journey = self.journey();
+        tokio::time::sleep(journey.there).await;
+        loop {
+            let paused = self.world().paused_until.filter(|until| *until > Instant::now());
+            match paused {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => break,
+            }
+        }
+        let result = {
+            let mut w = self.world();
+            let (now, at) = w.server_now();
+            if journey.refused {
+                w.record(at, &key.redis_key, holder, SimEventKind::Refused);
+                None
+            } else {
+                let result = apply(&mut w, now);
+                if journey.reply_lost {
+                    w.record(at, &key.redis_key, holder, SimEventKind::ReplyLost);
+                }
+                Some(result)
+            }
+        };
+        tokio::time::sleep(journey.back).await;
+        match result {
+            None => Err(transient(key, "the simulated server refused the request")),
+            Some(_) if journey.reply_lost => Err(transient(key, "the simulated server's reply was lost")),
+            Some(result) => result,
+        }
+    }
+
+    /// The client began holding `key` (its guard is in hand).
+    pub(crate) fn hold_began(&self, key: &LockKey, holder: &str, kind: Kind) {
+        let mut w = self.world();
+        let (_, at) = w.server_now();
+        w.holds.push(Hold {
+            key: key.redis_key.clone(),
+            holder: holder.to_owned(),
+            kind,
+            from: at,
+            until: None,
+        });
+        w.record(at, &key.redis_key, holder, SimEventKind::HoldBegan);
+    }
+
+    /// The client stopped holding `key`.
+    pub(crate) fn hold_ended(&self, key: &LockKey, holder: &str) {
+        let mut w = self.world();
+        let (_, at) = w.server_now();
+        if let Some(hold) = w
+            .holds
+            .iter_mut()
+            .rev()
+            .find(|h| h.key == key.redis_key && h.holder == holder && h.until.is_none())
+        {
+            hold.until = Some(at);
+            w.record(at, &key.redis_key, holder, SimEventKind::HoldEnded);
+        }
+    }
+
+    pub(crate) fn refuse_next(&self, n: u32) {
+        self.world().refuse_next += n;
+    }
+
+    pub(crate) fn lose_replies(&self, n: u32) {
+        self.world().lose_next += n;
+    }
+
+    pub(crate) fn set_delay(&self, each_way: Duration) {
+        self.world().delay = each_way;
+    }
+
+    pub(crate) fn pause(&self, d: Duration) {
+        let until = Instant::now() + d;
+        let mut w = self.world();
+        w.paused_until = Some(w.paused_until.map_or(until, |u| u.max(until)));
+    }
+
+    /// Drops every lease at `redis_key` now; the holders found.
+    pub(crate) fn expire(&self, redis_key: &str) -> Vec<String> {
+        self.world().force_end(redis_key, SimEventKind::Expired)
+    }
+
+    /// Another holder takes the lock at `redis_key` for what was left of
+    /// the lease it replaces (or `ttl` if it was free); its id.
+    pub(crate) fn steal(&self, redis_key: &str, ttl: Duration) -> String {
+        let mut w = self.world();
+        let (now, at) = w.server_now();
+        let left = w
+            .locks
+            .holders(redis_key, now)
+            .iter()
+            .map(|(_, expires)| *expires - now)
+            .max()
+            .unwrap_or(ttl);
+        w.force_end(redis_key, SimEventKind::Stolen);
+        w.thieves += 1;
+        let thief = format!("sim:thief:{}", w.thieves);
+        w.locks.take_over(redis_key, &thief, now + left);
+        w.leases
+            .entry((redis_key.to_owned(), thief.clone()))
+            .or_default()
+            .push(ServerLease {
+                granted: at,
+                expires: at + left,
+                ended: None,
+                forced: false,
+            });
+        w.record(at, redis_key, &thief, SimEventKind::Granted { until: at + left });
+        w.holds.push(Hold {
+            key: redis_key.to_owned(),
+            holder: thief.clone(),
+            kind: Kind::Exclusive,
+            from: at,
+            until: Some(at + left),
+        });
+        thief
+    }
+
+    pub(crate) fn history(&self) -> Vec<SimEvent> {
+        self.world().history.clone()
+    }
+
+    /// Every client hold that was not inside a lease the server gave that
+    /// holder, on the server's clock: a body that ran while its lock was
+    /// not its own. Holds past a lease the test ended by force are the
+    /// test's own doing and not counted.
+    pub(crate) fn holds_outside_leases(&self) -> Vec<String> {
+        let w = self.world();
+        let (_, now) = w.server_now();
+        let mut found = Vec::new();
+        for hold in w.holds.iter().filter(|h| !h.holder.starts_with("sim:")) {
+            let until = hold.until.unwrap_or(now);
+            let leases = w.leases.get(&(hold.key.clone(), hold.holder.clone()));
+            let covering = leases.and_then(|ls| {
+                ls.iter()
+                    .rev()
+                    .find(|l| l.granted <= hold.from && hold.from <= l.end())
+            });
+            match covering {
+                None => found.push(format!(
+                    "{} held `{}` from {:?} without a lease",
+                    hold.holder, hold.key, hold.from
+                )),
+                Some(lease) if until > lease.end() && !lease.forced => found.push(format!(
+                    "{} held `{}` until {:?}, past its lease's end at {:?} (server clock)",
+                    hold.holder,
+                    hold.key,
+                    until,
+                    lease.end()
+                )),
+                Some(_) => {}
+            }
+        }
+        found
+    }
+
+    /// Every pair of holds of one lock that overlapped where its kind
+    /// allows no overlap, on the server's clock.
+    pub(crate) fn overlaps(&self) -> Vec<String> {
+        let w = self.world();
+        let (_, now) = w.server_now();
+        let mut by_key: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
+        for hold in &w.holds {
+            by_key.entry(hold.key.as_str()).or_default().push(hold);
+        }
+        let mut found = Vec::new();
+        for (key, holds) in by_key {
+            for (i, a) in holds.iter().enumerate() {
+                for b in &holds[i + 1..] {
+                    let (a_end, b_end) = (a.until.unwrap_or(now), b.until.unwrap_or(now));
+                    let meet = a.from < b_end && b.from < a_end;
+                    if meet && a.holder != b.holder && excludes(a.kind, b.kind) {
+                        found.push(format!(
+                            "`{key}`: {} ({:?}..{:?}) and {} ({:?}..{:?})",
+                            a.holder, a.from, a_end, b.holder, b.from, b_end
+                        ));
+                    }
+                }
+            }
+            // Permits: more holders at once than there are permits.
+            if let Some(Kind::Permits(n)) = holds.first().map(|h| h.kind) {
+                let mut edges: Vec<(Duration, i64)> = holds
+                    .iter()
+                    .flat_map(|h| [(h.from, 1), (h.until.unwrap_or(now), -1)])
+                    .collect();
+                edges.sort_by_key(|&(at, step)| (at, step));
+                let mut inside = 0_i64;
+                for (at, step) in edges {
+                    inside += step;
+                    if inside > i64::from(n) {
+                        found.push(format!("`{key}`: {inside} holders of {n} permits at {at:?}"));
+                        break;
+                    }
+                }
+            }
+        }
+        found
+    }
+}
+
+/// Whether holds of these two kinds of one lock may not overlap.
+fn excludes(a: Kind, b: Kind) -> bool {
+    !matches!(
+        (a, b),
+        (Kind::Read, Kind::Read) | (Kind::Permits(_), Kind::Permits(_))
+    )
+}
+
+fn transient(key: &LockKey, why: &str) -> Failure {
+    Failure {
+        error: LockError::backend("simulated", Some(&key.name), why),
+        transient: true,
+        reconnecting: false,
+    }
+}
+
+/// One client's view of a simulated server.
+#[derive(Debug, Clone)]
+pub(crate) struct SimBackend {
+    pub(crate) server: Arc<SimServer>,
+}
+
+/// The keys a granted acquisition holds leases at.
+fn granted_keys(req: &AcquireRequest<'_>, reply: &AcquireReply) -> Vec<String> {
+    match (req.kind, reply) {
+        (Kind::Segments(n), AcquireReply::Acquired { segment: Some(i), .. }) => req
+            .key
+            .segment_keys(n)
+            .nth(usize::try_from(*i).unwrap_or(usize::MAX))
+            .into_iter()
+            .collect(),
+        _ => std::iter::once(req.key)
+            .chain(req.also)
+            .map(|k| k.redis_key.clone())
+            .collect(),
+    }
+}
+
+impl Backend for SimBackend {
+    async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        self.server
+            .call(req.key, req.holder, |w, now| {
+                let reply = w.locks.acquire(req, now)?;
+                if matches!(reply, AcquireReply::Acquired { .. }) {
+                    for key in granted_keys(req, &reply) {
+                        w.observe(&key, req.holder, false);
+                    }
+                }
+                Ok(reply)
+            })
+            .await
+    }
+
+    async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        self.server
+            .call(key, holder, |w, now| {
+                let released = w.locks.release_key(key, holder, now);
+                w.observe(&key.redis_key, holder, true);
+                Ok(released)
+            })
+            .await
+    }
+
+    async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
+        let Some(first) = keys.first() else {
+            return Ok(false);
+        };
+        self.server
+            .call(first, holder, |w, now| {
+                let released = w.locks.release_many(keys, holder, now);
+                for key in keys {
+                    w.observe(&key.redis_key, holder, true);
+                }
+                Ok(released)
+            })
+            .await
+    }
+
+    async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
+        self.server
+            .call(key, holder, |w, now| {
+                let released = w.locks.release_segments(key, count, holder, now);
+                for segment in key.segment_keys(count) {
+                    w.observe(&segment, holder, true);
+                }
+                Ok(released)
+            })
+            .await
+    }
+
+    async fn renew(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        ttl: Duration,
+        extend_only: bool,
+    ) -> Result<bool, Failure> {
+        self.server
+            .call(key, holder, |w, now| {
+                let renewed = w.locks.renew_key(key, holder, ttl, extend_only, now);
+                w.observe(&key.redis_key, holder, false);
+                Ok(renewed)
+            })
+            .await
+    }
+
+    async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
+        let Some(first) = items.first() else {
+            return Ok(Vec::new());
+        };
+        self.server
+            .call(first.key, first.holder, |w, now| {
+                let renewals = w.locks.renew_many(items, now);
+                for item in items {
+                    w.observe(&item.key.redis_key, item.holder, false);
+                }
+                Ok(renewals)
+            })
+            .await
+    }
+}

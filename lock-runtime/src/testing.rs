@@ -1,0 +1,225 @@
+//! A test kit (feature `testing`): a lock server simulated in the process,
+//! on tokio's clock, with faults a test injects, for testing code that
+//! takes locks (a lost lock, a stolen lease, a slow or paused server)
+//! without running a server. See `docs/testing.md`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lock_runtime::{LockError, LostReason, testing};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let (locks, sim) = testing::simulated(7);
+//! let guard = locks.lock("report").ttl(Duration::from_secs(10)).acquire().await.unwrap();
+//! sim.steal("report");
+//! // The watchdog's next renewal finds the lock taken.
+//! assert_eq!(guard.lost().await, LostReason::TakenOver);
+//! # }
+//! ```
+//!
+//! Run such tests on a current-thread runtime with the clock paused
+//! (`#[tokio::test(start_paused = true)]`): time then moves only when every
+//! task waits, so a 30 s lease runs out in microseconds and a seed gives
+//! the same history every run.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::backend::AnyBackend;
+use crate::backend::sim::{RandomFaults, SimBackend, SimServer};
+pub use crate::backend::sim::{SimEvent, SimEventKind};
+use crate::client::{LockClient, LockClientBuilder};
+use crate::entropy::Entropy;
+use crate::key::LockKey;
+use crate::waiter::Notifier;
+
+tokio::task_local! {
+    static CLIENT: LockClient;
+}
+
+/// How a simulated server and the way to it behave.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SimOptions {
+    clock_rate_ppm: i64,
+    faults: RandomFaults,
+}
+
+impl SimOptions {
+    /// A server whose clock runs at the client's rate, no random faults.
+    pub fn new() -> Self {
+        SimOptions::default()
+    }
+
+    /// The server's clock runs this many parts per million faster than the
+    /// client's (negative: slower). The client allows for 1% (10,000).
+    pub fn server_clock_faster_ppm(mut self, ppm: i64) -> Self {
+        self.clock_rate_ppm = ppm;
+        self
+    }
+
+    /// Each request and each reply is delayed by a random time up to `max`.
+    pub fn random_delay(mut self, max: Duration) -> Self {
+        self.faults.max_delay = max;
+        self
+    }
+
+    /// Out of 1,000 requests, this many are refused (not applied).
+    pub fn random_refusals(mut self, per_mille: u32) -> Self {
+        self.faults.refused_per_mille = per_mille.min(1000);
+        self
+    }
+
+    /// Out of 1,000 requests, this many are applied and their reply lost.
+    pub fn random_lost_replies(mut self, per_mille: u32) -> Self {
+        self.faults.lost_reply_per_mille = per_mille.min(1000 - self.faults.refused_per_mille);
+        self
+    }
+}
+
+/// A client of a new simulated server, and the control of that server.
+/// Every holder id, retry jitter and random fault comes from `seed`.
+pub fn simulated(seed: u64) -> (LockClient, SimControl) {
+    simulated_with(seed, SimOptions::default())
+}
+
+/// [`simulated`] with a server clock's rate and random faults.
+pub fn simulated_with(seed: u64, options: SimOptions) -> (LockClient, SimControl) {
+    let control = SimControl {
+        server: SimServer::new(seed, options.clock_rate_ppm, options.faults),
+        notifier: Notifier::local(),
+        seed,
+        clients: Arc::new(AtomicU64::new(0)),
+    };
+    (control.client(), control)
+}
+
+/// The control of a simulated server: more clients, faults, and what the
+/// server saw.
+#[derive(Debug, Clone)]
+pub struct SimControl {
+    server: Arc<SimServer>,
+    /// Shared by the server's clients: a release wakes every client's
+    /// waiters, as a server's announcement would.
+    notifier: Arc<Notifier>,
+    seed: u64,
+    clients: Arc<AtomicU64>,
+}
+
+impl SimControl {
+    /// The seed this simulation draws from.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Another client of the same server, with holder ids of its own: the
+    /// service's other replica.
+    pub fn client(&self) -> LockClient {
+        self.client_with(LockClient::builder())
+    }
+
+    /// Another client of the same server, with the builder's options (key
+    /// prefix, default ttl and wait, retry and command timeouts).
+    pub fn client_with(&self, builder: LockClientBuilder) -> LockClient {
+        let n = self.clients.fetch_add(1, Ordering::Relaxed);
+        builder.build_with(
+            AnyBackend::Sim(SimBackend {
+                server: Arc::clone(&self.server),
+            }),
+            Arc::clone(&self.notifier),
+            "simulated".into(),
+            Entropy::seeded(self.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        )
+    }
+
+    /// The server drops the lock `key` now, as if its lease ran out: its
+    /// holder finds out at its next renewal. Whether anyone held it.
+    pub fn expire(&self, key: &str) -> bool {
+        !self.server.expire(&stored(key)).is_empty()
+    }
+
+    /// Another holder takes the lock `key` over now, for what was left of
+    /// the lease it replaces (30 s if it was free), with the next fencing
+    /// token: its holder finds out at its next renewal.
+    pub fn steal(&self, key: &str) {
+        self.server.steal(&stored(key), Duration::from_secs(30));
+    }
+
+    /// The next `n` requests are refused unapplied (a transient error).
+    pub fn fail_next(&self, n: u32) {
+        self.server.refuse_next(n);
+    }
+
+    /// The next `n` requests are applied, and their replies lost: the
+    /// client sees a transient error for a request that did happen.
+    pub fn lose_replies(&self, n: u32) {
+        self.server.lose_replies(n);
+    }
+
+    /// From now, every request and every reply takes `each_way` longer.
+    pub fn delay(&self, each_way: Duration) {
+        self.server.set_delay(each_way);
+    }
+
+    /// The server answers nothing for `d`, while its clock runs on; what
+    /// was sent meanwhile is applied when it wakes.
+    pub fn pause(&self, d: Duration) {
+        self.server.pause(d);
+    }
+
+    /// Every grant, renewal, release, forced end and fault, and each
+    /// client's holds, with the server's times: the same for the same seed
+    /// and the same calls on a current-thread runtime.
+    pub fn history(&self) -> Vec<SimEvent> {
+        self.server.history()
+    }
+
+    /// Panics if two clients held one lock at once where its kind allows
+    /// no overlap (an exclusive lock, a writer; more holders than permits),
+    /// judged on the server's clock. A holder of a stolen lock that kept
+    /// going overlaps the thief.
+    pub fn assert_no_overlap(&self) {
+        let found = self.server.overlaps();
+        assert!(
+            found.is_empty(),
+            "seed {}: overlapping holds:\n{}",
+            self.seed,
+            found.join("\n")
+        );
+    }
+
+    /// Panics if a client held a lock outside the lease the server gave it,
+    /// on the server's clock: a body that ran on after its lease ended.
+    /// Leases the test ended ([`expire`](Self::expire),
+    /// [`steal`](Self::steal)) are the test's doing and not counted.
+    pub fn assert_leases_respected(&self) {
+        let found = self.server.holds_outside_leases();
+        assert!(
+            found.is_empty(),
+            "seed {}: holds outside their leases:\n{}",
+            self.seed,
+            found.join("\n")
+        );
+    }
+}
+
+/// The key as the simulated server stores it, with the default prefix.
+fn stored(key: &str) -> String {
+    LockKey::new(&crate::config::ClientConfig::default().prefix, key.to_owned())
+        .map(|k| k.redis_key)
+        .unwrap_or_else(|_| key.to_owned())
+}
+
+/// Runs `fut` with `client` as the client of the `#[distributed_lock]`
+/// functions it calls, in place of the one [`init`](crate::init) installed:
+/// a test can call a service's locked functions against a simulated server
+/// (`init` takes one client per process).
+pub async fn with_client<F: Future>(client: LockClient, fut: F) -> F::Output {
+    CLIENT.scope(client, fut).await
+}
+
+/// The client [`with_client`] set for the running task.
+pub(crate) fn scoped_client() -> Option<LockClient> {
+    CLIENT.try_with(LockClient::clone).ok()
+}

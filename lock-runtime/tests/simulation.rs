@@ -1,0 +1,422 @@
+//! The runtime against a simulated server (`testing`), on a paused clock,
+//! over thousands of seeded schedules: clients and tasks taking every kind
+//! of lock, nested and all at once, with random delays, refused requests,
+//! lost replies, pauses and a server clock running faster than the
+//! client's. Each seed checks that every body ran inside its lease on the
+//! server's clock, that no two holds overlapped where the kind forbids it,
+//! that fencing tokens rose, and that no caller waited past its wait plus a
+//! bound.
+//!
+//! `LOCK_SIM_SEED=<seed>` replays one seed; `LOCK_SIM_SEEDS=<n>` runs more.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_runtime::testing::{self, SimControl, SimEventKind, SimOptions};
+use lock_runtime::{LockClient, LockError, LockMode, LostReason, assert_locked, fencing_token, holds};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+/// Seeds per run of the test command.
+const SEEDS: u64 = 10_000;
+/// How long past its `wait` a caller may still be waiting: an attempt in
+/// flight when the wait ends gets its command timeout.
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(200);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+}
+
+fn seeds() -> Vec<u64> {
+    if let Some(seed) = std::env::var("LOCK_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+        return vec![seed];
+    }
+    let n = std::env::var("LOCK_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SEEDS);
+    (0..n).collect()
+}
+
+thread_local! {
+    /// Whether nested calls ask for a longer lease than the outer call's
+    /// (see `a_nested_extension_racing_a_renewal_keeps_the_lease`).
+    static NESTED_EXTENDS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Tokens seen by bodies, per key, in the order the bodies began.
+type Tokens = Arc<Mutex<BTreeMap<String, Vec<u64>>>>;
+
+/// One seed's schedule: three clients, two tasks each, four calls per
+/// task, every choice drawn from the seed.
+async fn schedule(seed: u64, options: SimOptions) -> (SimControl, Tokens) {
+    let (first, sim) = testing::simulated_with(seed, options);
+    let builder = || LockClient::builder().command_timeout(COMMAND_TIMEOUT);
+    let clients = [sim.client_with(builder()), sim.client_with(builder()), first];
+    let tokens: Tokens = Arc::default();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut tasks = Vec::new();
+    for (c, client) in clients.iter().enumerate() {
+        for t in 0..2 {
+            let task_seed = rng.random::<u64>();
+            let (client, tokens, sim) = (client.clone(), Arc::clone(&tokens), sim.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(task_seed);
+                for call in 0..4 {
+                    one_call(&client, &sim, &mut rng, &tokens, (c, t, call)).await;
+                }
+            }));
+        }
+    }
+    // A fault now and then, at a moment drawn from the seed.
+    let faults = {
+        let sim = sim.clone();
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xfa17);
+        tokio::spawn(async move {
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..2_000))).await;
+                match rng.random_range(0..4) {
+                    0 => sim.pause(Duration::from_millis(rng.random_range(0..400))),
+                    1 => sim.lose_replies(rng.random_range(1..3)),
+                    2 => sim.fail_next(rng.random_range(1..3)),
+                    _ => sim.delay(Duration::from_millis(rng.random_range(0..30))),
+                }
+            }
+        })
+    };
+    for task in tasks {
+        task.await.expect("a task panicked");
+    }
+    faults.await.expect("faults");
+    (sim, tokens)
+}
+
+async fn one_call(
+    client: &LockClient,
+    sim: &SimControl,
+    rng: &mut StdRng,
+    tokens: &Tokens,
+    who: (usize, usize, u32),
+) {
+    let n = rng.random_range(0..3_u32);
+    let kind = rng.random_range(0..6);
+    // One kind per key: a key taken as two kinds is the caller's error.
+    let key = format!("{}-k{n}", ["rw", "rw", "p", "f", "x", "x"][kind]);
+    let ttl = Duration::from_millis(rng.random_range(300..1_500));
+    let wait = Duration::from_millis(rng.random_range(0..2_000));
+    // Bodies from well inside the lease to several leases long (renewed).
+    let body_for = Duration::from_millis(rng.random_range(0..3_000));
+    let renew = rng.random_range(0..5) > 0;
+    let started = Instant::now();
+    let began = Arc::new(Mutex::new(None::<Instant>));
+    let body = {
+        let (began, tokens, key) = (Arc::clone(&began), Arc::clone(tokens), key.clone());
+        async move {
+            *began.lock().expect("not poisoned") = Some(Instant::now());
+            if let Some(token) = fencing_token() {
+                tokens
+                    .lock()
+                    .expect("not poisoned")
+                    .entry(key.clone())
+                    .or_default()
+                    .push(token);
+            }
+            tokio::time::sleep(body_for).await;
+        }
+    };
+    let request = client.lock(key.clone()).ttl(ttl).wait(wait).renew(renew);
+    let outcome = match kind {
+        0 => request.mode(LockMode::Read).run(body).await,
+        1 => request.mode(LockMode::Write).run(body).await,
+        2 => request.permits(2).run(body).await,
+        3 => request.fair(true).fencing(true).run(body).await,
+        4 => {
+            // Nested: the inner call re-enters without a round trip.
+            // With `NESTED_EXTENDS`, the inner call asks for the default
+            // 30 s ttl, a longer lease than the outer one's.
+            let (client, inner_key) = (client.clone(), key.clone());
+            let inner_ttl = if NESTED_EXTENDS.get() {
+                Duration::from_secs(30)
+            } else {
+                ttl
+            };
+            request
+                .fencing(true)
+                .run(async move {
+                    assert_locked!(&inner_key);
+                    client.lock(inner_key).ttl(inner_ttl).run(body).await
+                })
+                .await
+                .and_then(|inner| inner)
+        }
+        _ => {
+            let other = format!("x-k{}", (n + 1) % 3);
+            client
+                .lock_all([key.clone(), other])
+                .ttl(ttl)
+                .wait(wait)
+                .renew(renew)
+                .run(body)
+                .await
+        }
+    };
+    assert!(
+        !holds(&key),
+        "seed {}: still holding {key} after the call",
+        sim.seed()
+    );
+    let waited = began.lock().expect("not poisoned").unwrap_or_else(Instant::now) - started;
+    // A caller's wait ends with at most an attempt in flight (its command
+    // timeout) and its retry's pause; a pause of the server is a command
+    // that gets no reply in that time.
+    let bound = wait + COMMAND_TIMEOUT * 2 + Duration::from_millis(50);
+    assert!(
+        waited <= bound,
+        "seed {}: {who:?} waited {waited:?} for {key}, past its wait of {wait:?}: {outcome:?}",
+        sim.seed()
+    );
+    match outcome {
+        Ok(()) | Err(LockError::Timeout { .. } | LockError::Lost { .. } | LockError::Backend { .. }) => {}
+        Err(other) => panic!("seed {}: {who:?} on {key}: {other}", sim.seed()),
+    }
+}
+
+fn check(sim: &SimControl, tokens: &Tokens) {
+    if std::env::var("LOCK_SIM_SEED").is_ok() {
+        for event in sim.history() {
+            println!("{event:?}");
+        }
+    }
+    sim.assert_leases_respected();
+    sim.assert_no_overlap();
+    for (key, seen) in tokens.lock().expect("not poisoned").iter() {
+        assert!(
+            seen.windows(2).all(|w| w[0] < w[1]),
+            "seed {}: fencing tokens of {key} in the order bodies began: {seen:?}",
+            sim.seed()
+        );
+    }
+}
+
+fn run_seed(seed: u64, options: SimOptions) -> (SimControl, Tokens) {
+    runtime().block_on(async move {
+        tokio::time::timeout(Duration::from_secs(3_600), schedule(seed, options))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("seed {seed}: the schedule did not end within an hour of simulated time")
+            })
+    })
+}
+
+fn faulty() -> SimOptions {
+    SimOptions::new()
+        .random_delay(Duration::from_millis(20))
+        .random_refusals(20)
+        .random_lost_replies(20)
+}
+
+#[test]
+fn every_seed_keeps_every_lease_and_excludes() {
+    let started = std::time::Instant::now();
+    let seeds = seeds();
+    for &seed in &seeds {
+        // Half the seeds with the server's clock up to 1% fast.
+        let rate = if seed % 2 == 0 {
+            0
+        } else {
+            i64::try_from(seed % 10_001).expect("small")
+        };
+        let (sim, tokens) = run_seed(seed, faulty().server_clock_faster_ppm(rate));
+        check(&sim, &tokens);
+    }
+    println!(
+        "{{\"simulation\":\"every_seed\",\"seeds\":{},\"seconds\":{:.1}}}",
+        seeds.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn a_seed_replays_the_same_history() {
+    for seed in [1, 77, 4242] {
+        let a = run_seed(seed, faulty()).0.history();
+        let b = run_seed(seed, faulty()).0.history();
+        assert!(a.len() > 50, "seed {seed}: only {} events", a.len());
+        assert_eq!(a, b, "seed {seed}: two runs differ");
+    }
+}
+
+/// With the server's clock 1% fast, a fixed lease's body must stop before
+/// the server's lease ends: the client's drift allowance is what makes it.
+/// Without the allowance (`validity_deadline` = sent + ttl) this fails.
+#[test]
+fn a_server_clock_one_percent_fast_ends_no_lease_under_a_body() {
+    for seed in 0..50 {
+        let sim = runtime().block_on(async move {
+            let (locks, sim) =
+                testing::simulated_with(seed, SimOptions::new().server_clock_faster_ppm(10_000));
+            let ttl = Duration::from_millis(500 + seed * 97);
+            let outcome = locks
+                .lock("fixed")
+                .ttl(ttl)
+                .renew(false)
+                .run(std::future::pending::<()>())
+                .await;
+            assert!(
+                matches!(
+                    outcome,
+                    Err(LockError::Lost {
+                        reason: LostReason::LeaseEnded,
+                        ..
+                    })
+                ),
+                "{outcome:?}"
+            );
+            // And a renewed lease whose renewals are all refused.
+            let guard = locks.lock("renewed").ttl(ttl).acquire().await.expect("free");
+            sim.fail_next(1_000);
+            let reason = guard.lost().await;
+            assert_eq!(reason, LostReason::Expired);
+            drop(guard);
+            sim
+        });
+        sim.assert_leases_respected();
+    }
+}
+
+/// A scripted schedule: a lease stolen while its body runs is noticed at
+/// the next renewal, and the body is cancelled with `TakenOver`.
+#[test]
+fn a_stolen_lease_cancels_its_body_at_the_next_renewal() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(3);
+        let thief = {
+            let sim = sim.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                sim.steal("job");
+            })
+        };
+        let started = Instant::now();
+        let outcome = locks
+            .lock("job")
+            .ttl(Duration::from_secs(3))
+            .run(std::future::pending::<()>())
+            .await;
+        thief.await.expect("thief");
+        assert!(
+            matches!(
+                outcome,
+                Err(LockError::Lost {
+                    reason: LostReason::TakenOver,
+                    ..
+                })
+            ),
+            "{outcome:?}"
+        );
+        // Renewed at a third of the lease: found taken then.
+        assert!(
+            started.elapsed() <= Duration::from_millis(1_100),
+            "{:?}",
+            started.elapsed()
+        );
+        let stolen = sim.history().iter().any(|e| e.what == SimEventKind::Stolen);
+        assert!(stolen);
+        sim.assert_leases_respected();
+    });
+}
+
+/// A reply lost after the server granted the lock: the acquisition tries
+/// again, finds the lock already its own, and the body runs once.
+#[test]
+fn a_lost_reply_to_a_grant_is_retried_into_the_same_lease() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(5);
+        sim.lose_replies(1);
+        let ran = locks
+            .lock("once")
+            .wait(Duration::from_secs(1))
+            .fencing(true)
+            .run(async { fencing_token() })
+            .await
+            .expect("taken on the retry");
+        assert_eq!(ran, Some(1), "one grant, one token");
+        let granted = sim
+            .history()
+            .iter()
+            .filter(|e| matches!(e.what, SimEventKind::Granted { .. }))
+            .count();
+        assert_eq!(granted, 1);
+        sim.assert_leases_respected();
+        sim.assert_no_overlap();
+    });
+}
+
+/// Found by the simulation: a renewal the server refused was tried again
+/// at once, every round trip, rather than after a tenth of the renewal
+/// interval, because the watchdog took leases due within its batching
+/// window even when none was due. With a 3 s lease and every renewal
+/// refused, that was about a thousand refusals before the deadline (and a
+/// lease kept by the first one not refused); now about twenty.
+#[test]
+fn a_refused_renewal_is_retried_after_a_pause_not_at_once() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(11);
+        let guard = locks
+            .lock("renewed")
+            .ttl(Duration::from_secs(3))
+            .acquire()
+            .await
+            .expect("free");
+        sim.fail_next(200);
+        let lost = tokio::time::timeout(Duration::from_secs(10), guard.lost()).await;
+        assert_eq!(
+            lost,
+            Ok(LostReason::Expired),
+            "the refusals ran out before the deadline"
+        );
+        let refused = sim
+            .history()
+            .iter()
+            .filter(|e| e.what == SimEventKind::Refused)
+            .count();
+        assert!(
+            (10..=40).contains(&refused),
+            "{refused} refused renewals before the deadline"
+        );
+        drop(guard);
+        sim.assert_leases_respected();
+    });
+}
+
+/// Known bug, found by the simulation (seed 1787 with nested calls asking
+/// for a 30 s lease inside a 356 ms one): a nested call's extension and a
+/// watchdog renewal sent just before it, with the old ttl, can reach the
+/// server in the other order (separate connections: the SQL backends'
+/// pools; the simulation's random delays). The renewal then shortens the
+/// server's lease to 356 ms while the client counts 30 s from the
+/// extension, and the body runs on 420 ms past its lease. Not yet fixed:
+/// the fix (a confirmed renewal with a ttl shorter than the lease's
+/// current one sets the deadline from that renewal alone and renews again
+/// at once; the lease's ttl raised before the extension is sent) needs the
+/// real-server suites run on it.
+#[test]
+#[ignore = "known bug: an extension racing a renewal (see the comment)"]
+fn a_nested_extension_racing_a_renewal_keeps_the_lease() {
+    NESTED_EXTENDS.set(true);
+    for seed in seeds() {
+        let rate = if seed % 2 == 0 {
+            0
+        } else {
+            i64::try_from(seed % 10_001).expect("small")
+        };
+        let (sim, tokens) = run_seed(seed, faulty().server_clock_faster_ppm(rate));
+        check(&sim, &tokens);
+    }
+}
