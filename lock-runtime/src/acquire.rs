@@ -24,21 +24,13 @@ use crate::handoff::{Granted, Handed, OfferHandle};
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::lease_state::{Grant, LeaseState};
-use crate::shared::ClientInner;
+use crate::shared::{ClientInner, RECONNECTS_AT_ONCE};
 use crate::spec::{Kind, LockOptions};
 use crate::timing::{millis, stop_margin, validity_deadline};
 use crate::waiter::{POLL, Watch};
 
 /// The shortest time a retry is given to answer, even with less of `wait` left.
 const LATE_ATTEMPT_FLOOR: Duration = Duration::from_millis(10);
-
-/// Attempts made at once, one after another, while each meets a broken
-/// connection (the first attempt included), whatever is left of `wait`.
-/// After a server restart the client can hold more than one dead connection
-/// (the one it used, and one its reconnect opened while the server was
-/// still down); each failure replaces one, and a dead server fails each
-/// retry fast (refused).
-const RECONNECTS_AT_ONCE: u32 = 3;
 
 pub(crate) async fn acquire(
     client: &Arc<ClientInner>,

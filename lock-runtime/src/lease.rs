@@ -12,7 +12,7 @@ use crate::drop_guard::{Cleanup, DropGuard};
 use crate::error::{LockError, LostReason};
 use crate::handoff::{Claim, Granted, TakenOffer};
 use crate::lease_state::LeaseState;
-use crate::shared::ClientInner;
+use crate::shared::{ClientInner, RECONNECTS_AT_ONCE};
 use crate::spec::Kind;
 
 /// The owner of an acquisition. Releasing consumes it; dropping it without a
@@ -71,11 +71,23 @@ impl Cleanup for Release {
         {
             return handed;
         }
-        match client
-            .backend
-            .release_lease(&state.key, &state.holder, state.token.is_some())
-            .await
-        {
+        // A release that meets a broken connection was not sent: the
+        // client reconnects on that error, so send it again now rather than
+        // leave the lock to its ttl (after a server restart the client can
+        // hold more than one dead connection). Owner-checked, so a second
+        // copy is harmless.
+        let mut attempts = 1;
+        let released = loop {
+            match client
+                .backend
+                .release_lease(&state.key, &state.holder, state.token.is_some())
+                .await
+            {
+                Err(failure) if failure.reconnecting && attempts < RECONNECTS_AT_ONCE => attempts += 1,
+                released => break released,
+            }
+        };
+        match released {
             Ok(true) => {
                 tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, "lock released");
                 // Waiters in this process retry now, without waiting for the
@@ -161,6 +173,7 @@ pub(crate) async fn extend(client: &ClientInner, state: &LeaseState, ttl: Durati
     if state.covers(ttl) {
         return Ok(());
     }
+    state.extending(ttl);
     let sent = Instant::now();
     let renewed = client.backend.renew(&state.key, &state.holder, ttl, true).await?;
     if !renewed {

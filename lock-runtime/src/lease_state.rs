@@ -43,6 +43,11 @@ pub(crate) struct LeaseState {
     deadline: Mutex<Instant>,
     /// When the watchdog should renew next (unused with `renew = false`).
     next_renewal: Mutex<Instant>,
+    /// A renewal with a shorter ttl than the lease's was confirmed after a
+    /// nested call's extension was sent: the server may have applied the
+    /// renewal last, so extensions are not trusted until a renewal with
+    /// the lease's ttl is confirmed.
+    racing: AtomicBool,
     /// Released (or being released): the watchdog must leave it alone.
     ended: AtomicBool,
     /// 0 while trusted, else a `LostReason` code: set once, never cleared.
@@ -90,6 +95,7 @@ impl LeaseState {
             renews,
             deadline: Mutex::new(validity_deadline(sent, ttl)),
             next_renewal: Mutex::new(sent + renewal_interval(ttl)),
+            racing: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             lost: AtomicU8::new(0),
             lost_signal: tokio::sync::Notify::new(),
@@ -133,6 +139,20 @@ impl LeaseState {
         if !self.is_live() {
             return;
         }
+        if ttl < self.ttl() {
+            // A nested call's extension to a longer ttl was sent while this
+            // renewal, with the shorter one, was on its way. On separate
+            // connections the server may have applied this renewal last,
+            // which leaves the lease `ttl` from when it arrived, whatever the
+            // extension's reply said (the simulation found a body running
+            // 420 ms past its lease so). Count from this renewal alone, and
+            // renew again now with the longer ttl.
+            self.racing.store(true, Ordering::Release);
+            *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) = validity_deadline(sent, ttl);
+            self.set_next_renewal(Instant::now());
+            return;
+        }
+        self.racing.store(false, Ordering::Release);
         self.confirm(sent, ttl);
         self.set_next_renewal(sent + renewal_interval(ttl));
     }
@@ -236,10 +256,20 @@ impl LeaseState {
         millis(ttl) <= self.ttl_ms.load(Ordering::Acquire)
     }
 
-    /// The server lengthened the lease to `ttl`, as asked at `sent`.
+    /// A nested call is about to ask for `ttl`: from now on the watchdog
+    /// renews with it, and a renewal confirmed with a shorter one is known
+    /// to have raced the extension ([`renewed`](Self::renewed)).
+    pub(crate) fn extending(&self, ttl: Duration) {
+        self.ttl_ms.fetch_max(millis(ttl), Ordering::AcqRel);
+    }
+
+    /// The server lengthened the lease to `ttl`, as asked at `sent`; not
+    /// trusted while a renewal that raced it may have shortened it again.
     pub(crate) fn extended(&self, sent: Instant, ttl: Duration) {
         self.ttl_ms.fetch_max(millis(ttl), Ordering::AcqRel);
-        self.confirm(sent, ttl);
+        if !self.racing.load(Ordering::Acquire) {
+            self.confirm(sent, ttl);
+        }
     }
 
     /// The release is under way: the watchdog must leave the lease alone.

@@ -14,6 +14,14 @@ use crate::key::LockKey;
 use crate::waiter::Notifier;
 use crate::watchdog::Watchdog;
 
+/// Attempts made at once, one after another, while each meets a broken
+/// connection (the first attempt included): an acquisition's, whatever is
+/// left of its `wait`, and a release's. After a server restart the client
+/// can hold more than one dead connection (the one it used, and one its
+/// reconnect opened while the server was still down); each failure
+/// replaces one, and a dead server fails each retry fast (refused).
+pub(crate) const RECONNECTS_AT_ONCE: u32 = 3;
+
 #[derive(Debug)]
 pub(crate) struct ClientInner {
     pub(crate) backend: Arc<AnyBackend>,

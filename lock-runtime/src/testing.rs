@@ -157,6 +157,12 @@ impl SimControl {
         self.server.lose_replies(n);
     }
 
+    /// The next `n` requests take `by` longer on their way to the server:
+    /// a request sent after them can overtake them (another connection).
+    pub fn delay_next(&self, n: u32, by: Duration) {
+        self.server.slow_next(n, by);
+    }
+
     /// From now, every request and every reply takes `each_way` longer.
     pub fn delay(&self, each_way: Duration) {
         self.server.set_delay(each_way);

@@ -391,6 +391,34 @@ async fn two_broken_connections_in_a_row_are_reconnected() {
     .await
 }
 
+/// A release whose connection broke while the body ran, and whose
+/// client's first new connection was closed at once, is sent again rather
+/// than left to the lock's ttl: the full test command once found the next
+/// round of the test above refused with `timed out after 0ms`, the previous
+/// round's lock still held after its release met the broken connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_two_broken_connections_is_sent_again() {
+    lock_tests::bounded(
+        "a_release_after_two_broken_connections_is_sent_again",
+        async move {
+            let server = RedisServer::start();
+            let proxy = Proxy::start(server.port()).await;
+            let locks = LockClient::connect(&proxy.url()).await.expect("connect");
+            for round in 0..10 {
+                let guard = locks.lock("released").acquire().await.expect("free");
+                proxy.close_next(1);
+                proxy.reset();
+                guard
+                    .release()
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                assert!(!exists(&server, "lock:{released}"), "round {round}: still held");
+            }
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_still_works_when_the_server_is_out_of_memory() {
     lock_tests::bounded(

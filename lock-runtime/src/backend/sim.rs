@@ -120,6 +120,9 @@ struct World {
     random: RandomFaults,
     refuse_next: u32,
     lose_next: u32,
+    /// The next this many requests take `slow_by` longer on their way.
+    slow_next: u32,
+    slow_by: Duration,
     delay: Duration,
     paused_until: Option<Instant>,
     history: Vec<SimEvent>,
@@ -234,6 +237,8 @@ impl SimServer {
                 random,
                 refuse_next: 0,
                 lose_next: 0,
+                slow_next: 0,
+                slow_by: Duration::ZERO,
                 delay: Duration::ZERO,
                 paused_until: None,
                 history: Vec::new(),
@@ -262,7 +267,11 @@ impl SimServer {
             };
             LEG_FLOOR + w.delay + random
         };
-        let there = leg(&mut w);
+        let mut there = leg(&mut w);
+        if w.slow_next > 0 {
+            w.slow_next -= 1;
+            there += w.slow_by;
+        }
         let back = leg(&mut w);
         let (refused_rate, lost_rate) = (w.random.refused_per_mille, w.random.lost_reply_per_mille);
         let draw = w.rng.random_range(0..1000);
@@ -361,6 +370,12 @@ impl SimServer {
 
     pub(crate) fn lose_replies(&self, n: u32) {
         self.world().lose_next += n;
+    }
+
+    pub(crate) fn slow_next(&self, n: u32, by: Duration) {
+        let mut w = self.world();
+        w.slow_next = n;
+        w.slow_by = by;
     }
 
     pub(crate) fn set_delay(&self, each_way: Duration) {
