@@ -71,11 +71,12 @@ impl Cleanup for Release {
         {
             return handed;
         }
-        // A release that meets a broken connection was not sent: the
-        // client reconnects on that error, so send it again now rather than
-        // leave the lock to its ttl (after a server restart the client can
-        // hold more than one dead connection). Owner-checked, so a second
-        // copy is harmless.
+        // A release that meets a broken connection is sent again now, once
+        // the client reconnects, rather than leave the lock to its ttl (after
+        // a server restart the client can hold more than one dead
+        // connection). Owner-checked, so a second copy is harmless; if the
+        // first was applied after all, the second finds the lock gone
+        // (`NotHeld`), as any release racing its lease's end may.
         let mut attempts = 1;
         let released = loop {
             match client
@@ -175,13 +176,19 @@ pub(crate) async fn extend(client: &ClientInner, state: &LeaseState, ttl: Durati
     }
     state.extending(ttl);
     let sent = Instant::now();
-    let renewed = client.backend.renew(&state.key, &state.holder, ttl, true).await?;
-    if !renewed {
-        return Err(LockError::Lost {
+    let renewed = client.backend.renew(&state.key, &state.holder, ttl, true).await;
+    // Confirmed before the extension counts as done: a racing renewal's
+    // reply that arrives in between still sees a longer ttl than its own.
+    if let Ok(true) = renewed {
+        state.extended(sent, ttl);
+    }
+    state.extension_done();
+    if renewed? {
+        Ok(())
+    } else {
+        Err(LockError::Lost {
             key: state.key.name.clone(),
             reason: LostReason::TakenOver,
-        });
+        })
     }
-    state.extended(sent, ttl);
-    Ok(())
 }

@@ -134,7 +134,9 @@ impl SimControl {
     }
 
     /// The server drops the lock `key` now, as if its lease ran out: its
-    /// holder finds out at its next renewal. Whether anyone held it.
+    /// holder finds out at its next renewal. Whether anyone held it. `key`
+    /// is the name your code locks (a segmented lock's segment is
+    /// `key#i`), under the default prefix `lock:`.
     pub fn expire(&self, key: &str) -> bool {
         !self.server.expire(&stored(key)).is_empty()
     }
@@ -169,7 +171,9 @@ impl SimControl {
     }
 
     /// The server answers nothing for `d`, while its clock runs on; what
-    /// was sent meanwhile is applied when it wakes.
+    /// was sent meanwhile is applied when it wakes, if its client still
+    /// waits for it (the model applies a request only while its caller
+    /// waits: one given up on by a command timeout never lands).
     pub fn pause(&self, d: Duration) {
         self.server.pause(d);
     }
@@ -220,7 +224,8 @@ fn stored(key: &str) -> String {
 /// Runs `fut` with `client` as the client of the `#[distributed_lock]`
 /// functions it calls, in place of the one [`init`](crate::init) installed:
 /// a test can call a service's locked functions against a simulated server
-/// (`init` takes one client per process).
+/// (`init` takes one client per process). For that task only: a task
+/// `fut` spawns uses the global client unless it is wrapped too.
 pub async fn with_client<F: Future>(client: LockClient, fut: F) -> F::Output {
     CLIENT.scope(client, fut).await
 }

@@ -9,7 +9,7 @@
 //! at `min(remaining lease, POLL)`: a lost message costs latency, never
 //! correctness.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -65,7 +65,9 @@ struct Channel {
     notify: Arc<Notify>,
     /// Fair waiters, each woken by its own name: a fair lock's release
     /// announces the one waiter first in line.
-    named: HashMap<String, Arc<Notify>>,
+    /// Ordered: a fair lock's release wakes its line in this order, the
+    /// same every run (a simulation's seed must replay it).
+    named: BTreeMap<String, Arc<Notify>>,
     /// Waiters here ready to be handed the lock, first come first served
     /// (withdrawn ones are skipped when reached).
     offers: VecDeque<Arc<Offer>>,
@@ -290,7 +292,7 @@ impl Notifier {
             let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
                 waiters: 0,
                 notify: Arc::new(Notify::new()),
-                named: HashMap::new(),
+                named: BTreeMap::new(),
                 offers: VecDeque::new(),
                 copy_heard: None,
             });

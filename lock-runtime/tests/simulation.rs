@@ -160,11 +160,6 @@ async fn one_call(
                 .await
         }
     };
-    assert!(
-        !holds(&key),
-        "seed {}: still holding {key} after the call",
-        sim.seed()
-    );
     let waited = began.lock().expect("not poisoned").unwrap_or_else(Instant::now) - started;
     // A caller's wait ends with at most an attempt in flight (its command
     // timeout) and its retry's pause; a pause of the server is a command
@@ -445,5 +440,65 @@ fn an_extension_overtaken_by_an_older_renewal_does_not_outlive_the_lease() {
         });
         assert!(overtaken, "the slowed renewal did not land after the extension");
         sim.assert_leases_respected();
+    });
+}
+
+/// Known hole, found reading the fix above: if the older renewal's reply is
+/// lost (or it times out and lands later), the client never learns that it
+/// overtook the extension, and trusts the extension's 30 s. Closing it
+/// needs renewals that never shorten a lease on the server (extend-only,
+/// as the nested call's extension already is) on every backend.
+#[test]
+#[ignore = "known hole: an overtaking renewal whose reply is lost (see the comment)"]
+fn an_extension_overtaken_by_an_older_renewal_whose_reply_is_lost() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(13);
+        let slow = {
+            let sim = sim.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                sim.delay_next(1, Duration::from_millis(100));
+                sim.lose_replies(1);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                sim.fail_next(10_000);
+            })
+        };
+        let nested = locks.clone();
+        let _ = locks
+            .lock("job")
+            .ttl(Duration::from_millis(600))
+            .run(async move {
+                tokio::time::sleep(Duration::from_millis(205)).await;
+                nested
+                    .lock("job")
+                    .ttl(Duration::from_secs(30))
+                    .run(tokio::time::sleep(Duration::from_secs(2)))
+                    .await
+            })
+            .await;
+        slow.await.expect("slowed");
+        sim.assert_leases_respected();
+    });
+}
+
+#[lock_runtime::distributed_lock(key = "order:<id>", ttl = "10s")]
+async fn locked_step(id: u64) -> Result<bool, LockError> {
+    Ok(holds(&format!("order:{id}")))
+}
+
+/// A `#[distributed_lock]` function runs against the simulated client that
+/// `with_client` sets for the task, and without it fails as uninitialised.
+#[test]
+fn with_client_runs_locked_functions_against_the_simulated_server() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(21);
+        let held = testing::with_client(locks, locked_step(7)).await.expect("locked");
+        assert!(held, "the body did not hold its lock");
+        let granted = sim
+            .history()
+            .iter()
+            .any(|e| e.key == "lock:{order:7}" && matches!(e.what, SimEventKind::Granted { .. }));
+        assert!(granted, "the simulated server granted nothing");
+        assert!(matches!(locked_step(7).await, Err(LockError::NotInitialized)));
     });
 }
