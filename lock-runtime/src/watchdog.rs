@@ -120,13 +120,21 @@ impl Schedule {
     /// The leases to renew now, and when to look again otherwise. Drops
     /// released, lost and forgotten leases as it goes.
     fn due(&self, now: Instant) -> (Vec<Arc<LeaseState>>, Option<Instant>) {
-        let mut live = Vec::new();
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        let mut any_due = false;
         let mut watched = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
         watched.leases.retain(|weak| {
             let Some(lease) = weak.upgrade().filter(|l| l.is_live()) else {
                 return false;
             };
-            live.push(lease);
+            let at = lease.next_renewal();
+            if at <= now + early(lease.ttl()) {
+                any_due |= at <= now;
+                due.push(lease);
+            } else {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
             true
         });
         // Wake at the first lease that falls due, and take with it every
@@ -135,14 +143,9 @@ impl Schedule {
         // and waits `retry_after` (shorter than `early`) was tried again at
         // once, every round trip, for as long as the server refused (the
         // simulation found it).
-        let any_due = live.iter().any(|lease| lease.next_renewal() <= now);
-        let mut due = Vec::new();
-        let mut next: Option<Instant> = None;
-        for lease in live {
-            let at = lease.next_renewal();
-            if any_due && at <= now + early(lease.ttl()) {
-                due.push(lease);
-            } else {
+        if !any_due {
+            for lease in due.drain(..) {
+                let at = lease.next_renewal();
                 next = Some(next.map_or(at, |n| n.min(at)));
             }
         }

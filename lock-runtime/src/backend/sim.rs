@@ -409,16 +409,7 @@ impl SimServer {
         w.thieves += 1;
         let thief = format!("sim:thief:{}", w.thieves);
         w.locks.take_over(redis_key, &thief, now + left);
-        w.leases
-            .entry((redis_key.to_owned(), thief.clone()))
-            .or_default()
-            .push(ServerLease {
-                granted: at,
-                expires: at + left,
-                ended: None,
-                forced: false,
-            });
-        w.record(at, redis_key, &thief, SimEventKind::Granted { until: at + left });
+        w.observe(redis_key, &thief, false);
         w.holds.push(Hold {
             key: redis_key.to_owned(),
             holder: thief.clone(),
