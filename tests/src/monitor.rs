@@ -97,6 +97,31 @@ impl Drop for RuntimeMonitor {
     }
 }
 
+/// Both watches at once, for a test that times a holder's stop on its own
+/// runtime: the process starved (the thread monitor) or its runtime's
+/// workers behind (the runtime monitor) both make a late stop unjudgeable.
+/// Stops when dropped.
+#[derive(Debug)]
+pub struct Watch {
+    thread: Monitor,
+    runtime: RuntimeMonitor,
+}
+
+impl Watch {
+    /// Starts both monitors; the runtime one on the current runtime.
+    pub fn start() -> Watch {
+        Watch {
+            thread: Monitor::start(),
+            runtime: RuntimeMonitor::start(),
+        }
+    }
+
+    /// The worse of the two monitors' worst lateness.
+    pub fn worst(&self) -> Duration {
+        self.thread.worst().max(self.runtime.worst())
+    }
+}
+
 /// The starvation bound: half the lock's drift allowance δ for a
 /// lease of `ttl` (ttl/100 + 2 ms).
 pub fn bound(ttl: Duration) -> Duration {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LostReason};
-use lock_tests::monitor::{self, Monitor};
+use lock_tests::monitor::{self, Watch};
 use lock_tests::{RedisServer, commands_between, eventually};
 
 async fn client(server: &RedisServer) -> LockClient {
@@ -126,7 +126,8 @@ async fn a_deleted_lock_cancels_the_body_within_a_renewal_interval() {
 /// before it stopped.
 ///
 /// A trial in which this process was starved (the assumption monitor saw a
-/// 1 ms timer fire later than half the drift allowance) is outside the
+/// 1 ms timer, on a thread of its own or on the test's runtime, fire later
+/// than half the drift allowance) is outside the
 /// guarantee: it is counted as invalid and replaced, up to a limit, never
 /// as a failure. A late signal in a trial without starvation fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,7 +150,7 @@ async fn a_frozen_server_stops_the_holder_before_its_deadline() {
             break;
         }
         let key = format!("frozen:{trial}");
-        let monitor = Monitor::start();
+        let monitor = Watch::start();
         let guard = locks
             .lock(key.as_str())
             .ttl(ttl)

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
 use lock_tests::lab::{self, Board, Stall, Workload};
-use lock_tests::monitor::{self, Monitor};
+use lock_tests::monitor::{self, Monitor, Watch};
 use lock_tests::report::{self, Verdict, spread_ms};
 use lock_tests::witness::analyze;
 use lock_tests::{Proxy, RedisServer, eventually};
@@ -287,8 +287,17 @@ pub(crate) async fn run_s4(
     let board = Board::new();
     let ttl = Duration::from_millis(600);
     let trials = 5;
+    // A trial in which this process or its runtime was starved past the
+    // monitor's bound and the holder stopped late proved nothing: it is
+    // counted as invalid and replaced, up to this many trials in all.
+    let max_trials = 15;
     let mut gaps = Vec::new();
-    for trial in 0..trials {
+    let mut slacks = Vec::new();
+    let mut invalid = Vec::new();
+    for trial in 0..max_trials {
+        if slacks.len() == trials {
+            break;
+        }
         let key = format!("s4:{trial}");
         let proxy = Proxy::start(port).await;
         let holder = through(&proxy).await;
@@ -303,6 +312,7 @@ pub(crate) async fn run_s4(
             .await
             .expect("acquire");
         board.witness.enter(&key, 1, 0);
+        let watch = Watch::start();
         tokio::time::sleep(ttl / 2).await;
         board.witness.fault("proxy-blackhole");
         proxy.blackhole();
@@ -331,7 +341,22 @@ pub(crate) async fn run_s4(
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let stopped = Instant::now();
-        board.witness.lost(&key, 1, 0, guard.valid_until().into_std());
+        let deadline = guard.valid_until().into_std();
+        let starved = watch.worst();
+        board.witness.lost(&key, 1, 0, deadline);
+        if stopped >= deadline {
+            assert!(
+                starved > monitor::bound(ttl),
+                "trial {trial}: the holder stopped {:?} after its deadline with no starvation (worst lateness {starved:?})",
+                stopped - deadline
+            );
+            invalid.push(format!(
+                "trial {trial}: stopped {:?} after D, starved {starved:?}",
+                stopped - deadline
+            ));
+        } else {
+            slacks.push(deadline - stopped);
+        }
         let entered = rival_run.await.expect("join").expect("the rival gets the lock");
         gaps.push(entered.saturating_duration_since(stopped));
         assert_eq!(board.witness.seen(&key).overlaps, 0, "trial {trial}");
@@ -339,30 +364,29 @@ pub(crate) async fn run_s4(
         board.witness.heal("proxy-blackhole");
         drop(guard);
     }
+    // Fewer judged trials than asked: the scenario proved nothing (INVALID,
+    // which fails the suite's summary), though what it saw held.
+    let judged = slacks.len();
+    let verdict = if judged < trials {
+        Verdict::Invalid
+    } else {
+        Verdict::Pass
+    };
     let logged = analyze(board.path(), &[]).expect("analyze");
-    let slack: Vec<Duration> = logged
-        .lost_slack_ns
-        .iter()
-        .map(|&ns| Duration::from_nanos(u64::try_from(ns).unwrap_or(0)))
-        .collect();
-    assert!(
-        logged.lost_slack_ns.iter().all(|&ns| ns >= 0),
-        "a holder stopped after its deadline: {:?}",
-        logged.lost_slack_ns
-    );
     assert!(logged.overlaps.is_empty(), "{logged:?}");
     report::write(
         id,
         json!({
             "scenario": scenario,
-            "verdict": "PASS",
+            "verdict": verdict.as_str(),
             "parameters": {"trials": trials, "ttl_ms": ttl.as_millis(), "command_timeout_ms": 100},
             "acquisitions": logged.entries,
-            "faults": trials,
+            "faults": judged + invalid.len(),
+            "invalid_trials": invalid,
             "overlaps": 0,
-            "lost_slack_ms": spread_ms(slack),
+            "lost_slack_ms": spread_ms(slacks),
             "gap_rival_after_stop_ms": spread_ms(gaps),
-            "key_figure": format!("stopped before D in {trials}/{trials}"),
+            "key_figure": format!("stopped before D in {judged}/{judged} judged trials"),
         }),
     );
 }
