@@ -76,6 +76,14 @@ impl SimOptions {
         self.faults.lost_reply_per_mille = per_mille.min(1000 - self.faults.refused_per_mille);
         self
     }
+
+    /// Out of 1,000 requests, this many are applied twice: a copy lands a
+    /// random delay after the first (a driver's resend), its reply
+    /// unread.
+    pub fn random_duplicates(mut self, per_mille: u32) -> Self {
+        self.faults.duplicated_per_mille = per_mille.min(1000);
+        self
+    }
 }
 
 /// A client of a new simulated server, and the control of that server.
@@ -165,17 +173,43 @@ impl SimControl {
         self.server.slow_next(n, by);
     }
 
+    /// The next `n` requests that land are applied once more a little
+    /// later, as a resent copy would be; the copies' replies go nowhere.
+    pub fn duplicate_next(&self, n: u32) {
+        self.server.duplicate_next(n);
+    }
+
     /// From now, every request and every reply takes `each_way` longer.
     pub fn delay(&self, each_way: Duration) {
         self.server.set_delay(each_way);
     }
 
     /// The server answers nothing for `d`, while its clock runs on; what
-    /// was sent meanwhile is applied when it wakes, if its client still
-    /// waits for it (the model applies a request only while its caller
-    /// waits: one given up on by a command timeout never lands).
+    /// was sent meanwhile is applied when it wakes, whether or not its
+    /// caller still waits (a request given up on by a command timeout
+    /// lands all the same, as on a real connection).
     pub fn pause(&self, d: Duration) {
         self.server.pause(d);
+    }
+
+    /// The server goes down now and is back after `down`, with every lease
+    /// and fencing counter it had (as a server that persists its data
+    /// would be): requests in flight and replies on their way are lost
+    /// with their connections, requests sent while it is down are turned
+    /// away (the client reconnects and tries again). Its clock ran on, so
+    /// leases not renewed meanwhile have run out.
+    pub fn restart(&self, down: Duration) {
+        self.server.restart(down, true);
+    }
+
+    /// [`restart`](Self::restart), and the server comes back empty: every
+    /// lease and fencing counter is gone (a Redis without persistence).
+    /// Another client can take a lock whose holder still believes it holds
+    /// it until its next renewal; [`assert_leases_respected`](Self::assert_leases_respected)
+    /// checks that the holder stopped by the end its lease would have had,
+    /// and [`assert_no_overlap`](Self::assert_no_overlap) leaves such holds out.
+    pub fn restart_without_state(&self, down: Duration) {
+        self.server.restart(down, false);
     }
 
     /// Every grant, renewal, release, forced end and fault, and each
@@ -187,8 +221,11 @@ impl SimControl {
 
     /// Panics if two clients held one lock at once where its kind allows
     /// no overlap (an exclusive lock, a writer; more holders than permits),
-    /// judged on the server's clock. A holder of a stolen lock that kept
-    /// going overlaps the thief.
+    /// judged on the server's clock. A hold whose lease the test ended
+    /// ([`expire`](Self::expire), [`steal`](Self::steal),
+    /// [`restart_without_state`](Self::restart_without_state)) is left out:
+    /// its holder can only learn of the loss at its next renewal, and
+    /// [`assert_leases_respected`](Self::assert_leases_respected) judges it.
     pub fn assert_no_overlap(&self) {
         let found = self.server.overlaps();
         assert!(
@@ -200,9 +237,12 @@ impl SimControl {
     }
 
     /// Panics if a client held a lock outside the lease the server gave it,
-    /// on the server's clock: a body that ran on after its lease ended.
-    /// Leases the test ended ([`expire`](Self::expire),
-    /// [`steal`](Self::steal)) are the test's doing and not counted.
+    /// on the server's clock: a body that ran on after its lease ended. A
+    /// lease the test ended ([`expire`](Self::expire),
+    /// [`steal`](Self::steal), [`restart_without_state`](Self::restart_without_state))
+    /// is judged by the end it would have had: its holder must have
+    /// stopped by then. Also panics if a release (late, or sent twice)
+    /// freed a lease granted after it was sent.
     pub fn assert_leases_respected(&self) {
         let found = self.server.holds_outside_leases();
         assert!(

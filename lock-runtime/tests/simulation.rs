@@ -1,10 +1,13 @@
 //! The runtime against a simulated server (`testing`), on a paused clock,
 //! over thousands of seeded schedules: clients and tasks taking every kind
-//! of lock, nested and all at once, with random delays, refused requests,
-//! lost replies, pauses and a server clock running faster than the
-//! client's. Each seed checks that every body ran inside its lease on the
-//! server's clock, that no two holds overlapped where the kind forbids it,
-//! that fencing tokens rose, and that no caller waited past its wait plus a
+//! of lock, nested and all at once, some given up on mid-call, with random
+//! delays, refused requests, lost replies, requests applied twice, pauses,
+//! restarts, expired and stolen leases, and a server clock running faster
+//! than the client's. Each seed checks that every body ran inside its lease
+//! on the server's clock (a lease the schedule ended by force: inside the
+//! end it would have had), that no release freed a lease granted after it
+//! was sent, that no two holds overlapped where the kind forbids it, that
+//! fencing tokens rose, and that no caller waited past its wait plus a
 //! bound.
 //!
 //! `LOCK_SIM_SEED=<seed>` replays one seed; `LOCK_SIM_SEEDS=<n>` runs more.
@@ -75,11 +78,24 @@ async fn schedule(seed: u64, options: SimOptions) -> (SimControl, Tokens) {
         tokio::spawn(async move {
             for _ in 0..3 {
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..2_000))).await;
-                match rng.random_range(0..4) {
+                let key = format!("{}-k{}", ["rw", "p", "f", "x", "s"][rng.random_range(0..5)], rng.random_range(0..3));
+                match rng.random_range(0..9) {
                     0 => sim.pause(Duration::from_millis(rng.random_range(0..400))),
                     1 => sim.lose_replies(rng.random_range(1..3)),
                     2 => sim.fail_next(rng.random_range(1..3)),
-                    _ => sim.delay(Duration::from_millis(rng.random_range(0..30))),
+                    3 => sim.delay(Duration::from_millis(rng.random_range(0..30))),
+                    4 => sim.restart(Duration::from_millis(rng.random_range(0..300))),
+                    5 => sim.duplicate_next(rng.random_range(1..3)),
+                    6 => {
+                        sim.expire(&key);
+                    }
+                    // A thief takes an exclusive lock: only where the key
+                    // is one (a reader's or a permit's key taken as
+                    // exclusive is the caller's error).
+                    7 => sim.steal(&format!("{}-k{}", ["x", "f"][rng.random_range(0..2)], rng.random_range(0..3))),
+                    _ => {
+                        sim.expire(&format!("s-k{}#{}", rng.random_range(0..3), rng.random_range(0..2)));
+                    }
                 }
             }
         })
@@ -99,14 +115,19 @@ async fn one_call(
     who: (usize, usize, u32),
 ) {
     let n = rng.random_range(0..3_u32);
-    let kind = rng.random_range(0..6);
+    let kind = rng.random_range(0..7);
     // One kind per key: a key taken as two kinds is the caller's error.
-    let key = format!("{}-k{n}", ["rw", "rw", "p", "f", "x", "x"][kind]);
+    let key = format!("{}-k{n}", ["rw", "rw", "p", "f", "x", "x", "s"][kind]);
     let ttl = Duration::from_millis(rng.random_range(300..1_500));
     let wait = Duration::from_millis(rng.random_range(0..2_000));
     // Bodies from well inside the lease to several leases long (renewed).
     let body_for = Duration::from_millis(rng.random_range(0..3_000));
     let renew = rng.random_range(0..5) > 0;
+    // One call in eight is given up on by its caller (a timeout around it,
+    // a dropped future) at a moment drawn from the seed: mid-wait, mid-
+    // attempt or mid-body.
+    let give_up_after =
+        (rng.random_range(0..8) == 0).then(|| Duration::from_millis(rng.random_range(0..3_000)));
     let started = Instant::now();
     let began = Arc::new(Mutex::new(None::<Instant>));
     let body = {
@@ -125,7 +146,8 @@ async fn one_call(
         }
     };
     let request = client.lock(key.clone()).ttl(ttl).wait(wait).renew(renew);
-    let outcome = match kind {
+    let call = async {
+    match kind {
         0 => request.mode(LockMode::Read).run(body).await,
         1 => request.mode(LockMode::Write).run(body).await,
         2 => request.permits(2).run(body).await,
@@ -149,7 +171,7 @@ async fn one_call(
                 .await
                 .and_then(|inner| inner)
         }
-        _ => {
+        5 => {
             let other = format!("x-k{}", (n + 1) % 3);
             client
                 .lock_all([key.clone(), other])
@@ -159,6 +181,12 @@ async fn one_call(
                 .run(body)
                 .await
         }
+        _ => request.segments(2).run(body).await,
+    }
+    };
+    let outcome = match give_up_after {
+        Some(after) => tokio::time::timeout(after, call).await.unwrap_or(Ok(())),
+        None => call.await,
     };
     let waited = began.lock().expect("not poisoned").unwrap_or_else(Instant::now) - started;
     // A caller's wait ends with at most an attempt in flight (its command
@@ -486,5 +514,139 @@ fn with_client_runs_locked_functions_against_the_simulated_server() {
             .any(|e| e.key == "lock:{order:7}" && matches!(e.what, SimEventKind::Granted { .. }));
         assert!(granted, "the simulated server granted nothing");
         assert!(matches!(locked_step(7).await, Err(LockError::NotInitialized)));
+    });
+}
+
+/// A request keeps going once sent: an acquisition whose caller gave up
+/// (no reply within the command timeout: the server was paused) still
+/// lands when the server wakes, and the caller's drop must give it back,
+/// or the lock stays taken by nobody for the whole lease.
+#[test]
+fn an_acquisition_given_up_on_lands_and_is_given_back() {
+    runtime().block_on(async {
+        let (_, sim) = testing::simulated(11);
+        let impatient = sim.client_with(LockClient::builder().command_timeout(Duration::from_millis(100)));
+        sim.pause(Duration::from_secs(1));
+        let outcome = impatient.lock("k").ttl(Duration::from_secs(30)).acquire().await;
+        assert!(outcome.is_err(), "no reply while the server is paused: {outcome:?}");
+        // Past the pause, both the acquisition and its giving back land.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let history = sim.history();
+        let granted = history
+            .iter()
+            .position(|e| matches!(e.what, SimEventKind::Granted { .. }))
+            .expect("the acquisition landed after its caller gave up");
+        assert!(history[granted].at >= Duration::from_secs(1), "{history:?}");
+        assert!(
+            history[granted..]
+                .iter()
+                .any(|e| e.what == SimEventKind::Released && e.holder == history[granted].holder),
+            "the landed lease was not given back: {history:?}"
+        );
+        let rival = sim.client().lock("k").acquire().await;
+        assert!(rival.is_ok(), "the lock was left taken: {rival:?}");
+        sim.assert_leases_respected();
+    });
+}
+
+/// A release sent twice (a resent copy landing late) frees only the lease
+/// it was sent for, never the next holder's.
+#[test]
+fn a_release_landing_twice_frees_no_newer_lease() {
+    runtime().block_on(async {
+        let (first, sim) = testing::simulated(12);
+        let second = sim.client();
+        let guard = first.lock("k").acquire().await.expect("free");
+        sim.duplicate_next(1);
+        guard.release().await.expect("released");
+        let next = second.lock("k").acquire().await.expect("free again");
+        // Past the copy's landing.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            sim.history().iter().any(|e| e.what == SimEventKind::Duplicated),
+            "the release was not applied twice"
+        );
+        assert!(next.is_held());
+        let again = first.lock("k").acquire().await;
+        assert!(again.is_err(), "the copy freed the next holder's lease: {again:?}");
+        drop(next);
+        sim.assert_leases_respected();
+        sim.assert_no_overlap();
+    });
+}
+
+/// A server that restarts with its state (persisted) keeps a renewed
+/// lease: the renewals that meet it down are tried again after it is back,
+/// within the lease.
+#[test]
+fn a_restart_with_state_keeps_a_renewed_lease() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(13);
+        let guard = locks.lock("k").ttl(Duration::from_secs(3)).acquire().await.expect("free");
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        sim.restart(Duration::from_millis(500));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(guard.is_held(), "the lease was lost across a restart that kept it");
+        drop(guard);
+        sim.assert_leases_respected();
+    });
+}
+
+/// A server that comes back empty has forgotten the lease; another client
+/// can take the lock at once. The holder learns at its next renewal and
+/// its body is cancelled, before the end its lease would have had.
+#[test]
+fn a_restart_without_state_cancels_the_body_before_its_lease_would_end() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(14);
+        let ttl = Duration::from_secs(3);
+        let restart = {
+            let sim = sim.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                sim.restart_without_state(Duration::from_millis(200));
+                // The other replica gets the lock as soon as the server is back.
+                sim.client()
+                    .lock("job")
+                    .wait(Duration::from_secs(1))
+                    .acquire()
+                    .await
+                    .map(drop)
+            })
+        };
+        let outcome = locks.lock("job").ttl(ttl).run(std::future::pending::<()>()).await;
+        assert!(
+            matches!(outcome, Err(LockError::Lost { reason: LostReason::TakenOver | LostReason::Expired, .. })),
+            "{outcome:?}"
+        );
+        restart.await.expect("join").expect("the other replica got the lock");
+        assert!(
+            sim.history()
+                .iter()
+                .any(|e| e.what == SimEventKind::LostInRestart),
+            "the restart dropped no lease"
+        );
+        sim.assert_leases_respected();
+    });
+}
+
+/// A fixed lease lost in a restart without state: with no renewals the
+/// client cannot learn of the loss, and its body stops at its own
+/// deadline, inside the end the lease would have had.
+#[test]
+fn a_fixed_lease_lost_in_a_restart_ends_at_its_own_deadline() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(15);
+        let outcome = locks
+            .lock("fixed")
+            .ttl(Duration::from_secs(1))
+            .renew(false)
+            .run(async {
+                sim.restart_without_state(Duration::from_millis(10));
+                std::future::pending::<()>().await;
+            })
+            .await;
+        assert!(matches!(outcome, Err(LockError::Lost { reason: LostReason::LeaseEnded, .. })), "{outcome:?}");
+        sim.assert_leases_respected();
     });
 }

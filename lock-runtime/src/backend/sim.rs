@@ -3,7 +3,10 @@
 //! tests run on the paused clock, with a server clock that may run at
 //! another rate than the client's, and faults injected between the client
 //! and the server: delays, refused requests, requests applied whose reply
-//! is lost, pauses. Every random choice comes from one seed, and the
+//! is lost, requests applied twice, pauses, restarts with or without the
+//! server's state. A request once sent travels on its own: it lands even
+//! if its caller gave up on it (a command timeout, a dropped future), as on
+//! a real connection. Every random choice comes from one seed, and the
 //! server keeps a history of what it granted and when, on its own clock,
 //! against which the test kit checks the client's holds.
 
@@ -13,6 +16,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
@@ -35,6 +39,9 @@ pub(crate) struct RandomFaults {
     pub(crate) refused_per_mille: u32,
     /// Out of 1,000 requests, how many are applied and their reply lost.
     pub(crate) lost_reply_per_mille: u32,
+    /// Out of 1,000 requests, how many are applied a second time, a random
+    /// delay after the first (a copy sent again by a layer below).
+    pub(crate) duplicated_per_mille: u32,
 }
 
 /// One thing the server did, at its own clock's time since it started.
@@ -78,6 +85,16 @@ pub enum SimEventKind {
     ReplyLost,
     /// A request was refused unapplied.
     Refused,
+    /// A copy of a request already applied was applied again.
+    Duplicated,
+    /// The server restarted (`key` and `holder` are empty); with its
+    /// state, or without: every lease and fencing counter gone.
+    Restarted {
+        /// Whether the leases and counters survived.
+        state_kept: bool,
+    },
+    /// A lease the server lost in a restart without its state.
+    LostInRestart,
 }
 
 /// A lease as the server saw it: from its grant until it was released,
@@ -87,7 +104,9 @@ struct ServerLease {
     granted: Duration,
     expires: Duration,
     ended: Option<Duration>,
-    /// Ended by the test (`expire`, `steal`), not by the protocol.
+    /// Ended by the test (`expire`, `steal`, a restart without state), not
+    /// by the protocol: its holder must still stop by `expires`, the end
+    /// it would have had.
     forced: bool,
 }
 
@@ -125,11 +144,21 @@ struct World {
     slow_by: Duration,
     delay: Duration,
     paused_until: Option<Instant>,
+    /// Until when the server is down (restarting): requests are refused
+    /// as on a closed port.
+    down_until: Option<Instant>,
+    /// Counts restarts: a reply the server sent before one is lost with
+    /// its connection.
+    generation: u64,
+    dup_next: u32,
     history: Vec<SimEvent>,
     /// Every lease by (key, holder), the latest last.
     leases: BTreeMap<(String, String), Vec<ServerLease>>,
     holds: Vec<Hold>,
     thieves: u64,
+    /// Releases that freed a lease granted after they were sent: a late
+    /// or repeated release taking away a newer lease.
+    late_releases: Vec<String>,
 }
 
 impl World {
@@ -153,8 +182,9 @@ impl World {
     }
 
     /// Brings the lease ledger of (`key`, `holder`) up to what the lock
-    /// state says now, after an operation or a fault.
-    fn observe(&mut self, key: &str, holder: &str, released: bool) {
+    /// state says now, after an operation or a fault. `released`: the
+    /// operation was a release sent at that server time.
+    fn observe(&mut self, key: &str, holder: &str, released: Option<Duration>) {
         let (now, at) = self.server_now();
         let live = self
             .locks
@@ -182,7 +212,13 @@ impl World {
             }
             (None, Some(lease)) => {
                 lease.ended = Some(at);
-                released.then_some(SimEventKind::Released)
+                if let Some(sent) = released.filter(|sent| lease.granted > *sent) {
+                    let granted = lease.granted;
+                    self.late_releases.push(format!(
+                        "a release of `{key}` by {holder} sent at {sent:?} freed the lease granted at {granted:?}"
+                    ));
+                }
+                released.map(|_| SimEventKind::Released)
             }
             (None, None) => None,
         };
@@ -210,6 +246,15 @@ impl World {
         self.locks.forget(key);
         holders.into_iter().map(|(h, _)| h).collect()
     }
+
+    /// The lease a client's hold began in.
+    fn covering(&self, hold: &Hold) -> Option<&ServerLease> {
+        self.leases
+            .get(&(hold.key.clone(), hold.holder.clone()))?
+            .iter()
+            .rev()
+            .find(|l| l.granted <= hold.from && hold.from <= l.end())
+    }
 }
 
 /// The simulated server, shared by every client of one simulation.
@@ -219,11 +264,22 @@ pub(crate) struct SimServer {
 }
 
 /// What a request meets on its way, drawn when it is sent.
+#[derive(Clone, Copy)]
 struct Journey {
     there: Duration,
     back: Duration,
     refused: bool,
     reply_lost: bool,
+    /// Applied once more, this long after the first time.
+    again_after: Option<Duration>,
+}
+
+/// How a request ended at the server.
+enum Landing<T> {
+    Refused,
+    /// The server was down: the connection was refused or reset.
+    Down,
+    Applied(T),
 }
 
 impl SimServer {
@@ -241,10 +297,14 @@ impl SimServer {
                 slow_by: Duration::ZERO,
                 delay: Duration::ZERO,
                 paused_until: None,
+                down_until: None,
+                generation: 0,
+                dup_next: 0,
                 history: Vec::new(),
                 leases: BTreeMap::new(),
                 holds: Vec::new(),
                 thieves: 0,
+                late_releases: Vec::new(),
             }),
         })
     }
@@ -287,52 +347,126 @@ impl SimServer {
         } else {
             !refused && (refused_rate..refused_rate + lost_rate).contains(&draw)
         };
+        let duplicated = if !refused && w.dup_next > 0 {
+            w.dup_next -= 1;
+            true
+        } else {
+            let dup_rate = w.random.duplicated_per_mille;
+            !refused && dup_rate > 0 && w.rng.random_range(0..1000) < dup_rate
+        };
+        let again_after = duplicated.then(|| leg(&mut w) + leg(&mut w));
         Journey {
             there,
             back,
             refused,
             reply_lost,
+            again_after,
         }
     }
 
-    /// Sends a request: it travels, waits out a pause, is refused or
-    /// applied by `apply` (given the lock state and the server's instant),
-    /// and its reply travels back, or is lost.
-    async fn call<T>(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        apply: impl FnOnce(&mut World, Instant) -> Result<T, Failure>,
-    ) -> Result<T, Failure> {
+    /// Sends a request: it travels, waits out a pause or a restart, is
+    /// refused or applied by `apply` (given the lock state and the
+    /// server's instant), perhaps applied again later, and its reply
+    /// travels back, or is lost. The request travels on a task of its
+    /// own, so it lands whether or not its caller still waits.
+    async fn call<T, F>(self: &Arc<Self>, key: &LockKey, holder: &str, mut apply: F) -> Result<T, Failure>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut World, Instant, Duration) -> Result<T, Failure> + Send + 'static,
+    {
         let journey = self.journey();
-        tokio::time::sleep(journey.there).await;
-        loop {
-            let paused = self.world().paused_until.filter(|until| *until > Instant::now());
-            match paused {
-                Some(until) => tokio::time::sleep_until(until).await,
-                None => break,
-            }
-        }
-        let result = {
-            let mut w = self.world();
-            let (now, at) = w.server_now();
-            if journey.refused {
-                w.record(at, &key.redis_key, holder, SimEventKind::Refused);
-                None
-            } else {
-                let result = apply(&mut w, now);
-                if journey.reply_lost {
-                    w.record(at, &key.redis_key, holder, SimEventKind::ReplyLost);
-                }
-                Some(result)
-            }
+        let (sent, connection) = {
+            let w = self.world();
+            (w.server_now().1, w.generation)
         };
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let server = Arc::clone(self);
+        let (redis_key, who) = (key.redis_key.clone(), holder.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep(journey.there).await;
+            let landing = server
+                .land(&redis_key, &who, journey, connection, |w, now| apply(w, now, sent))
+                .await;
+            let Some(after) = journey.again_after.filter(|_| matches!(landing.0, Landing::Applied(_))) else {
+                let _ = reply_tx.send(landing);
+                return;
+            };
+            // The caller may be gone: the reply then goes nowhere.
+            let _ = reply_tx.send(landing);
+            tokio::time::sleep(after).await;
+            let copy = Journey {
+                refused: false,
+                reply_lost: false,
+                ..journey
+            };
+            server
+                .land(&redis_key, &who, copy, connection, |w, now| {
+                    let (_, at) = w.server_now();
+                    w.record(at, &redis_key, &who, SimEventKind::Duplicated);
+                    apply(w, now, sent)
+                })
+                .await;
+        });
+        let (landing, generation) = reply_rx
+            .await
+            .map_err(|_| transient(key, "the simulated request was dropped"))?;
         tokio::time::sleep(journey.back).await;
-        match result {
-            None => Err(transient(key, "the simulated server refused the request")),
-            Some(_) if journey.reply_lost => Err(transient(key, "the simulated server's reply was lost")),
-            Some(result) => result,
+        if self.world().generation != generation {
+            return Err(broken(key, "the simulated server restarted before its reply arrived"));
         }
+        match landing {
+            Landing::Refused => Err(transient(key, "the simulated server refused the request")),
+            Landing::Down => Err(broken(key, "the simulated server is restarting")),
+            Landing::Applied(_) if journey.reply_lost => Err(transient(key, "the simulated server's reply was lost")),
+            Landing::Applied(result) => result,
+        }
+    }
+
+    /// A request arrives: it waits out a pause, and is refused, turned
+    /// away by a server that is down or restarted since it was sent (its
+    /// connection is gone), or applied. With the server's generation when
+    /// it landed.
+    async fn land<T>(
+        &self,
+        redis_key: &str,
+        holder: &str,
+        journey: Journey,
+        connection: u64,
+        apply: impl FnOnce(&mut World, Instant) -> Result<T, Failure>,
+    ) -> (Landing<Result<T, Failure>>, u64) {
+        loop {
+            let (paused, down) = {
+                let w = self.world();
+                let now = Instant::now();
+                (
+                    w.paused_until.filter(|until| *until > now),
+                    w.down_until.is_some_and(|until| until > now),
+                )
+            };
+            match paused {
+                // A restart ends a pause: a request waiting it out meets
+                // the restarted server (down, then up).
+                Some(until) if !down => tokio::time::sleep_until(until).await,
+                _ => break,
+            }
+        }
+        let mut w = self.world();
+        let (now, at) = w.server_now();
+        let generation = w.generation;
+        let down = w.down_until.is_some_and(|until| until > Instant::now());
+        let landing = if down || w.generation != connection {
+            Landing::Down
+        } else if journey.refused {
+            w.record(at, redis_key, holder, SimEventKind::Refused);
+            Landing::Refused
+        } else {
+            let result = apply(&mut w, now);
+            if journey.reply_lost {
+                w.record(at, redis_key, holder, SimEventKind::ReplyLost);
+            }
+            Landing::Applied(result)
+        };
+        (landing, generation)
     }
 
     /// The client began holding `key` (its guard is in hand).
@@ -382,10 +516,45 @@ impl SimServer {
         self.world().delay = each_way;
     }
 
+    pub(crate) fn duplicate_next(&self, n: u32) {
+        self.world().dup_next += n;
+    }
+
     pub(crate) fn pause(&self, d: Duration) {
         let until = Instant::now() + d;
         let mut w = self.world();
         w.paused_until = Some(w.paused_until.map_or(until, |u| u.max(until)));
+    }
+
+    /// The server goes down now for `down`: requests in flight and replies
+    /// on their way are lost with their connections, requests sent
+    /// meanwhile are refused. Without `keep_state`, every lease and every
+    /// fencing counter is gone when it comes back (a Redis without
+    /// persistence); with it, they are as they were (on the server's
+    /// clock, which ran on).
+    pub(crate) fn restart(&self, down: Duration, keep_state: bool) {
+        let mut w = self.world();
+        let (_, at) = w.server_now();
+        w.generation += 1;
+        w.paused_until = None;
+        w.down_until = Some(Instant::now() + down);
+        w.record(at, "", "", SimEventKind::Restarted { state_kept: keep_state });
+        if !keep_state {
+            let keys: Vec<(String, String)> = w
+                .leases
+                .iter()
+                .filter(|(_, ls)| ls.last().is_some_and(|l| l.ended.is_none() && l.expires > at))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for (key, holder) in keys {
+                if let Some(lease) = w.leases.get_mut(&(key.clone(), holder.clone())).and_then(|l| l.last_mut()) {
+                    lease.ended = Some(at);
+                    lease.forced = true;
+                }
+                w.record(at, &key, &holder, SimEventKind::LostInRestart);
+            }
+            w.locks = State::default();
+        }
     }
 
     /// Drops every lease at `redis_key` now; the holders found.
@@ -409,7 +578,7 @@ impl SimServer {
         w.thieves += 1;
         let thief = format!("sim:thief:{}", w.thieves);
         w.locks.take_over(redis_key, &thief, now + left);
-        w.observe(redis_key, &thief, false);
+        w.observe(redis_key, &thief, None);
         w.holds.push(Hold {
             key: redis_key.to_owned(),
             holder: thief.clone(),
@@ -426,21 +595,18 @@ impl SimServer {
 
     /// Every client hold that was not inside a lease the server gave that
     /// holder, on the server's clock: a body that ran while its lock was
-    /// not its own. Holds past a lease the test ended by force are the
-    /// test's own doing and not counted.
+    /// not its own. A lease the test ended by force (expired, stolen, lost
+    /// in a restart) is judged by the end it would have had: its holder
+    /// learns of the loss at its next renewal at the earliest, and must
+    /// stop by its own deadline all the same. Then every release that
+    /// freed a lease granted after it was sent.
     pub(crate) fn holds_outside_leases(&self) -> Vec<String> {
         let w = self.world();
         let (_, now) = w.server_now();
-        let mut found = Vec::new();
+        let mut found = w.late_releases.clone();
         for hold in w.holds.iter().filter(|h| !h.holder.starts_with("sim:")) {
             let until = hold.until.unwrap_or(now);
-            let leases = w.leases.get(&(hold.key.clone(), hold.holder.clone()));
-            let covering = leases.and_then(|ls| {
-                ls.iter()
-                    .rev()
-                    .find(|l| l.granted <= hold.from && hold.from <= l.end())
-            });
-            match covering {
+            match w.covering(hold) {
                 None => found.push(format!(
                     "{} held `{}` from {:?} without a lease",
                     hold.holder, hold.key, hold.from
@@ -452,6 +618,14 @@ impl SimServer {
                     until,
                     lease.end()
                 )),
+                Some(lease) if until > lease.expires && lease.forced => found.push(format!(
+                    "{} held `{}` until {:?}, past the end its lease would have had at {:?} (server clock; the test ended it at {:?})",
+                    hold.holder,
+                    hold.key,
+                    until,
+                    lease.expires,
+                    lease.end()
+                )),
                 Some(_) => {}
             }
         }
@@ -459,13 +633,18 @@ impl SimServer {
     }
 
     /// Every pair of holds of one lock that overlapped where its kind
-    /// allows no overlap, on the server's clock.
+    /// allows no overlap, on the server's clock. A hold whose lease the
+    /// test ended by force is not counted: it may run on until its holder's
+    /// next renewal, and [`Self::holds_outside_leases`] judges it.
     pub(crate) fn overlaps(&self) -> Vec<String> {
         let w = self.world();
         let (_, now) = w.server_now();
         let mut by_key: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
         for hold in &w.holds {
-            by_key.entry(hold.key.as_str()).or_default().push(hold);
+            let forced = w.covering(hold).is_some_and(|lease| lease.forced);
+            if !forced {
+                by_key.entry(hold.key.as_str()).or_default().push(hold);
+            }
         }
         let mut found = Vec::new();
         for (key, holds) in by_key {
@@ -518,10 +697,65 @@ fn transient(key: &LockKey, why: &str) -> Failure {
     }
 }
 
+/// A connection that broke: the client reconnects, and may try at once.
+fn broken(key: &LockKey, why: &str) -> Failure {
+    Failure {
+        reconnecting: true,
+        ..transient(key, why)
+    }
+}
+
 /// One client's view of a simulated server.
 #[derive(Debug, Clone)]
 pub(crate) struct SimBackend {
     pub(crate) server: Arc<SimServer>,
+}
+
+/// An acquisition request as it travels: owned, since it may land after
+/// its caller gave up on it.
+struct SentAcquire {
+    key: LockKey,
+    holder: String,
+    kind: Kind,
+    also: Vec<LockKey>,
+    ttl: Duration,
+    waiter_timeout: Duration,
+    fencing: bool,
+    first: bool,
+    waiting: bool,
+    renew: bool,
+}
+
+impl SentAcquire {
+    fn new(req: &AcquireRequest<'_>) -> Self {
+        SentAcquire {
+            key: req.key.clone(),
+            holder: req.holder.to_owned(),
+            kind: req.kind,
+            also: req.also.to_vec(),
+            ttl: req.ttl,
+            waiter_timeout: req.waiter_timeout,
+            fencing: req.fencing,
+            first: req.first,
+            waiting: req.waiting,
+            renew: req.renew,
+        }
+    }
+
+    fn request(&self) -> AcquireRequest<'_> {
+        AcquireRequest {
+            key: &self.key,
+            holder: &self.holder,
+            kind: self.kind,
+            also: &self.also,
+            ttl: self.ttl,
+            waiter_timeout: self.waiter_timeout,
+            fencing: self.fencing,
+            first: self.first,
+            waiting: self.waiting,
+            renew: self.renew,
+        }
+    }
 }
 
 /// The keys a granted acquisition holds leases at.
@@ -542,12 +776,14 @@ fn granted_keys(req: &AcquireRequest<'_>, reply: &AcquireReply) -> Vec<String> {
 
 impl Backend for SimBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
+        let sent = SentAcquire::new(req);
         self.server
-            .call(req.key, req.holder, |w, now| {
-                let reply = w.locks.acquire(req, now)?;
+            .call(req.key, req.holder, move |w, now, _| {
+                let req = sent.request();
+                let reply = w.locks.acquire(&req, now)?;
                 if matches!(reply, AcquireReply::Acquired { .. }) {
-                    for key in granted_keys(req, &reply) {
-                        w.observe(&key, req.holder, false);
+                    for key in granted_keys(&req, &reply) {
+                        w.observe(&key, req.holder, None);
                     }
                 }
                 Ok(reply)
@@ -556,10 +792,11 @@ impl Backend for SimBackend {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        let (owned_key, owned_holder) = (key.clone(), holder.to_owned());
         self.server
-            .call(key, holder, |w, now| {
-                let released = w.locks.release_key(key, holder, now);
-                w.observe(&key.redis_key, holder, true);
+            .call(key, holder, move |w, now, sent| {
+                let released = w.locks.release_key(&owned_key, &owned_holder, now);
+                w.observe(&owned_key.redis_key, &owned_holder, Some(sent));
                 Ok(released)
             })
             .await
@@ -569,11 +806,12 @@ impl Backend for SimBackend {
         let Some(first) = keys.first() else {
             return Ok(false);
         };
+        let (keys, owned_holder) = (keys.to_vec(), holder.to_owned());
         self.server
-            .call(first, holder, |w, now| {
-                let released = w.locks.release_many(keys, holder, now);
-                for key in keys {
-                    w.observe(&key.redis_key, holder, true);
+            .call(first, holder, move |w, now, sent| {
+                let released = w.locks.release_many(&keys, &owned_holder, now);
+                for key in &keys {
+                    w.observe(&key.redis_key, &owned_holder, Some(sent));
                 }
                 Ok(released)
             })
@@ -581,11 +819,12 @@ impl Backend for SimBackend {
     }
 
     async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
+        let (owned_key, owned_holder) = (key.clone(), holder.to_owned());
         self.server
-            .call(key, holder, |w, now| {
-                let released = w.locks.release_segments(key, count, holder, now);
-                for segment in key.segment_keys(count) {
-                    w.observe(&segment, holder, true);
+            .call(key, holder, move |w, now, sent| {
+                let released = w.locks.release_segments(&owned_key, count, &owned_holder, now);
+                for segment in owned_key.segment_keys(count) {
+                    w.observe(&segment, &owned_holder, Some(sent));
                 }
                 Ok(released)
             })
@@ -599,10 +838,11 @@ impl Backend for SimBackend {
         ttl: Duration,
         extend_only: bool,
     ) -> Result<bool, Failure> {
+        let (owned_key, owned_holder) = (key.clone(), holder.to_owned());
         self.server
-            .call(key, holder, |w, now| {
-                let renewed = w.locks.renew_key(key, holder, ttl, extend_only, now);
-                w.observe(&key.redis_key, holder, false);
+            .call(key, holder, move |w, now, _| {
+                let renewed = w.locks.renew_key(&owned_key, &owned_holder, ttl, extend_only, now);
+                w.observe(&owned_key.redis_key, &owned_holder, None);
                 Ok(renewed)
             })
             .await
@@ -612,14 +852,92 @@ impl Backend for SimBackend {
         let Some(first) = items.first() else {
             return Ok(Vec::new());
         };
+        let owned: Vec<(LockKey, String, Duration)> = items
+            .iter()
+            .map(|item| (item.key.clone(), item.holder.to_owned(), item.ttl))
+            .collect();
         self.server
-            .call(first.key, first.holder, |w, now| {
-                let renewals = w.locks.renew_many(items, now);
-                for item in items {
-                    w.observe(&item.key.redis_key, item.holder, false);
+            .call(first.key, first.holder, move |w, now, _| {
+                let items: Vec<RenewItem<'_>> = owned
+                    .iter()
+                    .map(|(key, holder, ttl)| RenewItem { key, holder, ttl: *ttl })
+                    .collect();
+                let renewals = w.locks.renew_many(&items, now);
+                for (key, holder, _) in &owned {
+                    w.observe(&key.redis_key, holder, None);
                 }
                 Ok(renewals)
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request<'a>(key: &'a LockKey, holder: &'a str) -> AcquireRequest<'a> {
+        AcquireRequest {
+            key,
+            holder,
+            kind: Kind::Exclusive,
+            also: &[],
+            ttl: Duration::from_secs(1),
+            waiter_timeout: Duration::from_secs(1),
+            fencing: false,
+            first: true,
+            waiting: false,
+            renew: true,
+        }
+    }
+
+    fn backend() -> SimBackend {
+        SimBackend {
+            server: SimServer::new(1, 0, RandomFaults::default()),
+        }
+    }
+
+    /// The checks the simulation relies on catch what they are for: a hold
+    /// past the natural end of a lease the test ended, and a release that
+    /// freed a lease granted after it was sent.
+    #[tokio::test(start_paused = true)]
+    async fn the_checks_catch_a_hold_past_a_forced_lease_and_a_late_release() {
+        let sim = backend();
+        let key = LockKey::new("lock:", "k".to_owned()).expect("a key");
+        sim.acquire(&request(&key, "a")).await.expect("granted");
+        sim.server.hold_began(&key, "a", Kind::Exclusive);
+        sim.server.restart(Duration::from_millis(1), false);
+        tokio::time::sleep(Duration::from_millis(999)).await;
+        sim.server.hold_ended(&key, "a");
+        assert_eq!(sim.server.holds_outside_leases(), Vec::<String>::new());
+
+        sim.acquire(&request(&key, "b")).await.expect("granted");
+        sim.server.hold_began(&key, "b", Kind::Exclusive);
+        sim.server.restart(Duration::from_millis(1), false);
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        sim.server.hold_ended(&key, "b");
+        let found = sim.server.holds_outside_leases();
+        assert!(
+            found.len() == 1 && found[0].contains("would have had"),
+            "{found:?}"
+        );
+
+        // A release of `c` delayed past `c`'s next grant frees that grant.
+        let late = backend();
+        late.acquire(&request(&key, "c")).await.expect("granted");
+        late.server.slow_next(1, Duration::from_millis(100));
+        let release = {
+            let (late, key) = (late.clone(), key.clone());
+            tokio::spawn(async move { late.release(&key, "c").await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        late.server.expire(&key.redis_key);
+        late.acquire(&request(&key, "c")).await.expect("granted again");
+        release.await.expect("join").expect("released");
+        let found = late.server.holds_outside_leases();
+        assert!(
+            found.iter().any(|f| f.contains("freed the lease granted")),
+            "{found:?}"
+        );
     }
 }
