@@ -77,9 +77,9 @@ impl SimOptions {
         self
     }
 
-    /// Out of 1,000 requests, this many are applied twice: a copy lands a
-    /// random delay after the first (a driver's resend), its reply
-    /// unread.
+    /// Out of 1,000 requests, this many are applied twice: a copy lands
+    /// after the first and before the reply reaches the caller (a driver's
+    /// resend on its connection), its reply unread.
     pub fn random_duplicates(mut self, per_mille: u32) -> Self {
         self.faults.duplicated_per_mille = per_mille.min(1000);
         self
@@ -173,8 +173,9 @@ impl SimControl {
         self.server.slow_next(n, by);
     }
 
-    /// The next `n` requests that land are applied once more a little
-    /// later, as a resent copy would be; the copies' replies go nowhere.
+    /// The next `n` requests that land are applied once more before their
+    /// replies reach their callers, as a driver's resent copy would be;
+    /// the copies' replies go nowhere.
     pub fn duplicate_next(&self, n: u32) {
         self.server.duplicate_next(n);
     }
@@ -242,7 +243,7 @@ impl SimControl {
     /// [`steal`](Self::steal), [`restart_without_state`](Self::restart_without_state))
     /// is judged by the end it would have had: its holder must have
     /// stopped by then. Also panics if a release (late, or sent twice)
-    /// freed a lease granted after it was sent.
+    /// freed a lease asked for after it was sent.
     pub fn assert_leases_respected(&self) {
         let found = self.server.holds_outside_leases();
         assert!(

@@ -5,7 +5,7 @@
 //! restarts, expired and stolen leases, and a server clock running faster
 //! than the client's. Each seed checks that every body ran inside its lease
 //! on the server's clock (a lease the schedule ended by force: inside the
-//! end it would have had), that no release freed a lease granted after it
+//! end it would have had), that no release freed a lease asked for after it
 //! was sent, that no two holds overlapped where the kind forbids it, that
 //! fencing tokens rose, and that no caller waited past its wait plus a
 //! bound.
@@ -78,7 +78,11 @@ async fn schedule(seed: u64, options: SimOptions) -> (SimControl, Tokens) {
         tokio::spawn(async move {
             for _ in 0..3 {
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..2_000))).await;
-                let key = format!("{}-k{}", ["rw", "p", "f", "x", "s"][rng.random_range(0..5)], rng.random_range(0..3));
+                let key = format!(
+                    "{}-k{}",
+                    ["rw", "p", "f", "x", "s"][rng.random_range(0..5)],
+                    rng.random_range(0..3)
+                );
                 match rng.random_range(0..9) {
                     0 => sim.pause(Duration::from_millis(rng.random_range(0..400))),
                     1 => sim.lose_replies(rng.random_range(1..3)),
@@ -92,9 +96,17 @@ async fn schedule(seed: u64, options: SimOptions) -> (SimControl, Tokens) {
                     // A thief takes an exclusive lock: only where the key
                     // is one (a reader's or a permit's key taken as
                     // exclusive is the caller's error).
-                    7 => sim.steal(&format!("{}-k{}", ["x", "f"][rng.random_range(0..2)], rng.random_range(0..3))),
+                    7 => sim.steal(&format!(
+                        "{}-k{}",
+                        ["x", "f"][rng.random_range(0..2)],
+                        rng.random_range(0..3)
+                    )),
                     _ => {
-                        sim.expire(&format!("s-k{}#{}", rng.random_range(0..3), rng.random_range(0..2)));
+                        sim.expire(&format!(
+                            "s-k{}#{}",
+                            rng.random_range(0..3),
+                            rng.random_range(0..2)
+                        ));
                     }
                 }
             }
@@ -147,42 +159,42 @@ async fn one_call(
     };
     let request = client.lock(key.clone()).ttl(ttl).wait(wait).renew(renew);
     let call = async {
-    match kind {
-        0 => request.mode(LockMode::Read).run(body).await,
-        1 => request.mode(LockMode::Write).run(body).await,
-        2 => request.permits(2).run(body).await,
-        3 => request.fair(true).fencing(true).run(body).await,
-        4 => {
-            // Nested: the inner call re-enters the outer one's lease. Half
-            // the time it asks for a longer lease than the outer one's: an
-            // extension, racing the watchdog's renewals.
-            let (client, inner_key) = (client.clone(), key.clone());
-            let inner_ttl = if rng.random() {
-                Duration::from_secs(30)
-            } else {
-                ttl
-            };
-            request
-                .fencing(true)
-                .run(async move {
-                    assert_locked!(&inner_key);
-                    client.lock(inner_key).ttl(inner_ttl).run(body).await
-                })
-                .await
-                .and_then(|inner| inner)
+        match kind {
+            0 => request.mode(LockMode::Read).run(body).await,
+            1 => request.mode(LockMode::Write).run(body).await,
+            2 => request.permits(2).run(body).await,
+            3 => request.fair(true).fencing(true).run(body).await,
+            4 => {
+                // Nested: the inner call re-enters the outer one's lease. Half
+                // the time it asks for a longer lease than the outer one's: an
+                // extension, racing the watchdog's renewals.
+                let (client, inner_key) = (client.clone(), key.clone());
+                let inner_ttl = if rng.random() {
+                    Duration::from_secs(30)
+                } else {
+                    ttl
+                };
+                request
+                    .fencing(true)
+                    .run(async move {
+                        assert_locked!(&inner_key);
+                        client.lock(inner_key).ttl(inner_ttl).run(body).await
+                    })
+                    .await
+                    .and_then(|inner| inner)
+            }
+            5 => {
+                let other = format!("x-k{}", (n + 1) % 3);
+                client
+                    .lock_all([key.clone(), other])
+                    .ttl(ttl)
+                    .wait(wait)
+                    .renew(renew)
+                    .run(body)
+                    .await
+            }
+            _ => request.segments(2).run(body).await,
         }
-        5 => {
-            let other = format!("x-k{}", (n + 1) % 3);
-            client
-                .lock_all([key.clone(), other])
-                .ttl(ttl)
-                .wait(wait)
-                .renew(renew)
-                .run(body)
-                .await
-        }
-        _ => request.segments(2).run(body).await,
-    }
     };
     let outcome = match give_up_after {
         Some(after) => tokio::time::timeout(after, call).await.unwrap_or(Ok(())),
@@ -236,6 +248,7 @@ fn faulty() -> SimOptions {
         .random_delay(Duration::from_millis(20))
         .random_refusals(20)
         .random_lost_replies(20)
+        .random_duplicates(10)
 }
 
 #[test]
@@ -528,7 +541,10 @@ fn an_acquisition_given_up_on_lands_and_is_given_back() {
         let impatient = sim.client_with(LockClient::builder().command_timeout(Duration::from_millis(100)));
         sim.pause(Duration::from_secs(1));
         let outcome = impatient.lock("k").ttl(Duration::from_secs(30)).acquire().await;
-        assert!(outcome.is_err(), "no reply while the server is paused: {outcome:?}");
+        assert!(
+            outcome.is_err(),
+            "no reply while the server is paused: {outcome:?}"
+        );
         // Past the pause, both the acquisition and its giving back land.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let history = sim.history();
@@ -568,7 +584,10 @@ fn a_release_landing_twice_frees_no_newer_lease() {
         );
         assert!(next.is_held());
         let again = first.lock("k").acquire().await;
-        assert!(again.is_err(), "the copy freed the next holder's lease: {again:?}");
+        assert!(
+            again.is_err(),
+            "the copy freed the next holder's lease: {again:?}"
+        );
         drop(next);
         sim.assert_leases_respected();
         sim.assert_no_overlap();
@@ -582,11 +601,19 @@ fn a_release_landing_twice_frees_no_newer_lease() {
 fn a_restart_with_state_keeps_a_renewed_lease() {
     runtime().block_on(async {
         let (locks, sim) = testing::simulated(13);
-        let guard = locks.lock("k").ttl(Duration::from_secs(3)).acquire().await.expect("free");
+        let guard = locks
+            .lock("k")
+            .ttl(Duration::from_secs(3))
+            .acquire()
+            .await
+            .expect("free");
         tokio::time::sleep(Duration::from_millis(900)).await;
         sim.restart(Duration::from_millis(500));
         tokio::time::sleep(Duration::from_secs(10)).await;
-        assert!(guard.is_held(), "the lease was lost across a restart that kept it");
+        assert!(
+            guard.is_held(),
+            "the lease was lost across a restart that kept it"
+        );
         drop(guard);
         sim.assert_leases_respected();
     });
@@ -616,10 +643,19 @@ fn a_restart_without_state_cancels_the_body_before_its_lease_would_end() {
         };
         let outcome = locks.lock("job").ttl(ttl).run(std::future::pending::<()>()).await;
         assert!(
-            matches!(outcome, Err(LockError::Lost { reason: LostReason::TakenOver | LostReason::Expired, .. })),
+            matches!(
+                outcome,
+                Err(LockError::Lost {
+                    reason: LostReason::TakenOver | LostReason::Expired,
+                    ..
+                })
+            ),
             "{outcome:?}"
         );
-        restart.await.expect("join").expect("the other replica got the lock");
+        restart
+            .await
+            .expect("join")
+            .expect("the other replica got the lock");
         assert!(
             sim.history()
                 .iter()
@@ -646,7 +682,16 @@ fn a_fixed_lease_lost_in_a_restart_ends_at_its_own_deadline() {
                 std::future::pending::<()>().await;
             })
             .await;
-        assert!(matches!(outcome, Err(LockError::Lost { reason: LostReason::LeaseEnded, .. })), "{outcome:?}");
+        assert!(
+            matches!(
+                outcome,
+                Err(LockError::Lost {
+                    reason: LostReason::LeaseEnded,
+                    ..
+                })
+            ),
+            "{outcome:?}"
+        );
         sim.assert_leases_respected();
     });
 }
