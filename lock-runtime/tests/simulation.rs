@@ -1,6 +1,6 @@
 //! The runtime against a simulated server (`testing`), on a paused clock,
 //! over thousands of seeded schedules: clients and tasks taking every kind
-//! of lock, nested and all at once, some given up on mid-call, with random
+//! of lock, nested, handed between a client's tasks and all at once, some given up on mid-call, with random
 //! delays, refused requests, lost replies, requests applied twice, pauses,
 //! restarts, expired and stolen leases, and a server clock running faster
 //! than the client's. Each seed checks that every body ran inside its lease
@@ -693,5 +693,57 @@ fn a_fixed_lease_lost_in_a_restart_ends_at_its_own_deadline() {
             "{outcome:?}"
         );
         sim.assert_leases_respected();
+    });
+}
+
+/// Whether the history shows a handoff on `key`: one holder's lease ended
+/// and another's began in the same call.
+fn handed_over(history: &[testing::SimEvent], key: &str) -> bool {
+    history.windows(2).any(|w| {
+        w[0].key == key
+            && w[1].key == key
+            && w[0].at == w[1].at
+            && w[0].what == SimEventKind::Released
+            && matches!(w[1].what, SimEventKind::Granted { .. })
+    })
+}
+
+/// A same-client handoff whose waiter goes away while the handoff is on
+/// its way: the lock it was handed is given back, so another client gets
+/// it at once rather than after the lease.
+#[test]
+fn a_handoff_to_a_waiter_that_went_is_given_back() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(16);
+        let guard = locks.lock("x").acquire().await.expect("free");
+        let waiter = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                locks
+                    .lock("x")
+                    .wait(Duration::from_secs(5))
+                    .acquire()
+                    .await
+                    .map(drop)
+            })
+        };
+        // The waiter found the lock held and left its offer.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        sim.delay_next(1, Duration::from_millis(100));
+        drop(guard);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waiter.abort();
+        let _ = waiter.await;
+        let rival = sim
+            .client()
+            .lock("x")
+            .wait(Duration::from_secs(1))
+            .acquire()
+            .await;
+        assert!(rival.is_ok(), "the handed lock was not given back: {rival:?}");
+        assert!(handed_over(&sim.history(), "lock:{x}"), "{:?}", sim.history());
+        drop(rival);
+        sim.assert_leases_respected();
+        sim.assert_no_overlap();
     });
 }

@@ -153,6 +153,8 @@ impl AnyBackend {
             AnyBackend::Redlock(b) => b.hands_over(),
             #[cfg(feature = "postgres")]
             AnyBackend::Postgres(_) => true,
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(_) => true,
             _ => false,
         }
     }
@@ -180,6 +182,8 @@ impl AnyBackend {
             AnyBackend::Redlock(b) => Box::pin(b.hand_over(key, from, to, ttl, fencing)).await,
             #[cfg(feature = "postgres")]
             AnyBackend::Postgres(b) => Box::pin(b.hand_over(key, from, to, ttl, fencing)).await,
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(b) => Box::pin(b.hand_over(key, from, to, ttl, fencing)).await,
             // Never offered: `hands_over` is false here.
             _ => Ok(HandOver::NotHeld),
         }

@@ -1,5 +1,6 @@
 //! A lock server simulated in this process (`testing`): the in-process
-//! backend's semantics (every kind, fencing), on tokio's clock so that
+//! backend's semantics (every kind, fencing, same-client handoff), on
+//! tokio's clock so that
 //! tests run on the paused clock, with a server clock that may run at
 //! another rate than the client's, and faults injected between the client
 //! and the server: delays, refused requests, requests applied whose reply
@@ -19,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal};
 use super::memory::State;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -828,6 +829,34 @@ fn granted_keys(req: &AcquireRequest<'_>, reply: &AcquireReply) -> Vec<String> {
             .chain(req.also)
             .map(|k| k.redis_key.clone())
             .collect(),
+    }
+}
+
+impl SimBackend {
+    /// Gives the exclusive lock `key` from `from` to `to`, with a lease of
+    /// `ttl` from when it lands, if `from` still has it: a same-client
+    /// handoff, as Redis's `hand_over.lua` or PostgreSQL's `UPDATE` does it.
+    pub(crate) async fn hand_over(
+        &self,
+        key: &LockKey,
+        from: &str,
+        to: &str,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<HandOver, Failure> {
+        let (owned_key, giver, taker) = (key.redis_key.clone(), from.to_owned(), to.to_owned());
+        self.server
+            .call(key, from, move |w, now, sent| {
+                let Some(token) = w.locks.hand_over(&owned_key, &giver, &taker, now + ttl, now) else {
+                    return Ok(HandOver::NotHeld);
+                };
+                w.observe(&owned_key, &giver, Op::Release { sent });
+                w.observe(&owned_key, &taker, Op::Acquire { sent });
+                Ok(HandOver::Handed {
+                    token: fencing.then_some(token),
+                })
+            })
+            .await
     }
 }
 

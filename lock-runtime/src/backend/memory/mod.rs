@@ -524,6 +524,26 @@ impl State {
         );
         self.next_token(format!("{redis_key}:fence"))
     }
+
+    /// Gives the exclusive lock at `redis_key` from `from`, if its lease
+    /// is still `from`'s, to `to` until `expires`: a handoff. The fencing
+    /// token `to` gets, or `None` if `from` no longer had it.
+    #[cfg(feature = "testing")]
+    pub(crate) fn hand_over(
+        &mut self,
+        redis_key: &str,
+        from: &str,
+        to: &str,
+        expires: Instant,
+        now: Instant,
+    ) -> Option<u64> {
+        match self.held.get(redis_key) {
+            Some(Entry::Exclusive(lease)) if lease.holder == from && lease.expires > now => {
+                Some(self.take_over(redis_key, to, expires))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl MemoryBackend {
