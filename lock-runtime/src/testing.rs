@@ -151,7 +151,10 @@ impl SimControl {
 
     /// Another holder takes the lock `key` over now, for what was left of
     /// the lease it replaces (30 s if it was free), with the next fencing
-    /// token: its holder finds out at its next renewal.
+    /// token: its holder finds out at its next renewal. The thief holds it
+    /// as an exclusive lock: a read-write lock's or a semaphore's key taken
+    /// over this way refuses its other clients (`KeyConflict`) until the
+    /// thief's lease ends.
     pub fn steal(&self, key: &str) {
         self.server.steal(&stored(key), Duration::from_secs(30));
     }
@@ -255,11 +258,18 @@ impl SimControl {
     }
 }
 
-/// The key as the simulated server stores it, with the default prefix.
+/// The key as the simulated server stores it, with the default prefix; a
+/// segment `K#i` is stored as the segment of `K`'s key (`lock:{K}#i`).
 fn stored(key: &str) -> String {
-    LockKey::new(&crate::config::ClientConfig::default().prefix, key.to_owned())
-        .map(|k| k.redis_key)
-        .unwrap_or_else(|_| key.to_owned())
+    let prefix = crate::config::ClientConfig::default().prefix;
+    let segment = key
+        .rsplit_once('#')
+        .and_then(|(base, i)| Some((base, i.parse::<u32>().ok()?)));
+    let found = match segment {
+        Some((base, i)) => LockKey::new(&prefix, base.to_owned()).map(|k| k.segment(i)),
+        None => LockKey::new(&prefix, key.to_owned()),
+    };
+    found.map(|k| k.redis_key).unwrap_or_else(|_| key.to_owned())
 }
 
 /// Runs `fut` with `client` as the client of the `#[distributed_lock]`

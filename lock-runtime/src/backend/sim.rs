@@ -259,6 +259,19 @@ impl World {
         holders.into_iter().map(|(h, _)| h).collect()
     }
 
+    /// Whether the server is paused or down at `now`.
+    fn unavailable(&self, now: Instant) -> bool {
+        self.paused_until.is_some_and(|until| until > now) || self.down_until.is_some_and(|until| until > now)
+    }
+
+    /// The server's time for judging holds still open: its clock now, and
+    /// never before the last thing it recorded (a check run after the
+    /// runtime that moved the paused clock has ended sees the real clock).
+    fn judged_now(&self) -> Duration {
+        let last = self.history.last().map_or(Duration::ZERO, |e| e.at);
+        self.server_now().1.max(last)
+    }
+
     /// The lease a client's hold began in. A lease the test ended may end
     /// while its grant's reply is on its way: the hold that begins after
     /// is still in it, up to the end it would have had.
@@ -441,6 +454,12 @@ impl SimServer {
                 reply_lost: false,
                 ..journey
             };
+            // A resend goes with its connection: to a server that stopped
+            // answering meanwhile, it is not sent (else it could land after
+            // the caller's next request).
+            if server.world().unavailable(Instant::now()) {
+                return;
+            }
             server
                 .land(&redis_key, &who, copy, connection, |w, now| {
                     let (_, at) = w.server_now();
@@ -555,7 +574,7 @@ impl SimServer {
 
     pub(crate) fn slow_next(&self, n: u32, by: Duration) {
         let mut w = self.world();
-        w.slow_next = n;
+        w.slow_next += n;
         w.slow_by = by;
     }
 
@@ -660,7 +679,7 @@ impl SimServer {
     /// freed a lease asked for after it was sent.
     pub(crate) fn holds_outside_leases(&self) -> Vec<String> {
         let w = self.world();
-        let (_, now) = w.server_now();
+        let now = w.judged_now();
         let mut found = w.late_releases.clone();
         for hold in w.holds.iter().filter(|h| !h.holder.starts_with("sim:")) {
             let until = hold.until.unwrap_or(now);
@@ -692,16 +711,22 @@ impl SimServer {
 
     /// Every pair of holds of one lock that overlapped where its kind
     /// allows no overlap, on the server's clock. A hold whose lease the
-    /// test ended by force is not counted: it may run on until its holder's
-    /// next renewal, and [`Self::holds_outside_leases`] judges it.
+    /// test ended by force counts only until that end: after it, the hold
+    /// may run on until its holder's next renewal, and
+    /// [`Self::holds_outside_leases`] judges it.
     pub(crate) fn overlaps(&self) -> Vec<String> {
         let w = self.world();
-        let (_, now) = w.server_now();
-        let mut by_key: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
+        let now = w.judged_now();
+        let mut by_key: BTreeMap<&str, Vec<Hold>> = BTreeMap::new();
         for hold in &w.holds {
-            let forced = w.covering(hold).is_some_and(|lease| lease.forced);
-            if !forced {
-                by_key.entry(hold.key.as_str()).or_default().push(hold);
+            let mut counted = hold.clone();
+            let until = hold.until.unwrap_or(now);
+            counted.until = Some(match w.covering(hold) {
+                Some(lease) if lease.forced => until.min(lease.end()),
+                _ => until,
+            });
+            if counted.until.is_some_and(|until| until > counted.from) {
+                by_key.entry(hold.key.as_str()).or_default().push(counted);
             }
         }
         let mut found = Vec::new();
