@@ -119,7 +119,8 @@ async fn schedule(seed: u64, options: SimOptions) -> (SimControl, Tokens) {
         })
     };
     for task in tasks {
-        task.await.unwrap_or_else(|e| panic!("seed {seed}: a task panicked: {e}"));
+        task.await
+            .unwrap_or_else(|e| panic!("seed {seed}: a task panicked: {e}"));
     }
     faults.await.expect("faults");
     // Let the releases that dropped guards spawned land, so that the checks
@@ -240,7 +241,12 @@ fn check(sim: &SimControl, tokens: &Tokens) {
     let forced: Vec<String> = sim
         .history()
         .iter()
-        .filter(|e| matches!(e.what, SimEventKind::Expired | SimEventKind::Stolen | SimEventKind::LostInRestart))
+        .filter(|e| {
+            matches!(
+                e.what,
+                SimEventKind::Expired | SimEventKind::Stolen | SimEventKind::LostInRestart
+            )
+        })
         .map(|e| e.key.clone())
         .collect();
     for (key, seen) in tokens.lock().expect("not poisoned").iter() {
@@ -610,7 +616,12 @@ fn an_acquisition_applied_twice_is_freed_by_one_release() {
     runtime().block_on(async {
         let (first, sim) = testing::simulated(12);
         sim.duplicate_next(1);
-        let guard = first.lock("k").ttl(Duration::from_secs(30)).acquire().await.expect("free");
+        let guard = first
+            .lock("k")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .expect("free");
         assert!(
             sim.history().iter().any(|e| e.what == SimEventKind::Duplicated),
             "the acquisition was not applied twice"

@@ -439,34 +439,33 @@ impl SimServer {
                     apply(w, now, sent)
                 })
                 .await;
-            let Some(after) = journey
+            if let Some(after) = journey
                 .again_after
                 .filter(|_| matches!(landing.0, Landing::Applied(_)))
-            else {
-                let _ = reply_tx.send(landing);
-                return;
-            };
+            {
+                // The copy lands before the reply starts back, so that the
+                // caller's next request (and its timer, which counts whole
+                // milliseconds) cannot come first. A resend goes with its
+                // connection: to a server that stopped answering
+                // meanwhile, it is not sent.
+                tokio::time::sleep(after).await;
+                let copy = Journey {
+                    refused: false,
+                    reply_lost: false,
+                    ..journey
+                };
+                if !server.world().unavailable(Instant::now()) {
+                    server
+                        .land(&redis_key, &who, copy, connection, |w, now| {
+                            let (_, at) = w.server_now();
+                            w.record(at, &redis_key, &who, SimEventKind::Duplicated);
+                            apply(w, now, sent)
+                        })
+                        .await;
+                }
+            }
             // The caller may be gone: the reply then goes nowhere.
             let _ = reply_tx.send(landing);
-            tokio::time::sleep(after).await;
-            let copy = Journey {
-                refused: false,
-                reply_lost: false,
-                ..journey
-            };
-            // A resend goes with its connection: to a server that stopped
-            // answering meanwhile, it is not sent (else it could land after
-            // the caller's next request).
-            if server.world().unavailable(Instant::now()) {
-                return;
-            }
-            server
-                .land(&redis_key, &who, copy, connection, |w, now| {
-                    let (_, at) = w.server_now();
-                    w.record(at, &redis_key, &who, SimEventKind::Duplicated);
-                    apply(w, now, sent)
-                })
-                .await;
         });
         let (landing, generation) = reply_rx
             .await
