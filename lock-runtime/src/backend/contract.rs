@@ -34,6 +34,54 @@ pub(crate) struct AcquireRequest<'a> {
     pub(crate) renew: bool,
 }
 
+/// An acquisition's request, owned, for a request that runs on after its
+/// caller has its answer or gave up: a Redlock's requests to masters that
+/// had not answered when a majority had, a simulated request on its way.
+pub(crate) struct OwnedAcquireRequest {
+    key: LockKey,
+    holder: String,
+    kind: Kind,
+    also: Vec<LockKey>,
+    ttl: Duration,
+    waiter_timeout: Duration,
+    fencing: bool,
+    first: bool,
+    waiting: bool,
+    renew: bool,
+}
+
+impl OwnedAcquireRequest {
+    pub(crate) fn new(req: &AcquireRequest<'_>) -> Self {
+        OwnedAcquireRequest {
+            key: req.key.clone(),
+            holder: req.holder.to_owned(),
+            kind: req.kind,
+            also: req.also.to_vec(),
+            ttl: req.ttl,
+            waiter_timeout: req.waiter_timeout,
+            fencing: req.fencing,
+            first: req.first,
+            waiting: req.waiting,
+            renew: req.renew,
+        }
+    }
+
+    pub(crate) fn borrowed(&self) -> AcquireRequest<'_> {
+        AcquireRequest {
+            key: &self.key,
+            holder: &self.holder,
+            kind: self.kind,
+            also: &self.also,
+            ttl: self.ttl,
+            waiter_timeout: self.waiter_timeout,
+            fencing: self.fencing,
+            first: self.first,
+            waiting: self.waiting,
+            renew: self.renew,
+        }
+    }
+}
+
 /// What an acquisition attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireReply {

@@ -20,7 +20,9 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal};
+use super::contract::{
+    AcquireReply, AcquireRequest, Backend, Failure, HandOver, OwnedAcquireRequest, RenewItem, Renewal,
+};
 use super::memory::State;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -793,53 +795,6 @@ pub(crate) struct SimBackend {
     pub(crate) server: Arc<SimServer>,
 }
 
-/// An acquisition request as it travels: owned, since it may land after
-/// its caller gave up on it.
-struct SentAcquire {
-    key: LockKey,
-    holder: String,
-    kind: Kind,
-    also: Vec<LockKey>,
-    ttl: Duration,
-    waiter_timeout: Duration,
-    fencing: bool,
-    first: bool,
-    waiting: bool,
-    renew: bool,
-}
-
-impl SentAcquire {
-    fn new(req: &AcquireRequest<'_>) -> Self {
-        SentAcquire {
-            key: req.key.clone(),
-            holder: req.holder.to_owned(),
-            kind: req.kind,
-            also: req.also.to_vec(),
-            ttl: req.ttl,
-            waiter_timeout: req.waiter_timeout,
-            fencing: req.fencing,
-            first: req.first,
-            waiting: req.waiting,
-            renew: req.renew,
-        }
-    }
-
-    fn request(&self) -> AcquireRequest<'_> {
-        AcquireRequest {
-            key: &self.key,
-            holder: &self.holder,
-            kind: self.kind,
-            also: &self.also,
-            ttl: self.ttl,
-            waiter_timeout: self.waiter_timeout,
-            fencing: self.fencing,
-            first: self.first,
-            waiting: self.waiting,
-            renew: self.renew,
-        }
-    }
-}
-
 /// The keys a granted acquisition holds leases at.
 fn granted_keys(req: &AcquireRequest<'_>, reply: &AcquireReply) -> Vec<String> {
     match (req.kind, reply) {
@@ -886,10 +841,10 @@ impl SimBackend {
 
 impl Backend for SimBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
-        let sent = SentAcquire::new(req);
+        let sent = OwnedAcquireRequest::new(req);
         self.server
             .call(req.key, req.holder, move |w, now, at| {
-                let req = sent.request();
+                let req = sent.borrowed();
                 let reply = w.locks.acquire(&req, now)?;
                 if matches!(reply, AcquireReply::Acquired { .. }) {
                     for key in granted_keys(&req, &reply) {

@@ -17,7 +17,7 @@ use futures_util::stream::FuturesUnordered;
 
 use super::RedisBackend;
 use crate::backend::contract::{
-    AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal,
+    AcquireReply, AcquireRequest, Backend, Failure, HandOver, OwnedAcquireRequest, RenewItem, Renewal,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -51,54 +51,6 @@ pub(crate) struct RedlockBackend {
     /// majority has answered.
     nodes: Arc<[RedisBackend]>,
     node_timeout: Duration,
-}
-
-/// An acquisition's request, owned, so that the requests to masters that
-/// had not answered when a majority had can run on to their end after the
-/// caller has its answer.
-struct OwnedRequest {
-    key: LockKey,
-    holder: String,
-    kind: Kind,
-    also: Vec<LockKey>,
-    ttl: Duration,
-    waiter_timeout: Duration,
-    fencing: bool,
-    first: bool,
-    waiting: bool,
-    renew: bool,
-}
-
-impl OwnedRequest {
-    fn new(req: &AcquireRequest<'_>) -> Self {
-        OwnedRequest {
-            key: req.key.clone(),
-            holder: req.holder.to_owned(),
-            kind: req.kind,
-            also: req.also.to_vec(),
-            ttl: req.ttl,
-            waiter_timeout: req.waiter_timeout,
-            fencing: req.fencing,
-            first: req.first,
-            waiting: req.waiting,
-            renew: req.renew,
-        }
-    }
-
-    fn borrowed(&self) -> AcquireRequest<'_> {
-        AcquireRequest {
-            key: &self.key,
-            holder: &self.holder,
-            kind: self.kind,
-            also: &self.also,
-            ttl: self.ttl,
-            waiter_timeout: self.waiter_timeout,
-            fencing: self.fencing,
-            first: self.first,
-            waiting: self.waiting,
-            renew: self.renew,
-        }
-    }
 }
 
 /// One master's answer, or why there is none.
@@ -251,7 +203,7 @@ impl RedlockBackend {
 impl Backend for RedlockBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let timeout = self.node_timeout;
-        let owned = Arc::new(OwnedRequest::new(req));
+        let owned = Arc::new(OwnedAcquireRequest::new(req));
         let mut pending: FuturesUnordered<_> = (0..self.nodes.len())
             .map(|index| {
                 let (nodes, owned) = (Arc::clone(&self.nodes), Arc::clone(&owned));
