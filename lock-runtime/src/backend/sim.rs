@@ -502,19 +502,12 @@ impl SimServer {
         apply: impl FnOnce(&mut World, Instant) -> Result<T, Failure>,
     ) -> (Landing<Result<T, Failure>>, u64) {
         loop {
-            let (paused, down) = {
-                let w = self.world();
-                let now = Instant::now();
-                (
-                    w.paused_until.filter(|until| *until > now),
-                    w.down_until.is_some_and(|until| until > now),
-                )
-            };
+            // A restart ends a pause: a request waiting it out meets the
+            // restarted server (down, then up) when it wakes.
+            let paused = self.world().paused_until.filter(|until| *until > Instant::now());
             match paused {
-                // A restart ends a pause: a request waiting it out meets
-                // the restarted server (down, then up).
-                Some(until) if !down => tokio::time::sleep_until(until).await,
-                _ => break,
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => break,
             }
         }
         let mut w = self.world();
@@ -614,22 +607,17 @@ impl SimServer {
             },
         );
         if !keep_state {
-            let keys: Vec<(String, String)> = w
+            // Every key with a live lease ends as an expiry would end it;
+            // then the counters go too.
+            let mut keys: Vec<String> = w
                 .leases
                 .iter()
                 .filter(|(_, ls)| ls.last().is_some_and(|l| l.ended.is_none() && l.expires > at))
-                .map(|(k, _)| k.clone())
+                .map(|((key, _), _)| key.clone())
                 .collect();
-            for (key, holder) in keys {
-                if let Some(lease) = w
-                    .leases
-                    .get_mut(&(key.clone(), holder.clone()))
-                    .and_then(|l| l.last_mut())
-                {
-                    lease.ended = Some(at);
-                    lease.forced = true;
-                }
-                w.record(at, &key, &holder, SimEventKind::LostInRestart);
+            keys.dedup();
+            for key in keys {
+                w.force_end(&key, SimEventKind::LostInRestart);
             }
             w.locks = State::default();
         }
