@@ -536,17 +536,21 @@ fn pick_other<'k>(keys: &'k [String], key: &str) -> &'k str {
     }
 }
 
-/// With `LOCK_WORKER_DIAGNOSE` set, on a ZooKeeper target: prints (to
-/// stderr) what stood in the lock's queue when a call on `key` gave up:
-/// each child with its age and owning session, to tell a stuck head from
-/// a slow line.
+/// On a ZooKeeper target, with `LOCK_WORKER_DIAGNOSE` set or after a
+/// stall (`inspect_stall`): prints (to stderr) what stood in the lock's
+/// queue when a call on `key` gave up: each child with its age and owning
+/// session, to tell a stuck head from a slow line (the backend's own
+/// `inspect` does not list a queue).
 async fn diagnose(target: &str, key: &str, what: &str) {
+    if std::env::var_os("LOCK_WORKER_DIAGNOSE").is_some() {
+        list_queue(target, key, what).await;
+    }
+}
+
+async fn list_queue(target: &str, key: &str, what: &str) {
     let Some(connect) = target.strip_prefix("zookeeper=") else {
         return;
     };
-    if std::env::var_os("LOCK_WORKER_DIAGNOSE").is_none() {
-        return;
-    }
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
@@ -582,10 +586,11 @@ fn next_holder(task: usize) -> u64 {
 /// inspect` gives it, on any backend, after a call on `key` timed out
 /// having waited longer than any fault in the scenarios lasts (S3's 20 s):
 /// a stall to explain. Shorter waits time out by design.
-async fn inspect_stall(locks: &LockClient, key: &str) {
+async fn inspect_stall(locks: &LockClient, target: &str, key: &str) {
     if call_wait() < Duration::from_secs(20) {
         return;
     }
+    list_queue(target, key, "stalled").await;
     match tokio::time::timeout(Duration::from_secs(5), locks.admin().inspect(key)).await {
         Ok(Ok(found)) => eprintln!("DIAGNOSE {key} timed out: {found:?}"),
         Ok(Err(e)) => eprintln!("DIAGNOSE {key} timed out: cannot look: {e}"),
@@ -643,7 +648,7 @@ async fn library_task(
             Err(LockError::Timeout { .. }) => {
                 tally.timeouts += 1;
                 diagnose(&run.url, key, "timed out").await;
-                inspect_stall(&locks, key).await;
+                inspect_stall(&locks, &run.url, key).await;
                 continue;
             }
             Err(e) => {
