@@ -174,15 +174,11 @@ pub(crate) async fn extend(client: &ClientInner, state: &LeaseState, ttl: Durati
     if state.covers(ttl) {
         return Ok(());
     }
-    state.extending(ttl);
     let sent = Instant::now();
-    let renewed = client.backend.renew(&state.key, &state.holder, ttl, true).await;
-    // Confirmed before the extension counts as done: a racing renewal's
-    // reply that arrives in between still sees a longer ttl than its own.
+    let renewed = client.backend.renew(&state.key, &state.holder, ttl).await;
     if let Ok(true) = renewed {
         state.extended(sent, ttl);
     }
-    state.extension_done();
     if renewed? {
         Ok(())
     } else {

@@ -211,6 +211,15 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> O
     check().then(|| start.elapsed())
 }
 
+/// Whether the watchdog renewed `guard`'s lease (the server confirmed a
+/// renewal, which moves its deadline on) within `within`.
+pub async fn renewed(guard: &lock_runtime::LockGuard, within: Duration) -> bool {
+    let before = guard.valid_until();
+    eventually(within, || guard.valid_until() > before)
+        .await
+        .is_some()
+}
+
 /// The mutual-exclusion workload: `tasks` tasks each increment the Redis
 /// counter `counter` `per_task` times under the lock `counter`, by GET, a
 /// yield, then SET, which loses updates unless the holders exclude each

@@ -562,3 +562,37 @@ async fn a_waiter_sleeps_until_the_lease_in_its_way_ends() {
     })
     .await
 }
+
+/// A renewal never shortens a lease: a row made to expire a minute from now
+/// (as a nested call's extension makes it, while a renewal with the old ttl
+/// may still be on its way) keeps its minute through the watchdog's
+/// renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_never_shortens_a_longer_lease() {
+    lock_tests::bounded("a_renewal_never_shortens_a_longer_lease", async move {
+        let server = MariaDb::start();
+        let locks = LockClient::mysql(&server.url()).await.expect("connect");
+        let job = locks
+            .lock("job")
+            .ttl(Duration::from_millis(600))
+            .acquire()
+            .await
+            .expect("acquire");
+        server
+            .sql("UPDATE distributed_locks SET expires_at = NOW(6) + INTERVAL 60 SECOND")
+            .await;
+        assert!(
+            lock_tests::renewed(&job, Duration::from_secs(5)).await,
+            "no renewal"
+        );
+        let left: i64 = server
+            .value("SELECT TIMESTAMPDIFF(SECOND, NOW(6), expires_at) FROM distributed_locks")
+            .await
+            .expect("the row")
+            .parse()
+            .expect("seconds");
+        assert!(left > 50, "a renewal cut the minute-long lease to {left} s");
+        job.release().await.expect("release");
+    })
+    .await
+}

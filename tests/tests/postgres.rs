@@ -869,3 +869,33 @@ async fn a_stale_holder_hands_over_nothing_of_a_lock_another_client_took() {
     )
     .await
 }
+
+/// A renewal never shortens a lease: a row made to expire a minute from now
+/// (as a nested call's extension makes it, while a renewal with the old ttl
+/// may still be on its way) keeps its minute through the watchdog's
+/// renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_never_shortens_a_longer_lease() {
+    lock_tests::bounded("a_renewal_never_shortens_a_longer_lease", async move {
+        let server = Postgres::start();
+        let locks = LockClient::postgres(&server.url()).await.expect("connect");
+        let job = locks
+            .lock("job")
+            .ttl(Duration::from_millis(600))
+            .acquire()
+            .await
+            .expect("acquire");
+        server.sql("UPDATE distributed_locks SET expires_at = clock_timestamp() + interval '60 seconds'");
+        assert!(
+            lock_tests::renewed(&job, Duration::from_secs(5)).await,
+            "no renewal"
+        );
+        let left = server.sql(
+            "SELECT floor(extract(epoch from expires_at - clock_timestamp()))::bigint FROM distributed_locks",
+        );
+        let left: i64 = left.first().expect("the row").parse().expect("seconds");
+        assert!(left > 50, "a renewal cut the minute-long lease to {left} s");
+        job.release().await.expect("release");
+    })
+    .await
+}

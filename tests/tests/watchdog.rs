@@ -247,3 +247,53 @@ async fn a_thousand_leases_renew_in_one_round_trip_per_tick() {
     })
     .await
 }
+
+/// A renewal never shortens a lease. A lease made a minute long on the
+/// server, as a nested call's extension makes it while a renewal with the
+/// old ttl may still be on its way, keeps its minute through the watchdog's
+/// renewals: an exclusive lock's key, and a reader's score in the
+/// read-write lock's sorted set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_never_shortens_a_longer_lease() {
+    lock_tests::bounded("a_renewal_never_shortens_a_longer_lease", async move {
+        let server = RedisServer::start();
+        let locks = client(&server).await;
+        let ttl = Duration::from_millis(600);
+        let job = locks.lock("job").ttl(ttl).acquire().await.expect("acquire");
+        let reader = locks
+            .lock("doc")
+            .mode(lock_runtime::LockMode::Read)
+            .ttl(ttl)
+            .acquire()
+            .await
+            .expect("read");
+        server.query::<i64>(redis::cmd("PEXPIRE").arg("lock:{job}").arg(60_000));
+        let members: Vec<String> = server.query(redis::cmd("ZRANGE").arg("lock:{doc}").arg(0).arg(-1));
+        let [member] = members.as_slice() else {
+            panic!("one reader expected: {members:?}");
+        };
+        server.query::<String>(redis::cmd("ZINCRBY").arg("lock:{doc}").arg(60_000).arg(member));
+        server.query::<i64>(redis::cmd("PEXPIRE").arg("lock:{doc}").arg(60_000));
+
+        assert!(
+            lock_tests::renewed(&job, Duration::from_secs(5)).await,
+            "no renewal of the lock"
+        );
+        assert!(
+            lock_tests::renewed(&reader, Duration::from_secs(5)).await,
+            "no renewal of the reader"
+        );
+        let pttl: i64 = server.query(redis::cmd("PTTL").arg("lock:{job}"));
+        assert!(pttl > 50_000, "a renewal cut the minute-long lease to {pttl} ms");
+        let ends: f64 = server.query(redis::cmd("ZSCORE").arg("lock:{doc}").arg(member));
+        let (secs, micros): (u64, u64) = server.query(&mut redis::cmd("TIME"));
+        let left_ms = ends - (secs * 1_000 + micros / 1_000) as f64;
+        assert!(
+            left_ms > 50_000.0,
+            "a renewal cut the reader's minute to {left_ms} ms"
+        );
+        job.release().await.expect("release");
+        reader.release().await.expect("release");
+    })
+    .await
+}

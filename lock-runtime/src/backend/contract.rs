@@ -171,25 +171,22 @@ pub(crate) trait Backend {
     /// the undo of a segment acquisition whose reply was lost.
     async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure>;
 
-    /// Sets the lease to `ttl` from now (or only lengthens it, with
-    /// `extend_only`) if this holder still has the lock.
-    async fn renew(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        ttl: Duration,
-        extend_only: bool,
-    ) -> Result<bool, Failure>;
+    /// Makes the lease last at least `ttl` from now if this holder still has
+    /// the lock. It never shortens a lease: a renewal sent before an
+    /// extension may land after it, its reply lost, and the holder counts
+    /// on the extension (the simulation's seed 1787).
+    async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure>;
 
-    /// Sets each lease to its `ttl` from now where its holder still has it,
-    /// in as few round trips as the backend allows. One outcome per item.
+    /// Makes each lease last at least its `ttl` from now where its holder
+    /// still has it (never shorter, as [`Backend::renew`]), in as few round
+    /// trips as the backend allows. One outcome per item.
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure>;
 }
 
 /// What a renewal found for one lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Renewal {
-    /// The lease is `ttl` long again.
+    /// The lease lasts at least `ttl` from the renewal.
     Renewed,
     /// The lock is gone or someone else has it: the lease is lost.
     Gone,

@@ -450,29 +450,23 @@ impl Backend for AnyBackend {
         }
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        ttl: Duration,
-        extend_only: bool,
-    ) -> Result<bool, Failure> {
+    async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
         match self {
-            AnyBackend::Redis(b) => b.renew(key, holder, ttl, extend_only).await,
-            AnyBackend::Memory(b) => b.renew(key, holder, ttl, extend_only).await,
+            AnyBackend::Redis(b) => b.renew(key, holder, ttl).await,
+            AnyBackend::Memory(b) => b.renew(key, holder, ttl).await,
             #[cfg(feature = "testing")]
-            AnyBackend::Sim(b) => Box::pin(b.renew(key, holder, ttl, extend_only)).await,
-            AnyBackend::Redlock(b) => b.renew(key, holder, ttl, extend_only).await,
-            AnyBackend::Cluster(b) => b.renew(key, holder, ttl, extend_only).await,
-            AnyBackend::Sentinel(b) => b.renew(key, holder, ttl, extend_only).await,
+            AnyBackend::Sim(b) => Box::pin(b.renew(key, holder, ttl)).await,
+            AnyBackend::Redlock(b) => b.renew(key, holder, ttl).await,
+            AnyBackend::Cluster(b) => b.renew(key, holder, ttl).await,
+            AnyBackend::Sentinel(b) => b.renew(key, holder, ttl).await,
             #[cfg(feature = "mysql")]
-            AnyBackend::Mysql(b) => Box::pin(b.renew(key, holder, ttl, extend_only)).await,
+            AnyBackend::Mysql(b) => Box::pin(b.renew(key, holder, ttl)).await,
             #[cfg(feature = "postgres")]
-            AnyBackend::Postgres(b) => Box::pin(b.renew(key, holder, ttl, extend_only)).await,
+            AnyBackend::Postgres(b) => Box::pin(b.renew(key, holder, ttl)).await,
             #[cfg(feature = "zookeeper")]
-            AnyBackend::ZooKeeper(b) => Box::pin(b.renew(key, holder, ttl, extend_only)).await,
+            AnyBackend::ZooKeeper(b) => Box::pin(b.renew(key, holder, ttl)).await,
             #[cfg(feature = "etcd")]
-            AnyBackend::Etcd(b) => Box::pin(b.renew(key, holder, ttl, extend_only)).await,
+            AnyBackend::Etcd(b) => Box::pin(b.renew(key, holder, ttl)).await,
         }
     }
 

@@ -884,19 +884,11 @@ impl Backend for SimBackend {
             .await
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        ttl: Duration,
-        extend_only: bool,
-    ) -> Result<bool, Failure> {
+    async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
         let (owned_key, owned_holder) = (key.clone(), holder.to_owned());
         self.server
             .call(key, holder, move |w, now, _| {
-                let renewed = w
-                    .locks
-                    .renew_key(&owned_key, &owned_holder, ttl, extend_only, now);
+                let renewed = w.locks.renew_key(&owned_key, &owned_holder, ttl, now);
                 w.observe(&owned_key.redis_key, &owned_holder, Op::Other);
                 Ok(renewed)
             })

@@ -986,9 +986,8 @@ impl EtcdBackend {
             .iter()
             .map(|(key, holder, ttl)| {
                 self.with_entry(key, holder, |e| {
-                    if e.expires.is_some() {
-                        e.expires = Some(Instant::now() + *ttl);
-                    }
+                    // A fixed lease's end only moves later, as on the server.
+                    e.expires = e.expires.map(|ends| ends.max(Instant::now() + *ttl));
                     e.path.clone()
                 })
             })
@@ -1166,13 +1165,7 @@ impl Backend for EtcdBackend {
         self.remove(&segments, holder).await
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        ttl: Duration,
-        _extend_only: bool,
-    ) -> Result<bool, Failure> {
+    async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
         let confirmed = self
             .bounded(key, "renew", self.confirm(&[(key, holder, ttl)]))
             .await?;

@@ -135,8 +135,9 @@ impl State {
             Some(Entry::Exclusive(lease)) if lease.holder != req.holder => Ok(Some(lease.expires - now)),
             Some(Entry::Exclusive(lease)) => {
                 // An earlier attempt of this acquisition got it (as in the
-                // script): the lease restarts, the token stays.
-                lease.expires = now + req.ttl;
+                // script): the token stays, and the lease only lengthens (a
+                // late copy of an attempt must not undo an extension).
+                lease.expires = lease.expires.max(now + req.ttl);
                 Ok(None)
             }
             Some(other) => Err(conflict(req.key, redis_key, other.kind_name())),
@@ -213,7 +214,7 @@ impl State {
         let in_the_way = match self.live(key, now) {
             Some(Entry::Exclusive(lease)) if lease.holder == req.holder => {
                 // An earlier attempt of this acquisition got it.
-                lease.expires = now + req.ttl;
+                lease.expires = lease.expires.max(now + req.ttl);
                 self.leave_line(key, req.holder);
                 return Ok(AcquireReply::acquired(self.token(req, key)));
             }
@@ -289,9 +290,14 @@ impl State {
             }
         }
         for key in set {
+            // One of ours already (an earlier attempt's) keeps a longer lease.
+            let ours = match self.live(&key.redis_key, now) {
+                Some(Entry::Exclusive(lease)) => Some(lease.expires),
+                _ => None,
+            };
             let lease = Lease {
                 holder: req.holder.to_owned(),
-                expires: now + req.ttl,
+                expires: ours.map_or(now + req.ttl, |ends| ends.max(now + req.ttl)),
             };
             self.insert(&key.redis_key, Entry::Exclusive(lease), now);
         }
@@ -324,7 +330,7 @@ impl State {
             Some(other) => return Err(conflict(req.key, redis_key, other.kind_name())),
         };
         let side = req.holder.as_bytes().first().copied();
-        let mine = members.iter().position(|m| m.holder == req.holder);
+        let mine = members.iter().find(|m| m.holder == req.holder).map(|m| m.expires);
         // Ascending by lease end, like the sorted set: the first member in
         // the way ends soonest.
         members.sort_by_key(|m| m.expires);
@@ -365,7 +371,8 @@ impl State {
         members.retain(|m| m.holder != req.holder && Some(&m.holder) != claim.as_ref());
         members.push(Lease {
             holder: req.holder.to_owned(),
-            expires: now + req.ttl,
+            // Never shorter than the lease an earlier attempt got.
+            expires: mine.map_or(now + req.ttl, |ends| ends.max(now + req.ttl)),
         });
         let token = match (req.fencing, mine) {
             (false, _) => None,
@@ -399,7 +406,7 @@ impl State {
         released
     }
 
-    fn renew(&mut self, key: &str, holder: &str, ttl: Duration, extend_only: bool, now: Instant) -> bool {
+    fn renew(&mut self, key: &str, holder: &str, ttl: Duration, now: Instant) -> bool {
         let lease = match self.live(key, now) {
             Some(Entry::Exclusive(lease)) if lease.holder == holder => lease,
             Some(Entry::Shared(members)) => match members.iter_mut().find(|m| m.holder == holder) {
@@ -408,12 +415,7 @@ impl State {
             },
             _ => return false,
         };
-        let expires = now + ttl;
-        lease.expires = if extend_only {
-            lease.expires.max(expires)
-        } else {
-            expires
-        };
+        lease.expires = lease.expires.max(now + ttl);
         true
     }
 }
@@ -464,24 +466,14 @@ impl State {
         released
     }
 
-    pub(crate) fn renew_key(
-        &mut self,
-        key: &LockKey,
-        holder: &str,
-        ttl: Duration,
-        extend_only: bool,
-        now: Instant,
-    ) -> bool {
-        self.renew(&key.redis_key, holder, ttl, extend_only, now)
+    pub(crate) fn renew_key(&mut self, key: &LockKey, holder: &str, ttl: Duration, now: Instant) -> bool {
+        self.renew(&key.redis_key, holder, ttl, now)
     }
 
     pub(crate) fn renew_many(&mut self, items: &[RenewItem<'_>], now: Instant) -> Vec<Renewal> {
         items
             .iter()
-            .map(|item| {
-                self.renew(&item.key.redis_key, item.holder, item.ttl, false, now)
-                    .into()
-            })
+            .map(|item| self.renew(&item.key.redis_key, item.holder, item.ttl, now).into())
             .collect()
     }
 
@@ -574,16 +566,8 @@ impl Backend for MemoryBackend {
         Ok(self.state().release_segments(key, count, holder, Instant::now()))
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        ttl: Duration,
-        extend_only: bool,
-    ) -> Result<bool, Failure> {
-        Ok(self
-            .state()
-            .renew_key(key, holder, ttl, extend_only, Instant::now()))
+    async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
+        Ok(self.state().renew_key(key, holder, ttl, Instant::now()))
     }
 
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
@@ -622,6 +606,60 @@ mod tests {
         }
     }
 
+    /// A late copy of an earlier attempt, or a renewal sent before an
+    /// extension and landing after it, must not shorten the lease the
+    /// holder already counts on (the simulation's seeds 1535 and 1787).
+    #[test]
+    fn renewals_and_repeated_attempts_never_shorten_a_lease() {
+        let k = key("k");
+        let now = Instant::now();
+        let later = now + Duration::from_secs(10);
+        let exclusive = |holder, ttl_ms| request(&k, holder, ttl_ms, false);
+        let read = |holder, ttl_ms| AcquireRequest {
+            kind: Kind::Read,
+            ..request(&k, holder, ttl_ms, false)
+        };
+        let write = |holder, ttl_ms| AcquireRequest {
+            kind: Kind::Write,
+            ..request(&k, holder, ttl_ms, false)
+        };
+        for (long, short, rival) in [
+            (
+                exclusive("a:1", 30_000),
+                exclusive("a:1", 100),
+                exclusive("b:1", 100),
+            ),
+            (read("r:a:1", 30_000), read("r:a:1", 100), write("w:b:1", 100)),
+        ] {
+            let mut state = State::default();
+            assert!(matches!(
+                state.acquire(&long, now),
+                Ok(AcquireReply::Acquired { .. })
+            ));
+            assert!(matches!(
+                state.acquire(&short, now),
+                Ok(AcquireReply::Acquired { .. })
+            ));
+            assert!(state.renew_key(&k, long.holder, Duration::from_millis(100), now));
+            assert_eq!(
+                state.renew_many(
+                    &[RenewItem {
+                        key: &k,
+                        holder: long.holder,
+                        ttl: Duration::from_millis(100)
+                    }],
+                    now
+                ),
+                [Renewal::Renewed]
+            );
+            assert!(
+                matches!(state.acquire(&rival, later), Ok(AcquireReply::Held { .. })),
+                "{}: the 30 s lease was shortened",
+                long.holder
+            );
+        }
+    }
+
     #[test]
     fn owner_checks_expiry_and_fences_match_the_redis_scripts() {
         block_on(async {
@@ -642,13 +680,13 @@ mod tests {
             assert!(!backend.release(&k, "b:1").await.expect("ok"));
             assert!(
                 !backend
-                    .renew(&k, "b:1", Duration::from_secs(1), false)
+                    .renew(&k, "b:1", Duration::from_secs(1))
                     .await
                     .expect("ok")
             );
             assert!(
                 backend
-                    .renew(&k, "a:1", Duration::from_millis(30), true)
+                    .renew(&k, "a:1", Duration::from_millis(30))
                     .await
                     .expect("ok")
             );
@@ -660,7 +698,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
             assert!(
                 !backend
-                    .renew(&k, "b:1", Duration::from_secs(1), false)
+                    .renew(&k, "b:1", Duration::from_secs(1))
                     .await
                     .expect("ok")
             );

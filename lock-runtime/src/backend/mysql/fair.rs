@@ -40,7 +40,8 @@ impl MysqlBackend {
         let step = u64::from(req.fencing);
         if left > 0 && holder == me.as_bytes() {
             // An earlier attempt was applied, its reply lost: the lease
-            // starts again, and that attempt's token stands.
+            // only lengthens (this may be a late copy, after an
+            // extension), and that attempt's token stands.
             tx.exec_drop(&sql.take, (me, ttl_us, fence, name)).await?;
             return Ok(Ok(AcquireReply::acquired(req.fencing.then_some(fence))));
         }

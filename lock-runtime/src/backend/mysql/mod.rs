@@ -274,21 +274,11 @@ impl Backend for MysqlBackend {
         self.release_names(key, &names, holder).await
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        ttl: Duration,
-        extend_only: bool,
-    ) -> Result<bool, Failure> {
+    async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
         if is_member(holder) {
-            return self.renew_member(key, holder, ttl, extend_only).await;
+            return self.renew_member(key, holder, ttl).await;
         }
-        let statement = if extend_only {
-            &self.sql.extend
-        } else {
-            &self.sql.renew
-        };
+        let statement = &self.sql.renew;
         let name = key.redis_key.as_str();
         self.run(key, "renew", || async {
             let conn = &mut self.pool.get_conn().await?;
@@ -309,7 +299,7 @@ impl Backend for MysqlBackend {
         // multi-row UPDATE could not say which rows it found.
         let renewals = items
             .iter()
-            .map(|item| self.renew(item.key, item.holder, item.ttl, false));
+            .map(|item| self.renew(item.key, item.holder, item.ttl));
         let outcomes = futures_util::future::join_all(renewals).await;
         let mut out = Vec::with_capacity(items.len());
         for outcome in outcomes {

@@ -133,10 +133,9 @@ impl MysqlBackend {
         key: &LockKey,
         member: &str,
         ttl: Duration,
-        extend_only: bool,
     ) -> Result<bool, Failure> {
         let sql = &self.shared;
-        let statement = if extend_only { &sql.extend } else { &sql.renew };
+        let statement = &sql.renew;
         let name = key.redis_key.as_str();
         self.run(key, "renew", || async {
             let conn = &mut self.pool.get_conn().await?;

@@ -24,8 +24,8 @@ pub(super) const GATE_LEFT: Duration = Duration::from_secs(5_000 * 365 * 24 * 36
 pub(super) struct Statements {
     pub(super) create: String,
     pub(super) acquire: String,
+    /// Lengthens a lease, never shortens it (`Backend::renew`).
     pub(super) renew: String,
-    pub(super) extend: String,
     pub(super) still_held: String,
     pub(super) delete: String,
     pub(super) free_fenced: String,
@@ -57,6 +57,12 @@ impl Statements {
             // on a takeover and stays on an "already mine", and the expiry
             // moves exactly when the holder is now ours. One statement,
             // one round trip, whatever it finds.
+            //
+            // An "already mine" (a late copy of an earlier attempt) never
+            // shortens the lease: it may land after an extension. It still
+            // moves the expiry, by a microsecond if nothing else, because
+            // an update that changes nothing counts 0 rows, which is how
+            // another holder's row shows.
             acquire: format!(
                 "INSERT INTO {t} (name, holder, expires_at, fence) \
                  VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND, LAST_INSERT_ID(?)) \
@@ -65,13 +71,11 @@ impl Statements {
                    fence + 0 * LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at)), \
                    LAST_INSERT_ID(IF(expires_at <= NOW(6), fence + ?, fence))), \
                  holder = IF(expires_at <= NOW(6) OR holder = ?, ?, holder), \
-                 expires_at = IF(holder = ?, NOW(6) + INTERVAL ? MICROSECOND, expires_at)"
+                 expires_at = IF(holder = ?, \
+                   GREATEST(expires_at + INTERVAL 1 MICROSECOND, NOW(6) + INTERVAL ? MICROSECOND), \
+                   expires_at)"
             ),
             renew: format!(
-                "UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \
-                 WHERE name = ? AND holder = ? AND expires_at > NOW(6)"
-            ),
-            extend: format!(
                 "UPDATE {t} SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \
                  WHERE name = ? AND holder = ? AND expires_at > NOW(6)"
             ),
@@ -99,8 +103,8 @@ pub(super) struct SharedStatements {
     pub(super) count_members: String,
     pub(super) put_member: String,
     pub(super) delete_member: String,
+    /// Lengthens a lease, never shortens it (`Backend::renew`).
     pub(super) renew: String,
-    pub(super) extend: String,
     pub(super) still_held: String,
 }
 
@@ -143,14 +147,10 @@ impl SharedStatements {
             count_members: format!("SELECT COUNT(*) FROM {m} WHERE name = ?"),
             put_member: format!(
                 "INSERT INTO {m} (name, member, expires_at) VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
+                 ON DUPLICATE KEY UPDATE expires_at = GREATEST(expires_at, VALUES(expires_at))"
             ),
             delete_member: format!("DELETE FROM {m} WHERE name = ? AND member = ?"),
             renew: format!(
-                "UPDATE {m} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \
-                 WHERE name = ? AND member = ? AND expires_at > NOW(6)"
-            ),
-            extend: format!(
                 "UPDATE {m} SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \
                  WHERE name = ? AND member = ? AND expires_at > NOW(6)"
             ),
@@ -186,7 +186,8 @@ impl FairStatements {
                  FROM {t} WHERE name = ? FOR UPDATE"
             ),
             take: format!(
-                "UPDATE {t} SET holder = ?, expires_at = NOW(6) + INTERVAL ? MICROSECOND, fence = ? \
+                "UPDATE {t} SET holder = ?, \
+                 expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND), fence = ? \
                  WHERE name = ?"
             ),
             lapse: format!("DELETE FROM {m} WHERE name = ? AND expires_at <= NOW(6)"),

@@ -57,7 +57,8 @@ impl PostgresBackend {
         let token = |fence: i64| req.fencing.then_some(u64::try_from(fence).unwrap_or(0));
         if left > 0 && holder == me {
             // An earlier attempt was applied, its reply lost: the lease
-            // starts again, and that attempt's token stands.
+            // only lengthens (this may be a late copy, after an
+            // extension), and that attempt's token stands.
             tx.execute(&take, &[&me, &ttl_us, &fence, &name]).await?;
             return Ok(Ok(AcquireReply::acquired(token(fence))));
         }

@@ -8,7 +8,9 @@
 //!   the common case); if a row is there, an upsert that takes a missing,
 //!   expired or already-own row, and otherwise reports what is left of the
 //!   holder's lease;
-//! - renew: `UPDATE … WHERE name = $1 AND holder = $2`;
+//! - renew: `UPDATE … SET expires_at = greatest(…) WHERE name = $1 AND holder = $2`
+//!   (a lease only lengthens: a renewal sent before an extension may land
+//!   after it);
 //! - release: a plain `DELETE … WHERE name = $1 AND holder = $2` of a row
 //!   never fenced; if none went, the statement that also frees a fenced row
 //!   and keeps its counter;
@@ -427,17 +429,7 @@ impl Backend for PostgresBackend {
         self.release_names(key, &names, &channels, holder, false).await
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        ttl: Duration,
-        extend_only: bool,
-    ) -> Result<bool, Failure> {
-        if !extend_only {
-            let renewed = self.renew_many(&[RenewItem { key, holder, ttl }]).await?;
-            return Ok(renewed == [Renewal::Renewed]);
-        }
+    async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
         if is_member(holder) {
             return self.extend_member(key, holder, ttl).await;
         }

@@ -65,7 +65,8 @@ impl Statements {
             // counter moves on every taking but "already mine". On another
             // holder's live row the update's condition fails, nothing
             // changes, and the second half reports what is left of its
-            // lease. (A row inserted by a transaction that committed after
+            // lease. "Already mine" never shortens the lease: it may be a
+            // late copy of an attempt, landing after an extension. (A row inserted by a transaction that committed after
             // this statement's snapshot is not seen there: then no row
             // comes back, and the caller looks again shortly.)
             acquire: format!(
@@ -78,7 +79,8 @@ impl Statements {
                      waiting = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > clock_timestamp() \
                        THEN l.waiting ELSE false END, \
                      holder = EXCLUDED.holder, \
-                     expires_at = EXCLUDED.expires_at \
+                     expires_at = CASE WHEN l.holder = EXCLUDED.holder \
+                       THEN greatest(l.expires_at, EXCLUDED.expires_at) ELSE EXCLUDED.expires_at END \
                    WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder \
                    RETURNING fence) \
                  SELECT true, fence, '', true FROM taken \
@@ -108,9 +110,12 @@ impl Statements {
             ),
             // Parameters: names, holders, ttls µs (arrays, one element per
             // lease): every lease renewed in one statement (one lease too);
-            // the rows it returns are the leases still held.
+            // the rows it returns are the leases still held. A lease only
+            // lengthens: a renewal sent before an extension may land after
+            // it.
             renew_many: format!(
-                "UPDATE {t} AS l SET expires_at = clock_timestamp() + r.ttl * interval '1 microsecond' \
+                "UPDATE {t} AS l SET expires_at = \
+                   greatest(l.expires_at, clock_timestamp() + r.ttl * interval '1 microsecond') \
                  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(name, holder, ttl) \
                  WHERE l.name = r.name AND l.holder = r.holder AND l.expires_at > clock_timestamp() \
                  RETURNING l.name, l.holder"
@@ -241,8 +246,9 @@ impl MemberStatements {
             list_members: format!("SELECT member, {LEFT_US} FROM {m} l WHERE name = $1 ORDER BY expires_at"),
             count_members: format!("SELECT count(*) FROM {m} WHERE name = $1"),
             put_member: format!(
-                "INSERT INTO {m} (name, member, expires_at) VALUES ($1, $2, {}) \
-                 ON CONFLICT (name, member) DO UPDATE SET expires_at = EXCLUDED.expires_at",
+                "INSERT INTO {m} AS l (name, member, expires_at) VALUES ($1, $2, {}) \
+                 ON CONFLICT (name, member) DO UPDATE \
+                 SET expires_at = greatest(l.expires_at, EXCLUDED.expires_at)",
                 lease("$3")
             ),
             delete_member: format!("DELETE FROM {m} WHERE name = $1 AND member = $2"),
@@ -252,7 +258,8 @@ impl MemberStatements {
                 lease("$1")
             ),
             renew_many: format!(
-                "UPDATE {m} AS l SET expires_at = clock_timestamp() + r.ttl * interval '1 microsecond' \
+                "UPDATE {m} AS l SET expires_at = \
+                   greatest(l.expires_at, clock_timestamp() + r.ttl * interval '1 microsecond') \
                  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(name, member, ttl) \
                  WHERE l.name = r.name AND l.member = r.member AND l.expires_at > clock_timestamp() \
                  RETURNING l.name, l.member"
@@ -266,7 +273,7 @@ impl MemberStatements {
             ),
             read_line_lock: format!("SELECT holder, {LEFT_US}, fence FROM {t} l WHERE name = $1 FOR UPDATE"),
             take: format!(
-                "UPDATE {t} SET holder = $1, expires_at = {}, fence = $3 WHERE name = $4",
+                "UPDATE {t} SET holder = $1, expires_at = greatest(expires_at, {}), fence = $3 WHERE name = $4",
                 lease("$2")
             ),
             first: format!(

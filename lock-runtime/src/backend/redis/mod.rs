@@ -411,18 +411,11 @@ impl<C: Connection> Backend for RedisBackend<C> {
         Ok(released == 1)
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        ttl: Duration,
-        extend_only: bool,
-    ) -> Result<bool, Failure> {
-        let renewed: i64 = ScriptCall::new(&RENEW, 1, 4)
+    async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
+        let renewed: i64 = ScriptCall::new(&RENEW, 1, 3)
             .arg(&key.redis_key)
             .arg(holder)
             .arg(millis(ttl))
-            .arg(if extend_only { "1" } else { "0" })
             .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;

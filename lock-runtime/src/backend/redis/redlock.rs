@@ -314,16 +314,8 @@ impl Backend for RedlockBackend {
         Ok(answers.iter().any(|a| matches!(a, Answer::Got(true))))
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        ttl: Duration,
-        extend_only: bool,
-    ) -> Result<bool, Failure> {
-        let answers = self
-            .ask_all(|node| node.renew(key, holder, ttl, extend_only))
-            .await;
+    async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
+        let answers = self.ask_all(|node| node.renew(key, holder, ttl)).await;
         let outcome = tally(
             answers.into_iter().map(|a| match a {
                 Answer::Got(r) => Answer::Got(Renewal::from(r)),

@@ -932,9 +932,8 @@ impl ZooKeeperBackend {
         let session = client.session_id().0;
         let Some(path) = self
             .with_child(key, holder, |c| {
-                if c.expires.is_some() {
-                    c.expires = Some(Instant::now() + ttl);
-                }
+                // A fixed lease's end only moves later, as on the server.
+                c.expires = c.expires.map(|ends| ends.max(Instant::now() + ttl));
                 (c.session == session).then(|| c.path.clone())
             })
             .flatten()
@@ -978,13 +977,7 @@ impl Backend for ZooKeeperBackend {
         self.remove(&segments, holder).await
     }
 
-    async fn renew(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        ttl: Duration,
-        _extend_only: bool,
-    ) -> Result<bool, Failure> {
+    async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
         let client = self.client().await?;
         self.bounded(key, "renew", self.confirm(&client, key, holder, ttl))
             .await

@@ -40,8 +40,11 @@ end
 local current = redis.call('GET', KEYS[1])
 if current == holder or current == holder .. '+w' then
   -- An earlier attempt of this same acquisition was applied but its reply was
-  -- lost (timeout, dropped connection): the lock is ours; restart its lease.
-  redis.call('PEXPIRE', KEYS[1], ttl)
+  -- lost (timeout, dropped connection): the lock is ours. Its lease only
+  -- lengthens: this may be a late copy, landing after an extension.
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
   if ARGV[3] == '1' then
     return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
   end

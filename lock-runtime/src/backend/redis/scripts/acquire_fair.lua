@@ -58,7 +58,10 @@ end
 local current = redis.call('GET', KEYS[1])
 if current == holder then
   -- An earlier attempt of this acquisition was applied, its reply lost.
-  redis.call('PEXPIRE', KEYS[1], ttl)
+  -- Its lease only lengthens (this may be a late copy).
+  if redis.call('PTTL', KEYS[1]) < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
   leave_line()
   if ARGV[3] == '1' then
     return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}

@@ -57,8 +57,11 @@ end
 
 for i, key in ipairs(KEYS) do
   if ours[i] then
-    -- PEXPIRE keeps a waiter's `+w` mark.
-    redis.call('PEXPIRE', key, ttl)
+    -- PEXPIRE keeps a waiter's `+w` mark; an earlier attempt's lease only
+    -- lengthens (this may be a late copy).
+    if redis.call('PTTL', key) < ttl then
+      redis.call('PEXPIRE', key, ttl)
+    end
   else
     redis.call('SET', key, holder, 'PX', ttl)
   end

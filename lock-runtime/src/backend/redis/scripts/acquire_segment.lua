@@ -45,7 +45,10 @@ local values = redis.call('MGET', unpack(KEYS, 1, n))
 -- would hold two.
 for i = 1, n do
   if values[i] == holder or values[i] == holder .. '+w' then
-    redis.call('PEXPIRE', KEYS[i], ttl)
+    -- Its lease only lengthens (this may be a late copy).
+    if redis.call('PTTL', KEYS[i]) < ttl then
+      redis.call('PEXPIRE', KEYS[i], ttl)
+    end
     if fencing then
       return {1, i - 1, tonumber(redis.call('GET', KEYS[n + i]) or '0')}
     end

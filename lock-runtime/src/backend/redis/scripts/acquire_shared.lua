@@ -124,7 +124,12 @@ if not admitted then
   return {0, pttl, claimed}
 end
 
-local again = redis.call('ZADD', KEYS[1], now + ttl, member) == 0
+-- An earlier attempt's lease only lengthens (this may be a late copy).
+local ends = redis.call('ZSCORE', KEYS[1], member)
+local again = ends ~= false
+if not again or tonumber(ends) < now + ttl then
+  redis.call('ZADD', KEYS[1], now + ttl, member)
+end
 if side == 'w' then
   redis.call('ZREM', KEYS[1], 'q:' .. id)
 end

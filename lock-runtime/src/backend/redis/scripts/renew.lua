@@ -1,11 +1,12 @@
--- Renew (or extend) the lease of a lock this holder still has.
+-- Renew (or extend) the lease of a lock this holder still has. A lease is
+-- only ever lengthened: a renewal sent before an extension may land after
+-- it, and the holder counts on the extension.
 --
 -- KEYS[1]  the lock key `P{K}`
 -- ARGV[1]  holder id
--- ARGV[2]  new lease length in milliseconds, an integer >= 1
--- ARGV[3]  '1' to only ever lengthen the remaining lease, '0' to set it
+-- ARGV[2]  lease length in milliseconds, an integer >= 1
 --
--- Returns 1 when the lease is (at least) ARGV[2] long now, 0 when the key is
+-- Returns 1 when the lease is at least ARGV[2] long now, 0 when the key is
 -- gone or held by someone else.
 --
 -- A shared lock's holder (acquire_shared.lua) is a member of a sorted set,
@@ -14,9 +15,6 @@
 local ttl = tonumber(ARGV[2])
 if not is_ms(ttl) then
   return redis.error_reply('ERR bad ttl')
-end
-if not is_flag(ARGV[3]) then
-  return redis.error_reply('ERR bad extend flag')
 end
 -- A shared lock's holder id carries its role in front (`r:`, `w:`, `p:`).
 if string.match(ARGV[1], '^[rwp]:') then
@@ -28,7 +26,7 @@ if string.match(ARGV[1], '^[rwp]:') then
   if tonumber(ends) <= now then
     return 0
   end
-  if ARGV[3] == '0' or tonumber(ends) < now + ttl then
+  if tonumber(ends) < now + ttl then
     redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
   end
   if redis.call('PTTL', KEYS[1]) < ttl then
@@ -40,8 +38,7 @@ local current = redis.pcall('GET', KEYS[1])
 if current ~= ARGV[1] and current ~= ARGV[1] .. '+w' then
   return 0
 end
-if ARGV[3] == '1' and redis.call('PTTL', KEYS[1]) >= ttl then
-  return 1
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
 end
-redis.call('PEXPIRE', KEYS[1], ttl)
 return 1

@@ -1,4 +1,5 @@
--- Renew many leases in one round trip (the watchdog's batch).
+-- Renew many leases in one round trip (the watchdog's batch). A lease is
+-- only ever lengthened, as in renew.lua.
 --
 -- KEYS[i]      the lock key of lease i
 -- ARGV[2i-1]   holder id of lease i (the value may carry a waiter's `+w`)
@@ -34,7 +35,9 @@ local function renew_member(key, member, ttl)
   if tonumber(ends) <= now then
     return 0
   end
-  redis.call('ZADD', key, now + ttl, member)
+  if tonumber(ends) < now + ttl then
+    redis.call('ZADD', key, now + ttl, member)
+  end
   if redis.call('PTTL', key) < ttl then
     redis.call('PEXPIRE', key, ttl)
   end
@@ -50,7 +53,9 @@ for i, key in ipairs(KEYS) do
   else
     local current = redis.pcall('GET', key)
     if current == holder or current == holder .. '+w' then
-      redis.call('PEXPIRE', key, ARGV[2 * i])
+      if redis.call('PTTL', key) < tonumber(ARGV[2 * i]) then
+        redis.call('PEXPIRE', key, ARGV[2 * i])
+      end
       renewed[i] = 1
     else
       renewed[i] = 0
