@@ -555,24 +555,31 @@ async fn list_queue(target: &str, key: &str, what: &str) {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     let queue = format!("/distributed-locks/lock:{{{key}}}");
-    let look = async {
-        let client = zookeeper_client::Client::connect(connect).await?;
-        let mut children = Vec::new();
-        for name in client.list_children(&queue).await? {
-            if let Some(stat) = client.check_stat(&format!("{queue}/{name}")).await? {
-                children.push(format!(
-                    "{name} age={}ms session={:x}",
-                    i64::try_from(now_ms).unwrap_or(i64::MAX) - stat.ctime,
-                    stat.ephemeral_owner
-                ));
+    // Each member's own view, one connection per member: a member whose
+    // data diverged (a delete it never applied) shows a child the others
+    // do not, and its clients wait behind it.
+    for member in connect.split(',') {
+        let look = async {
+            let client = zookeeper_client::Client::connect(member).await?;
+            let mut children = Vec::new();
+            for name in client.list_children(&queue).await? {
+                if let Some(stat) = client.check_stat(&format!("{queue}/{name}")).await? {
+                    children.push(format!(
+                        "{name} age={}ms session={:x} czxid={:x}",
+                        i64::try_from(now_ms).unwrap_or(i64::MAX) - stat.ctime,
+                        stat.ephemeral_owner,
+                        stat.czxid
+                    ));
+                }
             }
+            children.sort();
+            Ok::<_, zookeeper_client::Error>(children)
+        };
+        match tokio::time::timeout(Duration::from_secs(5), look).await {
+            Ok(Ok(children)) => eprintln!("DIAGNOSE {key} {what}: member {member}: queue {children:?}"),
+            Ok(Err(e)) => eprintln!("DIAGNOSE {key} {what}: member {member}: cannot look: {e}"),
+            Err(_) => eprintln!("DIAGNOSE {key} {what}: member {member}: no answer within 5 s"),
         }
-        Ok::<_, zookeeper_client::Error>(children)
-    };
-    match tokio::time::timeout(Duration::from_secs(5), look).await {
-        Ok(Ok(children)) => eprintln!("DIAGNOSE {key} {what}: queue {children:?}"),
-        Ok(Err(e)) => eprintln!("DIAGNOSE {key} {what}: cannot look: {e}"),
-        Err(_) => eprintln!("DIAGNOSE {key} {what}: no answer within 5 s"),
     }
 }
 
