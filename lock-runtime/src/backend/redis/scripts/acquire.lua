@@ -42,9 +42,7 @@ if current == holder or current == holder .. '+w' then
   -- An earlier attempt of this same acquisition was applied but its reply was
   -- lost (timeout, dropped connection): the lock is ours. Its lease only
   -- lengthens: this may be a late copy, landing after an extension.
-  if redis.call('PTTL', KEYS[1]) < ttl then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-  end
+  lengthen(KEYS[1], ttl)
   if ARGV[3] == '1' then
     return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
   end

@@ -59,9 +59,7 @@ local current = redis.call('GET', KEYS[1])
 if current == holder then
   -- An earlier attempt of this acquisition was applied, its reply lost.
   -- Its lease only lengthens (this may be a late copy).
-  if redis.call('PTTL', KEYS[1]) < ttl then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-  end
+  lengthen(KEYS[1], ttl)
   leave_line()
   if ARGV[3] == '1' then
     return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}

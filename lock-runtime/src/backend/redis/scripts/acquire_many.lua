@@ -59,9 +59,7 @@ for i, key in ipairs(KEYS) do
   if ours[i] then
     -- PEXPIRE keeps a waiter's `+w` mark; an earlier attempt's lease only
     -- lengthens (this may be a late copy).
-    if redis.call('PTTL', key) < ttl then
-      redis.call('PEXPIRE', key, ttl)
-    end
+    lengthen(key, ttl)
   else
     redis.call('SET', key, holder, 'PX', ttl)
   end

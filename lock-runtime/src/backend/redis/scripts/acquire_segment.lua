@@ -46,9 +46,7 @@ local values = redis.call('MGET', unpack(KEYS, 1, n))
 for i = 1, n do
   if values[i] == holder or values[i] == holder .. '+w' then
     -- Its lease only lengthens (this may be a late copy).
-    if redis.call('PTTL', KEYS[i]) < ttl then
-      redis.call('PEXPIRE', KEYS[i], ttl)
-    end
+    lengthen(KEYS[i], ttl)
     if fencing then
       return {1, i - 1, tonumber(redis.call('GET', KEYS[n + i]) or '0')}
     end

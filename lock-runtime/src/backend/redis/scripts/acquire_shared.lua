@@ -82,9 +82,7 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 
 local function outlast(ms)
-  if redis.call('PTTL', KEYS[1]) < ms then
-    redis.call('PEXPIRE', KEYS[1], ms)
-  end
+  lengthen(KEYS[1], ms)
 end
 
 -- An earlier attempt of this same acquisition may have been applied with

@@ -35,6 +35,15 @@ local function refuse_attempt(shape)
   return nil
 end
 
+-- Makes `key`'s lease last at least `ms` from now, never shorter. It always
+-- writes (the remaining time, rounded up, when that is longer): a client
+-- that asks for replica acknowledgements waits (WAIT) for its own writes,
+-- and a renewal that wrote nothing would be confirmed without the replicas
+-- having the longer expiry an earlier write, on another connection, set.
+local function lengthen(key, ms)
+  redis.call('PEXPIRE', key, math.max(redis.call('PTTL', key) + 1, ms))
+end
+
 -- The server's clock in milliseconds: shared locks score their holders'
 -- leases with it.
 local function now_ms()

@@ -29,16 +29,12 @@ if string.match(ARGV[1], '^[rwp]:') then
   if tonumber(ends) < now + ttl then
     redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
   end
-  if redis.call('PTTL', KEYS[1]) < ttl then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-  end
+  lengthen(KEYS[1], ttl)
   return 1
 end
 local current = redis.pcall('GET', KEYS[1])
 if current ~= ARGV[1] and current ~= ARGV[1] .. '+w' then
   return 0
 end
-if redis.call('PTTL', KEYS[1]) < ttl then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
+lengthen(KEYS[1], ttl)
 return 1

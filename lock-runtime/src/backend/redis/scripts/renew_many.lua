@@ -38,9 +38,7 @@ local function renew_member(key, member, ttl)
   if tonumber(ends) < now + ttl then
     redis.call('ZADD', key, now + ttl, member)
   end
-  if redis.call('PTTL', key) < ttl then
-    redis.call('PEXPIRE', key, ttl)
-  end
+  lengthen(key, ttl)
   return 1
 end
 
@@ -53,9 +51,7 @@ for i, key in ipairs(KEYS) do
   else
     local current = redis.pcall('GET', key)
     if current == holder or current == holder .. '+w' then
-      if redis.call('PTTL', key) < tonumber(ARGV[2 * i]) then
-        redis.call('PEXPIRE', key, ARGV[2 * i])
-      end
+      lengthen(key, tonumber(ARGV[2 * i]))
       renewed[i] = 1
     else
       renewed[i] = 0
