@@ -220,6 +220,30 @@ pub async fn renewed(guard: &lock_runtime::LockGuard, within: Duration) -> bool 
         .is_some()
 }
 
+/// A renewal never shortens a lease. Takes `key` on `locks` with a 600 ms
+/// lease, has `lengthen` make it a minute long on the server (as a nested
+/// call's extension makes it, while a renewal with the old ttl may still be
+/// on its way), waits for the watchdog's next confirmed renewal, and checks
+/// that `seconds_left`, read on the server, still finds most of the minute.
+pub async fn check_a_renewal_keeps_a_longer_lease(
+    locks: &lock_runtime::LockClient,
+    key: &str,
+    lengthen: impl AsyncFnOnce(),
+    seconds_left: impl AsyncFnOnce() -> i64,
+) {
+    let guard = locks
+        .lock(key)
+        .ttl(Duration::from_millis(600))
+        .acquire()
+        .await
+        .expect("acquire");
+    lengthen().await;
+    assert!(renewed(&guard, Duration::from_secs(5)).await, "no renewal");
+    let left = seconds_left().await;
+    assert!(left > 50, "a renewal cut the minute-long lease to {left} s");
+    guard.release().await.expect("release");
+}
+
 /// The mutual-exclusion workload: `tasks` tasks each increment the Redis
 /// counter `counter` `per_task` times under the lock `counter`, by GET, a
 /// yield, then SET, which loses updates unless the holders exclude each

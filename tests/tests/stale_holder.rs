@@ -630,7 +630,7 @@ where
 }
 
 /// A reader whose lease ended, while a writer took the lock, asks in a
-/// nested call for a longer lease: the extension (`renew.lua`) must not put
+/// nested call for a longer lease: the extension (`renew_many.lua`) must not put
 /// it back beside the writer.
 async fn a_stale_reader_extension_leaves_the_writers_lock(rig: Rig) {
     let locks = rig.client().await;

@@ -811,9 +811,8 @@ impl EtcdBackend {
     /// A fixed lease: delete the key when its ttl has passed, unless it was
     /// released (or extended) by then.
     fn expire_at(&self, key: &LockKey, holder: &str, at: Instant) {
-        self.with_entry(key, holder, |e| {
-            e.expires = Some(e.expires.map_or(at, |ends| ends.max(at)))
-        });
+        // Only later than an end already set, as on the server.
+        self.with_entry(key, holder, |e| e.expires = e.expires.max(Some(at)));
         let (Some(client), Some(lease_id)) = (
             self.client.get().map(|client| (**client).clone()),
             self.current_lease().map(|l| l.id),

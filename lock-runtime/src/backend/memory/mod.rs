@@ -297,7 +297,7 @@ impl State {
             };
             let lease = Lease {
                 holder: req.holder.to_owned(),
-                expires: ours.map_or(now + req.ttl, |ends| ends.max(now + req.ttl)),
+                expires: ours.unwrap_or(now).max(now + req.ttl),
             };
             self.insert(&key.redis_key, Entry::Exclusive(lease), now);
         }
@@ -372,7 +372,7 @@ impl State {
         members.push(Lease {
             holder: req.holder.to_owned(),
             // Never shorter than the lease an earlier attempt got.
-            expires: mine.map_or(now + req.ttl, |ends| ends.max(now + req.ttl)),
+            expires: mine.unwrap_or(now).max(now + req.ttl),
         });
         let token = match (req.fencing, mine) {
             (false, _) => None,

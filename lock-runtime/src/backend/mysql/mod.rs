@@ -275,20 +275,22 @@ impl Backend for MysqlBackend {
     }
 
     async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
-        if is_member(holder) {
-            return self.renew_member(key, holder, ttl).await;
-        }
-        let statement = &self.sql.renew;
+        // A shared lock's holder is a row of the members table.
+        let (renew, still_held) = if is_member(holder) {
+            (&self.shared.renew, &self.shared.still_held)
+        } else {
+            (&self.sql.renew, &self.sql.still_held)
+        };
         let name = key.redis_key.as_str();
         self.run(key, "renew", || async {
             let conn = &mut self.pool.get_conn().await?;
-            conn.exec_drop(statement, (as_micros(ttl), name, holder)).await?;
+            conn.exec_drop(renew, (as_micros(ttl), name, holder)).await?;
             if conn.affected_rows() > 0 {
                 return Ok(true);
             }
             // Nothing changed: not ours, or ours with the expiry already
-            // where it was asked to be (an extension that did not extend).
-            let held: Option<i64> = conn.exec_first(&self.sql.still_held, (name, holder)).await?;
+            // past what was asked (a renewal that did not lengthen).
+            let held: Option<i64> = conn.exec_first(still_held, (name, holder)).await?;
             Ok(held.is_some())
         })
         .await

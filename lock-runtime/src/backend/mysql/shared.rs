@@ -127,28 +127,6 @@ impl MysqlBackend {
         .await
     }
 
-    /// Sets (or only lengthens) `member`'s lease if it is still one.
-    pub(super) async fn renew_member(
-        &self,
-        key: &LockKey,
-        member: &str,
-        ttl: Duration,
-    ) -> Result<bool, Failure> {
-        let sql = &self.shared;
-        let statement = &sql.renew;
-        let name = key.redis_key.as_str();
-        self.run(key, "renew", || async {
-            let conn = &mut self.pool.get_conn().await?;
-            conn.exec_drop(statement, (as_micros(ttl), name, member)).await?;
-            if conn.affected_rows() > 0 {
-                return Ok(true);
-            }
-            let held: Option<i64> = conn.exec_first(&sql.still_held, (name, member)).await?;
-            Ok(held.is_some())
-        })
-        .await
-    }
-
     /// The kind of shared lock whose gate an exclusive attempt met.
     pub(super) async fn gate_found(&self, key: &LockKey) -> Result<&'static str, Failure> {
         let sql = format!("SELECT holder FROM `{}` WHERE name = ?", self.table);

@@ -8,13 +8,12 @@
 //!   the common case); if a row is there, an upsert that takes a missing,
 //!   expired or already-own row, and otherwise reports what is left of the
 //!   holder's lease;
-//! - renew: `UPDATE … SET expires_at = greatest(…) WHERE name = $1 AND holder = $2`
-//!   (a lease only lengthens: a renewal sent before an extension may land
-//!   after it);
+//! - renew, of one lease or of many (the watchdog's): one
+//!   `UPDATE … SET expires_at = greatest(…) FROM unnest(…)` (a lease only
+//!   lengthens: a renewal sent before an extension may land after it);
 //! - release: a plain `DELETE … WHERE name = $1 AND holder = $2` of a row
 //!   never fenced; if none went, the statement that also frees a fenced row
-//!   and keeps its counter;
-//! - the watchdog's renewals of many leases: one `UPDATE … FROM unnest(…)`.
+//!   and keeps its counter.
 //!
 //! Unlike `pg_advisory_lock`, a lease is not tied to a session: a pooled
 //! connection recycled, or a transaction-mode pooler in between, cannot
@@ -430,21 +429,8 @@ impl Backend for PostgresBackend {
     }
 
     async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
-        if is_member(holder) {
-            return self.extend_member(key, holder, ttl).await;
-        }
-        let name = key.redis_key.as_str();
-        self.run(key, "renew", || async {
-            let client = self.pool.get().await?;
-            let statement = client.prepare_cached(&self.sql.extend).await?;
-            // PostgreSQL counts the rows matched, changed or not: an
-            // extension that did not extend still says the lock is held.
-            Ok(client
-                .execute(&statement, &[&as_micros(ttl), &name, &holder])
-                .await?
-                > 0)
-        })
-        .await
+        let renewed = self.renew_many(&[RenewItem { key, holder, ttl }]).await?;
+        Ok(renewed == [Renewal::Renewed])
     }
 
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {

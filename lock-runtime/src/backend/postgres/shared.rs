@@ -187,23 +187,4 @@ impl PostgresBackend {
         .await?;
         Ok(())
     }
-
-    /// Only lengthens `member`'s lease, if it is still one.
-    pub(super) async fn extend_member(
-        &self,
-        key: &LockKey,
-        member: &str,
-        ttl: Duration,
-    ) -> Result<bool, Failure> {
-        let name = key.redis_key.as_str();
-        self.run(key, "renew", || async {
-            let client = self.pool.get().await?;
-            let statement = client.prepare_cached(&self.members.extend).await?;
-            Ok(client
-                .execute(&statement, &[&as_micros(ttl), &name, &member])
-                .await?
-                > 0)
-        })
-        .await
-    }
 }

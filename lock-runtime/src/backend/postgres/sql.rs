@@ -31,7 +31,6 @@ pub(super) struct Statements {
     pub(super) create: String,
     pub(super) acquire: String,
     pub(super) take_free: String,
-    pub(super) extend: String,
     pub(super) renew_many: String,
     pub(super) release: String,
     pub(super) release_unfenced: String,
@@ -66,9 +65,10 @@ impl Statements {
             // holder's live row the update's condition fails, nothing
             // changes, and the second half reports what is left of its
             // lease. "Already mine" never shortens the lease: it may be a
-            // late copy of an attempt, landing after an extension. (A row inserted by a transaction that committed after
-            // this statement's snapshot is not seen there: then no row
-            // comes back, and the caller looks again shortly.)
+            // late copy of an attempt, landing after an extension. (A row
+            // inserted by a transaction that committed after this
+            // statement's snapshot is not seen there: then no row comes
+            // back, and the caller looks again shortly.)
             acquire: format!(
                 "WITH taken AS (\
                    INSERT INTO {t} AS l (name, holder, expires_at, fence) \
@@ -101,18 +101,12 @@ impl Statements {
                  ON CONFLICT (name) DO NOTHING",
                 lease = lease("$3"),
             ),
-            // Parameters: ttl µs, name, holder. A lease that already
-            // ended is not brought back: someone may have taken it since.
-            extend: format!(
-                "UPDATE {t} SET expires_at = greatest(expires_at, {}) \
-                 WHERE name = $2 AND holder = $3 AND expires_at > clock_timestamp()",
-                lease("$1")
-            ),
             // Parameters: names, holders, ttls µs (arrays, one element per
             // lease): every lease renewed in one statement (one lease too);
             // the rows it returns are the leases still held. A lease only
-            // lengthens: a renewal sent before an extension may land after
-            // it.
+            // lengthens (a renewal sent before an extension may land after
+            // it), and one that already ended is not brought back: someone
+            // may have taken it since.
             renew_many: format!(
                 "UPDATE {t} AS l SET expires_at = \
                    greatest(l.expires_at, clock_timestamp() + r.ttl * interval '1 microsecond') \
@@ -201,7 +195,6 @@ pub(super) struct MemberStatements {
     pub(super) count_members: String,
     pub(super) put_member: String,
     pub(super) delete_member: String,
-    pub(super) extend: String,
     pub(super) renew_many: String,
     pub(super) notify: String,
     pub(super) open_line: String,
@@ -252,11 +245,6 @@ impl MemberStatements {
                 lease("$3")
             ),
             delete_member: format!("DELETE FROM {m} WHERE name = $1 AND member = $2"),
-            extend: format!(
-                "UPDATE {m} SET expires_at = greatest(expires_at, {}) \
-                 WHERE name = $2 AND member = $3 AND expires_at > clock_timestamp()",
-                lease("$1")
-            ),
             renew_many: format!(
                 "UPDATE {m} AS l SET expires_at = \
                    greatest(l.expires_at, clock_timestamp() + r.ttl * interval '1 microsecond') \

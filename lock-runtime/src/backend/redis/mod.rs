@@ -58,7 +58,6 @@ static ACQUIRE_FAIR: LazyLock<Script> = script!("acquire_fair.lua");
 static RELEASE_MANY: LazyLock<Script> = script!("release_many.lua");
 static RELEASE: LazyLock<Script> = script!("release.lua");
 static RELEASE_SEGMENTS: LazyLock<Script> = script!("release_segments.lua");
-static RENEW: LazyLock<Script> = script!("renew.lua");
 static RENEW_MANY: LazyLock<Script> = script!("renew_many.lua");
 static HAND_OVER: LazyLock<Script> = script!("hand_over.lua");
 
@@ -412,16 +411,16 @@ impl<C: Connection> Backend for RedisBackend<C> {
     }
 
     async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
-        let renewed: i64 = ScriptCall::new(&RENEW, 1, 3)
+        // The watchdog's batch script, with one lease.
+        let renewed: Vec<i64> = ScriptCall::new(&RENEW_MANY, 1, 2)
             .arg(&key.redis_key)
             .arg(holder)
             .arg(millis(ttl))
             .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
-        if renewed == 1
-            && let Some(acks) = self.acks
-        {
+        let renewed = renewed == [1];
+        if renewed && let Some(acks) = self.acks {
             let acked = self
                 .conn
                 .wait_for_replicas(&key.redis_key, acks)
@@ -437,7 +436,7 @@ impl<C: Connection> Backend for RedisBackend<C> {
                 });
             }
         }
-        Ok(renewed == 1)
+        Ok(renewed)
     }
 
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {

@@ -769,9 +769,8 @@ impl ZooKeeperBackend {
     /// A fixed lease: delete the child when its ttl has passed, unless it
     /// was released (or extended) by then.
     fn expire_at(&self, key: &LockKey, holder: &str, at: Instant) {
-        self.with_child(key, holder, |c| {
-            c.expires = Some(c.expires.map_or(at, |ends| ends.max(at)))
-        });
+        // Only later than an end already set, as on the server.
+        self.with_child(key, holder, |c| c.expires = c.expires.max(Some(at)));
         let Some(client) = self.live() else {
             return;
         };

@@ -1,5 +1,7 @@
--- Renew many leases in one round trip (the watchdog's batch). A lease is
--- only ever lengthened, as in renew.lua.
+-- Renew leases in one round trip: the watchdog's batch, or one lease (a
+-- nested call's extension). A lease is only ever lengthened: a renewal sent
+-- before an extension may land after it, and the holder counts on the
+-- extension.
 --
 -- KEYS[i]      the lock key of lease i
 -- ARGV[2i-1]   holder id of lease i (the value may carry a waiter's `+w`)
