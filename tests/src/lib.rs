@@ -153,6 +153,34 @@ pub async fn until_waiting(server: &RedisServer, key: &str) {
     assert!(subscribed.is_some(), "nobody waits on `{key}` after 10 s");
 }
 
+/// Has `locks` open more than one pooled connection (three calls at once),
+/// so that a later statement can go out on another connection than one an
+/// earlier call dropped (MariaDB, PostgreSQL).
+pub async fn open_several_connections(locks: &lock_runtime::LockClient) {
+    let call = |key: &'static str| {
+        let locks = locks.clone();
+        async move { locks.lock(key).run(tokio::task::yield_now()).await }
+    };
+    let (a, b, c) = tokio::join!(call("w1"), call("w2"), call("w3"));
+    a.and(b).and(c).expect("three calls at once");
+}
+
+/// A call in another task that takes `key` (a 30 s lease) and holds it
+/// until the task is aborted.
+pub fn call_holding_until_aborted(
+    locks: &lock_runtime::LockClient,
+    key: &str,
+) -> tokio::task::JoinHandle<Result<(), lock_runtime::LockError>> {
+    let (locks, key) = (locks.clone(), key.to_owned());
+    tokio::spawn(async move {
+        locks
+            .lock(key)
+            .ttl(std::time::Duration::from_secs(30))
+            .run(std::future::pending::<()>())
+            .await
+    })
+}
+
 /// A guard on `key` taken by another task, so that the calling task waits
 /// for it like any other holder (in the task that took a guard, a second
 /// call for the key fails at once with `WouldDeadlock`).

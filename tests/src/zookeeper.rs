@@ -93,6 +93,16 @@ impl Member {
                 "-XX:TieredStopAtLevel=1",
                 "-Xshare:auto",
             ])
+            // A restarted member catches up from a full snapshot, never by
+            // DIFF: ZooKeeper up to 3.8.x and 3.9.x (Debian ships 3.8.0) can
+            // leave a follower synced by DIFF holding an ephemeral node the
+            // rest of the ensemble deleted (ZOOKEEPER-4785, fixed in 3.8.5 and 3.9.2;
+            // ZOOKEEPER-5010, "purge orphaned ephemerals after DIFF sync",
+            // not yet released). A lock client on that member then waits
+            // behind a holder that no longer exists, for as long as the
+            // member runs: the stalls S3rwzk and the ensemble test met one
+            // run in a few. docs/backends.md gives operators the same flag.
+            .arg("-Dzookeeper.forceSnapshotSync=true")
             .arg("-cp")
             .arg(classpath())
             .arg(main)

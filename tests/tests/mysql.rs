@@ -593,3 +593,71 @@ async fn a_renewal_never_shortens_a_longer_lease() {
     })
     .await
 }
+
+/// An acquisition dropped while its statement waits in the server gives the
+/// lock back after the statement lands, not before (see
+/// `backend/unanswered.rs`; PostgreSQL's test of the same is in
+/// `postgres.rs`). Here the statement waits for a gap lock another session
+/// keeps on the missing row; a give-back sent early would not wait for it
+/// (gap locks do not conflict with each other) and would delete nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_dropped_mid_statement_gives_the_lock_back_after_it_lands() {
+    lock_tests::bounded(
+        "an_acquisition_dropped_mid_statement_gives_the_lock_back_after_it_lands",
+        async move {
+            use mysql_async::prelude::Queryable;
+            let server = MariaDb::start();
+            // Answers may take as long as the blocking session stays open.
+            let locks = LockClient::builder()
+                .command_timeout(Duration::from_secs(20))
+                .mysql(&server.url())
+                .await
+                .expect("connect");
+            lock_tests::open_several_connections(&locks).await;
+            let mut blocker = mysql_async::Conn::from_url(server.url()).await.expect("connect");
+            blocker.query_drop("BEGIN").await.expect("begin");
+            blocker
+                .query_drop("SELECT name FROM distributed_locks WHERE name = 'lock:{k}' FOR UPDATE")
+                .await
+                .expect("a gap lock where the row would go");
+            let count = async |sql: &str| -> u64 {
+                let rows = server.sql(sql).await;
+                let cell = rows[0].last().cloned().flatten().expect("a count");
+                cell.parse().expect("a number")
+            };
+            let call = lock_tests::call_holding_until_aborted(&locks, "k");
+            let waiting = "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'";
+            while count(waiting).await != 1 {
+                assert!(
+                    !call.is_finished(),
+                    "the acquisition ended before it waited: {call:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let deletes = "SHOW GLOBAL STATUS LIKE 'Com_delete'";
+            let deletes_before = count(deletes).await;
+            call.abort();
+            let _ = call.await;
+            // A give-back sent now finishes at once: give it a second to
+            // show, then let the statement land.
+            let shown_by = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < shown_by && count(deletes).await == deletes_before {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            eprintln!(
+                "a give-back finished before the statement landed: {}",
+                count(deletes).await != deletes_before
+            );
+            blocker.query_drop("COMMIT").await.expect("commit");
+            let free_by = Instant::now() + Duration::from_secs(5);
+            while let Some(held) = row(&server, "k").await {
+                assert!(
+                    Instant::now() < free_by,
+                    "the dropped acquisition's lock is still held 5 s after its statement landed: {held:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await
+}

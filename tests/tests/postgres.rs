@@ -896,3 +896,81 @@ async fn a_renewal_never_shortens_a_longer_lease() {
     })
     .await
 }
+
+/// An acquisition dropped while its statement waits in the server gives the
+/// lock back after the statement lands, not before. Its give-back goes out
+/// on another pooled connection: sent at once, it found nothing to delete,
+/// and the statement then took the lock for its whole lease. The CI tier
+/// met that as `behaviour::postgres::every_exit_path_releases` failing
+/// "after abort", the lock held for the default 30 s. Here the statement
+/// waits behind a row lock another session keeps; the give-back, when
+/// sent early, is seen finishing (it does not wait for that row lock: the
+/// row is not the holder's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_dropped_mid_statement_gives_the_lock_back_after_it_lands() {
+    lock_tests::bounded(
+        "an_acquisition_dropped_mid_statement_gives_the_lock_back_after_it_lands",
+        async move {
+            let server = Postgres::start();
+            // Answers may take as long as the blocking session stays open.
+            let locks = LockClient::builder()
+                .command_timeout(Duration::from_secs(20))
+                .postgres(&server.url())
+                .await
+                .expect("connect");
+            lock_tests::open_several_connections(&locks).await;
+            // Someone else's expired lease: the acquisition's upsert must
+            // lock its row, and the session below keeps it locked.
+            tokio::task::block_in_place(|| {
+                server.sql(
+                    "INSERT INTO distributed_locks (name, holder, expires_at) \
+                     VALUES ('lock:{k}', 'gone', clock_timestamp() - interval '1 second')",
+                );
+            });
+            let mut blocker = server.session();
+            blocker.send("BEGIN; SELECT 1 FROM distributed_locks WHERE name = 'lock:{k}' FOR UPDATE;");
+            let count = |sql: &str| tokio::task::block_in_place(|| server.sql(sql)).concat();
+            while count("SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'") != "1" {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let call = lock_tests::call_holding_until_aborted(&locks, "k");
+            while count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") != "1" {
+                assert!(
+                    !call.is_finished(),
+                    "the acquisition ended before it waited: {call:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let dropped_at = count("SELECT clock_timestamp()");
+            call.abort();
+            let _ = call.await;
+            // A give-back sent now finishes at once (the locked row is not
+            // the holder's): give it a second to show, then let the
+            // statement land.
+            let gave_back_early = format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' \
+                 AND query LIKE 'WITH gone AS (DELETE%' AND state_change > '{dropped_at}'"
+            );
+            let shown_by = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < shown_by && count(&gave_back_early) == "0" {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            eprintln!(
+                "a give-back finished before the statement landed: {}",
+                count(&gave_back_early) != "0"
+            );
+            blocker.send("COMMIT;");
+            tokio::task::block_in_place(|| blocker.finish());
+            let free_by = Instant::now() + Duration::from_secs(5);
+            while tokio::task::block_in_place(|| row(&server, "k")).is_some() {
+                assert!(
+                    Instant::now() < free_by,
+                    "the dropped acquisition's lock is still held 5 s after its statement landed: {:?}",
+                    tokio::task::block_in_place(|| row(&server, "k"))
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await
+}

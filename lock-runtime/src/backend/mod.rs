@@ -26,6 +26,8 @@ pub(crate) mod redis;
 #[cfg(feature = "testing")]
 pub(crate) mod sim;
 mod tls;
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+mod unanswered;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;
 

@@ -70,13 +70,14 @@ impl MysqlBackend {
     ) -> Result<AcquireReply, Failure> {
         let outcome = self
             .run(req.key, "acquire", || async {
-                let conn = &mut self.pool.get_conn().await?;
-                let mut tx = conn.start_transaction(TxOpts::default()).await?;
+                let mut attempt = self.attempt(req.holder).await?;
+                let mut tx = attempt.connection().start_transaction(TxOpts::default()).await?;
                 let reply = match body {
                     Body::Shared { permits } => self.admit_in(&mut tx, req, permits).await?,
                     Body::Fair => self.fair_in(&mut tx, req).await?,
                 };
                 tx.commit().await?;
+                attempt.answered();
                 Ok(reply)
             })
             .await?;
@@ -132,8 +133,12 @@ impl MysqlBackend {
         let ttl_us = as_micros(req.ttl);
         let step = u64::from(req.fencing);
         self.run(req.key, "acquire", || async {
-            let conn = &mut self.pool.get_conn().await?;
-            Ok(match self.take(conn, name, req.holder, ttl_us, step).await? {
+            let mut attempt = self.attempt(req.holder).await?;
+            let taken = self
+                .take(attempt.connection(), name, req.holder, ttl_us, step)
+                .await?;
+            attempt.answered();
+            Ok(match taken {
                 Taken::Ours(token) => AcquireReply::acquired(req.fencing.then_some(token)),
                 Taken::Held(left) => held(left, 0),
             })
@@ -150,21 +155,27 @@ impl MysqlBackend {
         let ttl_us = as_micros(req.ttl);
         let step = u64::from(req.fencing);
         self.run(req.key, "acquire", || async {
-            let conn = &mut self.pool.get_conn().await?;
+            let mut attempt = self.attempt(req.holder).await?;
             // The soonest any segment frees.
             let mut soonest = Duration::MAX;
+            let mut taken = None;
             for (i, name) in (0..count).zip(&names) {
-                match self.take(conn, name, req.holder, ttl_us, step).await? {
+                match self
+                    .take(attempt.connection(), name, req.holder, ttl_us, step)
+                    .await?
+                {
                     Taken::Ours(token) => {
-                        return Ok(AcquireReply::Acquired {
+                        taken = Some(AcquireReply::Acquired {
                             token: req.fencing.then_some(token),
                             segment: Some(i),
                         });
+                        break;
                     }
                     Taken::Held(left) => soonest = soonest.min(left),
                 }
             }
-            Ok(held(soonest, 0))
+            attempt.answered();
+            Ok(taken.unwrap_or_else(|| held(soonest, 0)))
         })
         .await
     }
@@ -178,23 +189,35 @@ impl MysqlBackend {
         }
         let ttl_us = as_micros(req.ttl);
         self.run(req.key, "acquire", || async {
-            let conn = &mut self.pool.get_conn().await?;
+            let mut attempt = self.attempt(req.holder).await?;
             // The driver's transaction: rolled back if this future is
             // dropped half-way, before the connection is reused.
-            let mut tx = conn.start_transaction(TxOpts::default()).await?;
+            let mut tx = attempt.connection().start_transaction(TxOpts::default()).await?;
+            let mut in_the_way = None;
             for (i, key) in set.iter().enumerate() {
                 if let Taken::Held(left) = self.take(&mut tx, &key.redis_key, req.holder, ttl_us, 0).await? {
-                    tx.rollback().await?;
-                    return Ok(held(left, i));
+                    in_the_way = Some(held(left, i));
+                    break;
                 }
             }
-            tx.commit().await?;
-            Ok(AcquireReply::acquired(None))
+            let reply = match in_the_way {
+                Some(held) => {
+                    tx.rollback().await?;
+                    held
+                }
+                None => {
+                    tx.commit().await?;
+                    AcquireReply::acquired(None)
+                }
+            };
+            attempt.answered();
+            Ok(reply)
         })
         .await
     }
 
     async fn release_names(&self, key: &LockKey, names: &[&str], holder: &str) -> Result<bool, Failure> {
+        self.after_unanswered(holder).await;
         self.run(key, "release", || async {
             let conn = &mut self.pool.get_conn().await?;
             let mut any = false;
@@ -249,6 +272,7 @@ impl Backend for MysqlBackend {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        self.after_unanswered(holder).await;
         if is_member(holder) {
             return self.release_member(key, holder).await;
         }

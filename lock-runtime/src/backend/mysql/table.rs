@@ -4,13 +4,15 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
+use mysql_async::{Conn, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
 
 use super::sql::{FairStatements, MAX_NAME_BYTES, SharedStatements, Statements};
 use crate::backend::contract::{AcquireReply, Failure};
+use crate::backend::unanswered::{Answering, Attempt, Unanswered};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::redact::{redact_secrets, redact_url};
@@ -29,6 +31,9 @@ pub(crate) struct MysqlBackend {
     /// The URL as given, only to scrub its secrets from driver messages.
     pub(super) url: String,
     pub(super) timeout: Duration,
+    /// Acquisition attempts dropped before their answer (see
+    /// `backend/unanswered.rs`).
+    pub(super) unanswered: Arc<Unanswered>,
 }
 
 impl fmt::Debug for MysqlBackend {
@@ -105,6 +110,7 @@ impl MysqlBackend {
             node,
             url: url.to_owned(),
             timeout,
+            unanswered: Arc::default(),
         })
     }
 
@@ -186,6 +192,21 @@ impl MysqlBackend {
         }
     }
 
+    /// A pooled connection for one acquisition attempt of `holder`: see
+    /// `backend/unanswered.rs` for why it is watched.
+    pub(super) async fn attempt<'a>(
+        &'a self,
+        holder: &'a str,
+    ) -> Result<Attempt<'a, Conn>, mysql_async::Error> {
+        Ok(self.unanswered.attempt(self.pool.get_conn().await?, holder))
+    }
+
+    /// Waits (at most the command timeout) for `holder`'s attempts dropped
+    /// unanswered, so that a give-back sent next lands after them.
+    pub(super) async fn after_unanswered(&self, holder: &str) {
+        self.unanswered.settled(holder, self.timeout).await;
+    }
+
     /// Runs `work` within the command timeout, creating the table once if
     /// the server says it is missing (a table dropped under a running
     /// service, or a lazily built client) and running it again.
@@ -260,4 +281,14 @@ pub(super) fn as_micros(d: Duration) -> u64 {
 /// so the caller looks again soon.
 pub(super) fn micros(left: u64) -> Duration {
     Duration::from_micros(left).max(Duration::from_millis(1))
+}
+
+impl Answering for Conn {
+    async fn answer_pending(mut self) {
+        // The driver first reads what the dropped attempt left unread (and
+        // rolls back its transaction, if one was open), then sends this.
+        // Answered, or failed with the connection: either way the attempt
+        // is done.
+        let _ = self.query_drop("DO 0").await;
+    }
 }

@@ -24,10 +24,11 @@ impl PostgresBackend {
         Self::check_name(req.key, &req.key.redis_key)?;
         let outcome = self
             .run(req.key, "acquire", || async {
-                let mut client = self.pool.get().await?;
-                let tx = client.transaction().await?;
+                let mut attempt = self.attempt(req.holder).await?;
+                let tx = attempt.connection().transaction().await?;
                 let reply = self.fair_in(&tx, req).await?;
                 tx.commit().await?;
+                attempt.answered();
                 Ok(reply)
             })
             .await?;

@@ -34,7 +34,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use deadpool_postgres::PoolError;
+use deadpool_postgres::{Object, PoolError};
 
 use self::shared::{gate_kind, is_member};
 pub(crate) use self::table::PostgresBackend;
@@ -156,21 +156,26 @@ impl PostgresBackend {
         let ttl_us = as_micros(req.ttl);
         let step = i64::from(req.fencing);
         self.run(req.key, "acquire", || async {
-            let client = self.pool.get().await?;
+            let mut attempt = self.attempt(req.holder).await?;
+            let client = &*attempt.connection();
             // The first attempt, which most often finds the lock free, and
             // not a fenced one, whose row outlives its holders.
-            if req.first && !req.fencing {
+            let taken_free = req.first && !req.fencing && {
                 let statement = client.prepare_cached(&self.sql.take_free).await?;
-                if client.execute(&statement, &[&name, &req.holder, &ttl_us]).await? == 1 {
-                    return Ok(Ok(AcquireReply::acquired(None)));
+                client.execute(&statement, &[&name, &req.holder, &ttl_us]).await? == 1
+            };
+            let reply = if taken_free {
+                Ok(AcquireReply::acquired(None))
+            } else {
+                match self.take(client, name, req.holder, ttl_us, step).await? {
+                    Taken::Ours(token) => Ok(AcquireReply::acquired(req.fencing.then_some(token))),
+                    Taken::Held(left, None) => Ok(held(left, 0)),
+                    Taken::Held(left, Some(seen)) => Ok(held(self.mark(client, name, &seen, left).await?, 0)),
+                    Taken::Gate(marker) => Err(marker),
                 }
-            }
-            Ok(match self.take(&client, name, req.holder, ttl_us, step).await? {
-                Taken::Ours(token) => Ok(AcquireReply::acquired(req.fencing.then_some(token))),
-                Taken::Held(left, None) => Ok(held(left, 0)),
-                Taken::Held(left, Some(seen)) => Ok(held(self.mark(&client, name, &seen, left).await?, 0)),
-                Taken::Gate(marker) => Err(marker),
-            })
+            };
+            attempt.answered();
+            Ok(reply)
         })
         .await?
         .map_err(|marker| conflict(req.key, gate_kind(&marker)))
@@ -185,27 +190,34 @@ impl PostgresBackend {
         let ttl_us = as_micros(req.ttl);
         let step = i64::from(req.fencing);
         self.run(req.key, "acquire", || async {
-            let client = self.pool.get().await?;
+            let mut attempt = self.attempt(req.holder).await?;
+            let client = &*attempt.connection();
             // The soonest any segment frees.
             let mut soonest = Duration::MAX;
+            let mut outcome = None;
             for (i, name) in (0..count).zip(&names) {
-                match self.take(&client, name, req.holder, ttl_us, step).await? {
+                match self.take(client, name, req.holder, ttl_us, step).await? {
                     Taken::Ours(token) => {
-                        return Ok(Ok(AcquireReply::Acquired {
+                        outcome = Some(Ok(AcquireReply::Acquired {
                             token: req.fencing.then_some(token),
                             segment: Some(i),
                         }));
+                        break;
                     }
                     Taken::Held(left, None) => soonest = soonest.min(left),
                     // Every segment's release must be announced: a waiter
                     // takes whichever frees first.
                     Taken::Held(left, Some(seen)) => {
-                        soonest = soonest.min(self.mark(&client, name, &seen, left).await?);
+                        soonest = soonest.min(self.mark(client, name, &seen, left).await?);
                     }
-                    Taken::Gate(marker) => return Ok(Err(marker)),
+                    Taken::Gate(marker) => {
+                        outcome = Some(Err(marker));
+                        break;
+                    }
                 }
             }
-            Ok(Ok(held(soonest, 0)))
+            attempt.answered();
+            Ok(outcome.unwrap_or_else(|| Ok(held(soonest, 0))))
         })
         .await?
         .map_err(|marker| conflict(req.key, gate_kind(&marker)))
@@ -221,34 +233,49 @@ impl PostgresBackend {
         }
         let ttl_us = as_micros(req.ttl);
         self.run(req.key, "acquire", || async {
-            let mut client = self.pool.get().await?;
-            // Rolled back when dropped uncommitted (this future dropped
-            // half-way included), before the connection is reused.
-            let tx = client.transaction().await?;
-            for (i, key) in set.iter().enumerate() {
-                match self.take(&tx, &key.redis_key, req.holder, ttl_us, 0).await? {
-                    Taken::Ours(_) => {}
-                    Taken::Held(left, unmarked) => {
-                        tx.rollback().await?;
-                        // Marked outside the rolled-back transaction, or
-                        // the mark would go with it.
-                        let wait = match unmarked {
-                            Some(seen) => self.mark(&client, &key.redis_key, &seen, left).await?,
-                            None => left,
-                        };
-                        return Ok(Ok(held(wait, i)));
-                    }
-                    Taken::Gate(marker) => {
-                        tx.rollback().await?;
-                        return Ok(Err((i, marker)));
-                    }
-                }
-            }
-            tx.commit().await?;
-            Ok(Ok(AcquireReply::acquired(None)))
+            let mut attempt = self.attempt(req.holder).await?;
+            let reply = self
+                .take_set(attempt.connection(), &set, req.holder, ttl_us)
+                .await?;
+            attempt.answered();
+            Ok(reply)
         })
         .await?
         .map_err(|(i, marker)| conflict(set[i], gate_kind(&marker)))
+    }
+
+    /// `acquire_set`'s attempt on `client`.
+    async fn take_set(
+        &self,
+        client: &mut Object,
+        set: &[&LockKey],
+        holder: &str,
+        ttl_us: i64,
+    ) -> Result<Result<AcquireReply, (usize, String)>, PoolError> {
+        // Rolled back when dropped uncommitted (this future dropped
+        // half-way included), before the connection is reused.
+        let tx = client.transaction().await?;
+        for (i, key) in set.iter().enumerate() {
+            match self.take(&tx, &key.redis_key, holder, ttl_us, 0).await? {
+                Taken::Ours(_) => {}
+                Taken::Held(left, unmarked) => {
+                    tx.rollback().await?;
+                    // Marked outside the rolled-back transaction, or
+                    // the mark would go with it.
+                    let wait = match unmarked {
+                        Some(seen) => self.mark(&*client, &key.redis_key, &seen, left).await?,
+                        None => left,
+                    };
+                    return Ok(Ok(held(wait, i)));
+                }
+                Taken::Gate(marker) => {
+                    tx.rollback().await?;
+                    return Ok(Err((i, marker)));
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(Ok(AcquireReply::acquired(None)))
     }
 
     /// Gives the exclusive lock `key` from `from` to `to` (a waiter of this
@@ -323,6 +350,7 @@ impl PostgresBackend {
         holder: &str,
         plain_first: bool,
     ) -> Result<bool, Failure> {
+        self.after_unanswered(holder).await;
         self.run(key, "release", || async {
             let client = self.pool.get().await?;
             let client = &client;
@@ -376,6 +404,7 @@ impl PostgresBackend {
 
     async fn release_holder(&self, key: &LockKey, holder: &str, plain_first: bool) -> Result<bool, Failure> {
         if is_member(holder) {
+            self.after_unanswered(holder).await;
             return self.release_member(key, holder).await;
         }
         let released = self

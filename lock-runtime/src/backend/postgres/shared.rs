@@ -40,10 +40,11 @@ impl PostgresBackend {
         Self::check_name(req.key, &req.key.redis_key)?;
         let outcome = self
             .run(req.key, "acquire", || async {
-                let mut client = self.pool.get().await?;
-                let tx = client.transaction().await?;
+                let mut attempt = self.attempt(req.holder).await?;
+                let tx = attempt.connection().transaction().await?;
                 let reply = self.admit_in(&tx, req, permits).await?;
                 tx.commit().await?;
+                attempt.answered();
                 Ok(reply)
             })
             .await?;

@@ -4,13 +4,15 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
 use tokio_postgres::error::SqlState;
 
 use super::sql::{MAX_NAME_BYTES, MemberStatements, Statements};
 use crate::backend::contract::{AcquireReply, Failure};
+use crate::backend::unanswered::{Answering, Attempt, Unanswered};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::redact::{redact_secrets, redact_url};
@@ -36,6 +38,9 @@ pub(crate) struct PostgresBackend {
     /// The URL as given, only to scrub its secrets from driver messages.
     pub(super) url: String,
     pub(super) timeout: Duration,
+    /// Acquisition attempts dropped before their answer (see
+    /// `backend/unanswered.rs`).
+    pub(super) unanswered: Arc<Unanswered>,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -223,6 +228,7 @@ impl PostgresBackend {
             node,
             url: url.to_owned(),
             timeout,
+            unanswered: Arc::default(),
         })
     }
 
@@ -331,6 +337,18 @@ impl PostgresBackend {
         }
     }
 
+    /// A pooled connection for one acquisition attempt of `holder`: see
+    /// `backend/unanswered.rs` for why it is watched.
+    pub(super) async fn attempt<'a>(&'a self, holder: &'a str) -> Result<Attempt<'a, Object>, PoolError> {
+        Ok(self.unanswered.attempt(self.pool.get().await?, holder))
+    }
+
+    /// Waits (at most the command timeout) for `holder`'s attempts dropped
+    /// unanswered, so that a give-back sent next lands after them.
+    pub(super) async fn after_unanswered(&self, holder: &str) {
+        self.unanswered.settled(holder, self.timeout).await;
+    }
+
     /// The lock table and the members table, if missing.
     ///
     /// Two clients creating one at once can both pass `IF NOT EXISTS`, and
@@ -416,4 +434,13 @@ pub(super) fn conflict(key: &LockKey, found: &str) -> Failure {
         redis_key: key.redis_key.clone(),
         found_type: found.into(),
     })
+}
+
+impl Answering for Object {
+    async fn answer_pending(self) {
+        // An empty query: answered after the dropped attempt's statements
+        // (and the rollback of its transaction, queued when that was
+        // dropped), or failed with the connection. Either way they are done.
+        let _ = self.batch_execute("").await;
+    }
 }
