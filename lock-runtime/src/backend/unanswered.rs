@@ -5,9 +5,10 @@
 //! out on another pooled connection, so it could land first, find nothing,
 //! and leave the late grant standing for its whole lease (the CI tier met
 //! that on PostgreSQL: a lock held 30 s after its acquisition was
-//! aborted). A connection answers in order, so one dropped unanswered is
-//! kept until it answers a no-op sent behind the attempt, and a give-back
-//! for the same holder first waits for that ([`Unanswered::settled`]).
+//! aborted). So the attempt's connection is settled first (PostgreSQL: a
+//! no-op sent behind the attempt is answered, a connection answering in
+//! order; MariaDB: the connection's server thread is killed and gone), and
+//! a give-back for the same holder waits for that ([`Unanswered::settled`]).
 //! Redis needs none of this: a client's commands share one connection,
 //! which carries the give-back behind the attempt.
 
@@ -18,11 +19,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-/// A pooled connection that can be asked for an answer behind whatever it
-/// was sent before.
+/// A pooled connection whose unanswered statements can be waited out.
 pub(crate) trait Answering: Send + 'static {
-    /// Sends a no-op and waits for its answer (or the connection's end).
-    fn answer_pending(self) -> impl Future<Output = ()> + Send;
+    /// What settling needs besides the connection (MariaDB: the pool, for
+    /// another connection).
+    type Context: Clone + Send + 'static;
+
+    /// Returns once nothing sent on this connection can still be applied.
+    fn answer_pending(self, context: Self::Context) -> impl Future<Output = ()> + Send;
 }
 
 /// Counts, by holder, the attempts dropped unanswered whose connection has
@@ -68,10 +72,12 @@ impl Unanswered {
     pub(crate) fn attempt<'a, C: Answering>(
         self: &'a Arc<Self>,
         connection: C,
+        context: &'a C::Context,
         holder: &'a str,
     ) -> Attempt<'a, C> {
         Attempt {
             connection: Some(connection),
+            context,
             holder,
             unanswered: self,
         }
@@ -83,6 +89,7 @@ pub(crate) struct Attempt<'a, C: Answering> {
     /// Taken when the attempt is answered; still here when it is dropped
     /// before that.
     connection: Option<C>,
+    context: &'a C::Context,
     holder: &'a str,
     unanswered: &'a Arc<Unanswered>,
 }
@@ -93,8 +100,9 @@ impl<C: Answering> Attempt<'_, C> {
         self.connection.as_mut().expect("held until answered")
     }
 
-    /// The attempt's statements were answered (with rows or an error): the
-    /// connection goes back to its pool as usual.
+    /// The attempt's statements were answered: the connection goes back
+    /// to its pool as usual. (An attempt that failed with an error skips
+    /// this and is settled as a dropped one: rare, and one step more.)
     pub(crate) fn answered(mut self) {
         self.connection = None;
     }
@@ -111,9 +119,10 @@ impl<C: Answering> Drop for Attempt<'_, C> {
             return;
         };
         let (unanswered, holder) = (Arc::clone(self.unanswered), self.holder.to_owned());
+        let context = self.context.clone();
         unanswered.add(&holder);
         runtime.spawn(async move {
-            connection.answer_pending().await;
+            connection.answer_pending(context).await;
             unanswered.answered(&holder);
         });
     }

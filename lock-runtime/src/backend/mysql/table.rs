@@ -198,7 +198,9 @@ impl MysqlBackend {
         &'a self,
         holder: &'a str,
     ) -> Result<Attempt<'a, Conn>, mysql_async::Error> {
-        Ok(self.unanswered.attempt(self.pool.get_conn().await?, holder))
+        Ok(self
+            .unanswered
+            .attempt(self.pool.get_conn().await?, &self.pool, holder))
     }
 
     /// Waits (at most the command timeout) for `holder`'s attempts dropped
@@ -284,11 +286,35 @@ pub(super) fn micros(left: u64) -> Duration {
 }
 
 impl Answering for Conn {
-    async fn answer_pending(mut self) {
-        // The driver first reads what the dropped attempt left unread (and
-        // rolls back its transaction, if one was open), then sends this.
-        // Answered, or failed with the connection: either way the attempt
-        // is done.
-        let _ = self.query_drop("DO 0").await;
+    type Context = Pool;
+
+    async fn answer_pending(self, pool: Pool) {
+        // The driver cannot be asked for the dropped statement's answer: a
+        // statement cut short leaves the connection out of step, marked
+        // broken (the pool would close it). So the connection is closed,
+        // never reused (a clean one with `COM_QUIT`, which the server reads
+        // after anything sent before it, rolling back an open
+        // transaction), and the statement is stopped from another
+        // connection: `KILL CONNECTION` aborts it if it still runs (rolled
+        // back, nothing granted). Once the thread is gone from the process
+        // list, nothing sent on the connection can still be applied.
+        // Bounded, so that a server that stops answering does not keep this
+        // task.
+        let id = self.id();
+        let _ = self.disconnect().await;
+        let settle = async {
+            let mut other = pool.get_conn().await?;
+            // Fails with "unknown thread" if it is gone already.
+            let _ = other.query_drop(format!("KILL CONNECTION {id}")).await;
+            while other
+                .exec_first::<u32, _, _>("SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?", (id,))
+                .await?
+                .is_some()
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            Ok::<(), mysql_async::Error>(())
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(60), settle).await;
     }
 }

@@ -291,6 +291,8 @@ impl PostgresBackend {
         let name = key.redis_key.as_str();
         let ttl_us = as_micros(ttl);
         let step = i64::from(fencing);
+        // Like a release, behind any attempt of `from` still on its way.
+        self.after_unanswered(from).await;
         self.run(key, "hand over", || async {
             let client = self.pool.get().await?;
             let statement = client.prepare_cached(&self.sql.hand_over).await?;

@@ -340,7 +340,7 @@ impl PostgresBackend {
     /// A pooled connection for one acquisition attempt of `holder`: see
     /// `backend/unanswered.rs` for why it is watched.
     pub(super) async fn attempt<'a>(&'a self, holder: &'a str) -> Result<Attempt<'a, Object>, PoolError> {
-        Ok(self.unanswered.attempt(self.pool.get().await?, holder))
+        Ok(self.unanswered.attempt(self.pool.get().await?, &(), holder))
     }
 
     /// Waits (at most the command timeout) for `holder`'s attempts dropped
@@ -437,10 +437,14 @@ pub(super) fn conflict(key: &LockKey, found: &str) -> Failure {
 }
 
 impl Answering for Object {
-    async fn answer_pending(self) {
+    type Context = ();
+
+    async fn answer_pending(self, (): ()) {
         // An empty query: answered after the dropped attempt's statements
         // (and the rollback of its transaction, queued when that was
         // dropped), or failed with the connection. Either way they are done.
-        let _ = self.batch_execute("").await;
+        // Bounded, so that a server that stops answering does not keep this
+        // task (and the connection's place in the pool).
+        let _ = tokio::time::timeout(Duration::from_secs(60), self.batch_execute("")).await;
     }
 }
