@@ -34,6 +34,17 @@ pub(crate) struct MysqlBackend {
     /// Acquisition attempts dropped before their answer (see
     /// `backend/unanswered.rs`).
     pub(super) unanswered: Arc<Unanswered>,
+    /// What settling a dropped attempt needs (see `Answering for Conn`).
+    pub(super) settling: Settling,
+}
+
+/// How a dropped attempt's connection is settled: another connection of
+/// the pool, and the pattern (`%`table`%`) that a statement of this lock
+/// table's matches in the process list.
+#[derive(Clone)]
+pub(crate) struct Settling {
+    pool: Pool,
+    ours: String,
 }
 
 impl fmt::Debug for MysqlBackend {
@@ -101,8 +112,9 @@ impl MysqlBackend {
             // names when it is on this host (a proxy or tunnel in the URL
             // would be bypassed, silently).
             .prefer_socket(false);
+        let pool = Pool::new(opts);
         Ok(MysqlBackend {
-            pool: Pool::new(opts),
+            pool: pool.clone(),
             sql: Statements::new(table),
             shared: Box::new(SharedStatements::new(table)),
             fair: Box::new(FairStatements::new(table)),
@@ -111,6 +123,10 @@ impl MysqlBackend {
             url: url.to_owned(),
             timeout,
             unanswered: Arc::default(),
+            settling: Settling {
+                pool,
+                ours: format!("%`{table}%"),
+            },
         })
     }
 
@@ -200,7 +216,7 @@ impl MysqlBackend {
     ) -> Result<Attempt<'a, Conn>, mysql_async::Error> {
         Ok(self
             .unanswered
-            .attempt(self.pool.get_conn().await?, &self.pool, holder))
+            .attempt(self.pool.get_conn().await?, &self.settling, holder))
     }
 
     /// Waits (at most the command timeout) for `holder`'s attempts dropped
@@ -286,9 +302,9 @@ pub(super) fn micros(left: u64) -> Duration {
 }
 
 impl Answering for Conn {
-    type Context = Pool;
+    type Context = Settling;
 
-    async fn answer_pending(self, pool: Pool) {
+    async fn answer_pending(self, settling: Settling) {
         // The driver cannot be asked for the dropped statement's answer: a
         // statement cut short leaves the connection out of step, marked
         // broken (the pool would close it). So the connection is closed,
@@ -298,19 +314,29 @@ impl Answering for Conn {
         // connection: `KILL CONNECTION` aborts it if it still runs (rolled
         // back, nothing granted). Once the thread is gone from the process
         // list, nothing sent on the connection can still be applied.
-        // Bounded, so that a server that stops answering does not keep this
-        // task.
+        //
+        // Only a thread running a statement on this lock table is killed:
+        // after a server restart (or behind a proxy) the id may name
+        // another connection, and a connection of another program must
+        // never be touched. Bounded, so that a server that stops answering
+        // does not keep this task.
         let id = self.id();
-        let _ = self.disconnect().await;
         let settle = async {
-            let mut other = pool.get_conn().await?;
-            // Fails with "unknown thread" if it is gone already.
-            let _ = other.query_drop(format!("KILL CONNECTION {id}")).await;
-            while other
-                .exec_first::<u32, _, _>("SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?", (id,))
+            let _ = self.disconnect().await;
+            let mut other = settling.pool.get_conn().await?;
+            let mut killed = false;
+            while let Some(running_ours) = other
+                .exec_first::<u8, _, _>(
+                    "SELECT COALESCE(INFO LIKE ?, 0) FROM information_schema.PROCESSLIST WHERE ID = ?",
+                    (settling.ours.as_str(), id),
+                )
                 .await?
-                .is_some()
             {
+                if running_ours == 1 && !killed {
+                    // Fails with "unknown thread" if it is gone already.
+                    let _ = other.query_drop(format!("KILL CONNECTION {id}")).await;
+                    killed = true;
+                }
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             Ok::<(), mysql_async::Error>(())
