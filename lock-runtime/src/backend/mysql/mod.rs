@@ -272,8 +272,9 @@ impl Backend for MysqlBackend {
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        self.after_unanswered(holder).await;
         if is_member(holder) {
+            // `release_names` waits on the other paths.
+            self.after_unanswered(holder).await;
             return self.release_member(key, holder).await;
         }
         let released = self.release_names(key, &[key.redis_key.as_str()], holder).await?;
