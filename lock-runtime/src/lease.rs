@@ -74,9 +74,8 @@ impl Cleanup for Release {
         // A release that meets a broken connection is sent again now, once
         // the client reconnects, rather than leave the lock to its ttl (after
         // a server restart the client can hold more than one dead
-        // connection). Owner-checked, so a second copy is harmless; if the
-        // first was applied after all, the second finds the lock gone
-        // (`NotHeld`), as any release racing its lease's end may.
+        // connection). Owner-checked, so a second copy is harmless.
+        let first_sent = Instant::now();
         let mut attempts = 1;
         let released = loop {
             match client
@@ -87,6 +86,18 @@ impl Cleanup for Release {
                 Err(failure) if failure.reconnecting && attempts < RECONNECTS_AT_ONCE => attempts += 1,
                 released => break released,
             }
+        };
+        // A copy that found the lock gone, after an earlier one broke with
+        // its connection, most likely follows that earlier copy's success
+        // (applied, its answer lost on the way back). If the lease was still
+        // valid when the first copy left, the body ran inside it, which is
+        // what `NotHeld` would deny: the release is done.
+        let released = match released {
+            Ok(false) if attempts > 1 && state.was_valid_at(first_sent) => {
+                tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, "release sent again found the lock already released");
+                Ok(true)
+            }
+            released => released,
         };
         match released {
             Ok(true) => {

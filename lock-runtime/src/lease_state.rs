@@ -188,6 +188,12 @@ impl LeaseState {
         deadline.checked_sub(stop_margin(self.ttl())).unwrap_or(deadline)
     }
 
+    /// Whether the lease was neither lost nor past its validity deadline at
+    /// `at`, as far as the client knows.
+    pub(crate) fn was_valid_at(&self, at: Instant) -> bool {
+        self.lost_reason().is_none() && at < self.deadline()
+    }
+
     /// Whether this holder may still act as the lock's owner.
     pub(crate) fn is_held(&self) -> bool {
         self.is_live() && Instant::now() < self.cutoff()

@@ -170,6 +170,13 @@ impl SimControl {
         self.server.lose_replies(n);
     }
 
+    /// The next `n` requests are applied, and their connections break
+    /// before the replies come back: the client sees a broken connection
+    /// (and reconnects) for a request that did happen.
+    pub fn cut_replies(&self, n: u32) {
+        self.server.cut_replies(n);
+    }
+
     /// The next `n` requests take `by` longer on their way to the server:
     /// a request sent after them can overtake them (another connection).
     pub fn delay_next(&self, n: u32, by: Duration) {

@@ -1,7 +1,8 @@
 //! The runtime against a simulated server (`testing`), on a paused clock,
 //! over thousands of seeded schedules: clients and tasks taking every kind
 //! of lock, nested, handed between a client's tasks and all at once, some given up on mid-call, with random
-//! delays, refused requests, lost replies, requests applied twice, pauses,
+//! delays, refused requests, lost replies (with their connections or
+//! not), requests applied twice, pauses,
 //! restarts, expired and stolen leases, and a server clock running faster
 //! than the client's. Each seed checks that every body ran inside its lease
 //! on the server's clock (a lease the schedule ended by force: inside the
@@ -89,9 +90,10 @@ async fn schedule(seed: u64, options: SimOptions) -> (SimControl, Tokens) {
                     ["rw", "p", "f", "x", "s"][rng.random_range(0..5)],
                     rng.random_range(0..3)
                 );
-                match rng.random_range(0..9) {
+                match rng.random_range(0..10) {
                     0 => sim.pause(Duration::from_millis(rng.random_range(0..400))),
                     1 => sim.lose_replies(rng.random_range(1..3)),
+                    9 => sim.cut_replies(rng.random_range(1..3)),
                     2 => sim.fail_next(rng.random_range(1..3)),
                     3 => sim.delay(Duration::from_millis(rng.random_range(0..30))),
                     4 => sim.restart(Duration::from_millis(rng.random_range(0..300))),
@@ -400,6 +402,58 @@ fn a_stolen_lease_cancels_its_body_at_the_next_renewal() {
             started.elapsed()
         );
         sim.assert_leases_respected();
+    });
+}
+
+/// A release applied whose connection broke before its answer: the
+/// client sends it again on a new connection, finds the lock gone, and
+/// reports the release done, not `NotHeld`: the lease was valid when the
+/// first copy went (the full test command once saw `NotHeld` for a lock
+/// held for milliseconds of a 30 s lease, its release cut by a proxy).
+#[test]
+fn a_release_whose_connection_broke_after_it_landed_is_reported_done() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(11);
+        let guard = locks.lock("cut").acquire().await.expect("free");
+        sim.cut_replies(1);
+        guard.release().await.expect("released by its first copy");
+        let released = sim
+            .history()
+            .iter()
+            .filter(|e| e.what == SimEventKind::Released)
+            .count();
+        assert_eq!(released, 1, "{:?}", sim.history());
+        let again = locks
+            .lock("cut")
+            .wait(Duration::ZERO)
+            .acquire()
+            .await
+            .expect("the lock is free");
+        again.release().await.expect("released");
+        sim.assert_leases_respected();
+    });
+}
+
+/// A release whose lease the server had already dropped, sent again after
+/// its connection broke, still reports `NotHeld`: the first copy found
+/// nothing either, and the client knows the lease was lost.
+#[test]
+fn a_release_of_a_lost_lease_cut_on_its_way_is_still_not_held() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(12);
+        let guard = locks
+            .lock("gone")
+            .ttl(Duration::from_secs(1))
+            .acquire()
+            .await
+            .expect("free");
+        assert!(sim.expire("gone"));
+        // The next renewal finds the lease gone.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!guard.is_held(), "the client knows it lost the lease");
+        sim.cut_replies(1);
+        let err = guard.release().await.expect_err("lost before its release");
+        assert!(matches!(err, LockError::NotHeld { .. }), "{err}");
     });
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LockGuard, LockMode, LostReason};
-use lock_tests::monitor::Monitor;
+use lock_tests::monitor::{Monitor, Watch};
 use lock_tests::{Proxy, RedisServer, commands_between, increment_under_lock, start_masters};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -599,54 +599,131 @@ async fn a_waiter_hears_releases_through_the_masters_that_answer() {
 /// A master left out of the release subscriptions while it did not answer
 /// is subscribed again once it answers: the set is opened again, that
 /// master included, 5 s after it was left out.
+///
+/// Each step has the 200 ms command timeout to answer: a process starved
+/// that long can leave out a master that answers, and wait another 5 s to
+/// try it again. A run that fails so starved says nothing and is run again
+/// (the full test command once found no subscription within 15 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_left_out_while_silent_is_subscribed_again_once_it_answers() {
     lock_tests::bounded(
         "a_master_left_out_while_silent_is_subscribed_again_once_it_answers",
         async move {
-            let (masters, proxies, urls) = proxied_masters().await;
-            let holder = redlock(&urls).await;
-            let waiter = redlock(&urls).await;
-            let held = holder
-                .lock("rejoin")
-                .ttl(Duration::from_secs(30))
-                .acquire()
-                .await
-                .expect("the holder gets the lock");
-            proxies[0].blackhole();
-            // Longer than the 5 s the left-out master waits to be tried again.
-            let waiting = lock_tests::spawn_waiter_within(&waiter, "rejoin", Duration::from_secs(60));
-            // The attempt and the subscription each wait out the silent
-            // master's timeout first: about 2 s alone, and more than 5 s once
-            // on a loaded machine (the full test command). While the master
-            // stays silent, each retry leaves it out again, so a longer
-            // bound proves the same.
-            let without_it = lock_tests::eventually(Duration::from_secs(15), || {
-                subscribed(&masters[1], "rejoin") && subscribed(&masters[2], "rejoin")
-            })
-            .await;
-            assert!(
-                without_it.is_some(),
-                "the waiter never subscribed on the masters that answer"
-            );
-            assert!(
-                !subscribed(&masters[0], "rejoin"),
-                "a blackholed master got the subscription"
-            );
-            proxies[0].pass();
-            // The retry (5 s), the new connection and one SUBSCRIBE, with
-            // room for a slow machine.
-            let rejoined =
-                lock_tests::eventually(Duration::from_secs(10), || subscribed(&masters[0], "rejoin")).await;
-            assert!(
-                rejoined.is_some(),
-                "the master that answers again was not subscribed to within 10 s"
-            );
-            held.release().await.expect("release");
-            waiting.await.expect("the waiter's task");
+            let starved = Duration::from_millis(100);
+            for run in 1..=3 {
+                let watch = Watch::start();
+                match left_out_then_subscribed_again().await {
+                    Ok(()) => return,
+                    Err(e) if watch.worst() > starved && run < 3 => {
+                        eprintln!("run {run} INVALID: starved {:?}: {e}", watch.worst());
+                    }
+                    Err(e) => panic!("{e} (starved at most {:?})", watch.worst()),
+                }
+            }
         },
     )
     .await
+}
+
+async fn left_out_then_subscribed_again() -> Result<(), String> {
+    let (masters, proxies, urls) = proxied_masters().await;
+    let holder = redlock(&urls).await;
+    let waiter = redlock(&urls).await;
+    let held = holder
+        .lock("rejoin")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("the holder gets the lock");
+    proxies[0].blackhole();
+    // Longer than the 5 s the left-out master waits to be tried again.
+    let waiting = lock_tests::spawn_waiter_within(&waiter, "rejoin", Duration::from_secs(60));
+    // The attempt and the subscription each wait out the silent master's
+    // timeout first: about 2 s alone, and more than 5 s once on a loaded
+    // machine (the full test command). While the master stays silent,
+    // each retry leaves it out again, so a longer bound proves the same.
+    let subscriptions = Subscriptions::watch(&masters, "rejoin");
+    let seen = async {
+        if !subscriptions.within(Duration::from_secs(15), &[1, 2]).await {
+            return Err("the waiter never subscribed on the masters that answer");
+        }
+        if subscriptions.on(0).await {
+            return Err("a blackholed master got the subscription");
+        }
+        proxies[0].pass();
+        // The retry (5 s), the new connection and one SUBSCRIBE, with room
+        // for a slow machine.
+        if !subscriptions.within(Duration::from_secs(10), &[0]).await {
+            return Err("the master that answers again was not subscribed to within 10 s");
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = seen {
+        waiting.abort();
+        return Err(e.into());
+    }
+    held.release().await.expect("release");
+    waiting.await.expect("the waiter's task");
+    Ok(())
+}
+
+/// Asks masters whether a lock's release channel has a subscriber, each
+/// over one connection kept open, off the test's runtime: a connection
+/// per question, made on a worker thread, slowed the very subscriptions
+/// it watched.
+struct Subscriptions {
+    connections: Vec<std::sync::Arc<std::sync::Mutex<redis::Connection>>>,
+    channel: String,
+}
+
+impl Subscriptions {
+    fn watch(masters: &[RedisServer], key: &str) -> Subscriptions {
+        Subscriptions {
+            connections: masters
+                .iter()
+                .map(|m| std::sync::Arc::new(std::sync::Mutex::new(m.sync_connection().expect("connect"))))
+                .collect(),
+            channel: format!("lock:{{{key}}}:released"),
+        }
+    }
+
+    async fn on(&self, master: usize) -> bool {
+        let (connection, channel) = (
+            std::sync::Arc::clone(&self.connections[master]),
+            self.channel.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let mut conn = connection.lock().expect("connection");
+            let (_, count) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query::<(String, i64)>(&mut *conn)
+                .expect("PUBSUB NUMSUB");
+            count > 0
+        })
+        .await
+        .expect("the question")
+    }
+
+    /// Whether every one of `masters` had the subscription at once within
+    /// `bound`; asked every 10 ms.
+    async fn within(&self, bound: Duration, masters: &[usize]) -> bool {
+        let start = Instant::now();
+        loop {
+            let mut all = true;
+            for &m in masters {
+                all &= self.on(m).await;
+            }
+            if all {
+                return true;
+            }
+            if start.elapsed() >= bound {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 /// Three masters, each reached through a proxy that can blackhole it, and

@@ -144,6 +144,9 @@ struct World {
     random: RandomFaults,
     refuse_next: u32,
     lose_next: u32,
+    /// Of the lost replies, the next this many are lost with their
+    /// connection: the client sees it break and reconnects.
+    cut_next: u32,
     /// The next this many requests take `slow_by` longer on their way.
     slow_next: u32,
     slow_by: Duration,
@@ -311,6 +314,8 @@ struct Journey {
     back: Duration,
     refused: bool,
     reply_lost: bool,
+    /// The reply is lost because its connection broke.
+    cut: bool,
     /// Applied once more, this long after the first time.
     again_after: Option<Duration>,
 }
@@ -334,6 +339,7 @@ impl SimServer {
                 random,
                 refuse_next: 0,
                 lose_next: 0,
+                cut_next: 0,
                 slow_next: 0,
                 slow_by: Duration::ZERO,
                 delay: Duration::ZERO,
@@ -382,7 +388,13 @@ impl SimServer {
         } else {
             draw < refused_rate
         };
-        let reply_lost = if !refused && w.lose_next > 0 {
+        let cut = !refused && w.cut_next > 0;
+        if cut {
+            w.cut_next -= 1;
+        }
+        let reply_lost = if cut {
+            true
+        } else if !refused && w.lose_next > 0 {
             w.lose_next -= 1;
             true
         } else {
@@ -412,6 +424,7 @@ impl SimServer {
             back,
             refused,
             reply_lost,
+            cut,
             again_after,
         }
     }
@@ -454,6 +467,7 @@ impl SimServer {
                 let copy = Journey {
                     refused: false,
                     reply_lost: false,
+                    cut: false,
                     ..journey
                 };
                 if !server.world().unavailable(Instant::now()) {
@@ -482,6 +496,10 @@ impl SimServer {
         match landing {
             Landing::Refused => Err(transient(key, "the simulated server refused the request")),
             Landing::Down => Err(broken(key, "the simulated server is restarting")),
+            Landing::Applied(_) if journey.cut => Err(broken(
+                key,
+                "the simulated connection broke before the reply arrived",
+            )),
             Landing::Applied(_) if journey.reply_lost => {
                 Err(transient(key, "the simulated server's reply was lost"))
             }
@@ -564,6 +582,10 @@ impl SimServer {
 
     pub(crate) fn lose_replies(&self, n: u32) {
         self.world().lose_next += n;
+    }
+
+    pub(crate) fn cut_replies(&self, n: u32) {
+        self.world().cut_next += n;
     }
 
     pub(crate) fn slow_next(&self, n: u32, by: Duration) {
