@@ -1,6 +1,7 @@
 //! The attribute's arguments: `key = "..."`, `ttl = "30s"`, `wait = "5s"`,
 //! `renew = false`, `fencing = true`, and the lock's kind: `mode = "read"`,
-//! `permits = N` or `segments = N`.
+//! `permits = N` or `segments = N`; `on_busy = "skip"` for a call that
+//! skips its body rather than fail when the lock is busy.
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
@@ -11,8 +12,8 @@ use syn::{Expr, ExprLit, Ident, Lit, LitBool, LitStr, Token};
 use crate::duration;
 use crate::errors::{Errors, backticked, closest};
 
-const ARGUMENTS: [&str; 10] = [
-    "key", "keys", "ttl", "wait", "renew", "fencing", "mode", "permits", "segments", "fair",
+const ARGUMENTS: [&str; 11] = [
+    "key", "keys", "ttl", "wait", "renew", "fencing", "mode", "permits", "segments", "fair", "on_busy",
 ];
 
 /// The most keys one call may lock (the runtime's bound too).
@@ -51,6 +52,15 @@ pub(crate) struct Args {
     pub(crate) permits: Option<u32>,
     pub(crate) segments: Option<u32>,
     pub(crate) fair: Option<bool>,
+    pub(crate) on_busy: Option<OnBusy>,
+}
+
+/// `on_busy = "wait"` (the default: `Timeout` after `wait`) or
+/// `on_busy = "skip"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnBusy {
+    Wait,
+    Skip,
 }
 
 /// `mode = "read"` or `mode = "write"`.
@@ -82,6 +92,7 @@ impl Parse for RawArg {
                 "fair" => "fair = true".to_owned(),
                 "keys" => "keys = [\"a:<x>\", \"b:<y>\"]".to_owned(),
                 "mode" => "mode = \"read\"".to_owned(),
+                "on_busy" => "on_busy = \"skip\"".to_owned(),
                 "permits" | "segments" => format!("{name} = 4"),
                 "renew" => "renew = false".to_owned(),
                 other => format!("{other} = ..."),
@@ -125,6 +136,7 @@ impl Args {
                 "fencing" => args.fencing = bool_arg(&label, &value, errors),
                 "fair" => args.fair = bool_arg(&label, &value, errors),
                 "mode" => args.mode = mode_arg(&value, errors),
+                "on_busy" => args.on_busy = on_busy_arg(&value, errors),
                 "permits" => args.permits = count_arg(&label, &value, u32::MAX, errors),
                 "segments" => args.segments = count_arg(&label, &value, MAX_SEGMENTS, errors),
                 other => {
@@ -270,6 +282,30 @@ fn mode_arg(value: &Expr, errors: &mut Errors) -> Option<Mode> {
     }
 }
 
+fn on_busy_arg(value: &Expr, errors: &mut Errors) -> Option<OnBusy> {
+    match literal(value) {
+        Some(Lit::Str(s)) if s.value() == "skip" => Some(OnBusy::Skip),
+        Some(Lit::Str(s)) if s.value() == "wait" => Some(OnBusy::Wait),
+        Some(Lit::Str(s)) => {
+            errors.push_at(
+                s.span(),
+                format!(
+                    "unknown `on_busy` \"{}\": write `on_busy = \"skip\"` to return without running the body when another holder has the lock, or `on_busy = \"wait\"` (the default) to fail with `Timeout`",
+                    s.value()
+                ),
+            );
+            None
+        }
+        _ => {
+            errors.push(syn::Error::new_spanned(
+                value,
+                "`on_busy` must be the string \"skip\" or \"wait\"",
+            ));
+            None
+        }
+    }
+}
+
 fn count_arg(name: &str, value: &Expr, max: u32, errors: &mut Errors) -> Option<u32> {
     let Some(Lit::Int(int)) = literal(value) else {
         errors.push(syn::Error::new_spanned(
@@ -397,6 +433,10 @@ mod tests {
         assert!(problems(quote!(key = "k", permits = 3)).is_empty());
         assert!(problems(quote!(key = "k", segments = 1024)).is_empty());
         assert!(problems(quote!(key = "k", mode = "reed")).contains("unknown `mode`"));
+        assert!(problems(quote!(key = "k", on_busy = "skip")).is_empty());
+        assert!(problems(quote!(key = "k", on_busy = "wait", wait = "1s")).is_empty());
+        assert!(problems(quote!(key = "k", on_busy = "skipp")).contains("unknown `on_busy`"));
+        assert!(problems(quote!(key = "k", on_busy = true)).contains("\"skip\" or \"wait\""));
         assert!(problems(quote!(key = "k", permits = 0)).contains("at least 1"));
         assert!(problems(quote!(key = "k", segments = 1025)).contains("from 1 to 1024"));
         assert!(

@@ -7,7 +7,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{LitStr, ReturnType};
 
-use crate::args::{Args, Mode};
+use crate::args::{Args, Mode, OnBusy};
 use crate::errors::Errors;
 use crate::item::{LockedFn, Params, erase_impl_trait};
 use crate::key::Template;
@@ -68,15 +68,20 @@ fn locked(args: TokenStream, func: &LockedFn) -> syn::Result<TokenStream> {
     let Some(body) = &func.body else {
         unreachable!("a missing body was reported as an error");
     };
-    // The rendered key (or keys), and the runtime entry point that takes it.
+    // The rendered key (or keys), and the runtime entry point that takes it:
+    // a skipping one checks that the return type can say "did not run".
+    let skips = args.on_busy == Some(OnBusy::Skip);
     let (render, entry) = match (template, templates) {
+        (Some(template), _) if skips => (template.render(), quote!(run_locked_or_skip)),
         (Some(template), _) => (template.render(), quote!(run_locked)),
         (None, Some(templates)) => {
             let rendered = templates.iter().map(Template::render);
-            (
-                quote!(::lock_runtime::__private::vec![#(#rendered),*]),
-                quote!(run_locked_all),
-            )
+            let entry = if skips {
+                quote!(run_locked_all_or_skip)
+            } else {
+                quote!(run_locked_all)
+            };
+            (quote!(::lock_runtime::__private::vec![#(#rendered),*]), entry)
         }
         (None, None) => unreachable!("a missing key was reported as an error"),
     };
@@ -177,6 +182,9 @@ fn spec(args: &Args) -> TokenStream {
     }
     if let Some(fair) = args.fair {
         spec.extend(quote!(.fair(#fair)));
+    }
+    if args.on_busy == Some(OnBusy::Skip) {
+        spec.extend(quote!(.skip_when_busy(true)));
     }
     spec
 }
@@ -289,6 +297,19 @@ mod snapshots {
             quote! {
                 async fn sell(sku: u64) -> Result<u64, E> {
                     Ok(sku)
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn skip_when_busy() {
+        check(
+            "skip",
+            quote!(key = "report:<day>", ttl = "5m", on_busy = "skip"),
+            quote! {
+                async fn nightly_report(day: u32) -> Result<(), E> {
+                    Ok(())
                 }
             },
         );

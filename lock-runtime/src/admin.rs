@@ -186,6 +186,27 @@ impl<'c> LockAdmin<'c> {
     }
 }
 
+/// Who holds lock `key` (as a `Timeout` names it), for the trace of a call
+/// that skipped its body: their holder ids, or why they could not be read.
+pub(crate) async fn holders_found(client: &Arc<ClientInner>, key: &str) -> String {
+    match LockAdmin::new(client).inspect(key).await {
+        Ok(found) => {
+            let ids: Vec<String> = found
+                .into_iter()
+                .flat_map(|info| info.holders)
+                .map(|holder| holder.id)
+                .collect();
+            if ids.is_empty() {
+                // Released between the attempt and this read.
+                "none now".to_owned()
+            } else {
+                ids.join(",")
+            }
+        }
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
 /// The lock a Redis key is, if it is one: `P{K}` or a segment `P{K}#i`,
 /// not a lock's fence counter, line or waiters' places.
 fn lock_key(prefix: &str, redis_key: &str) -> Option<LockKey> {

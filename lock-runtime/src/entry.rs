@@ -38,15 +38,17 @@ pub(crate) async fn enter(
     let (outcome, waited) = match &entered {
         Ok(Entered::Reentered(_)) => (Entry::Reentered, Duration::ZERO),
         Ok(Entered::Acquired(lease)) => (Entry::Acquired, lease.state().waited),
-        Err(error) => (failed(error), Duration::ZERO),
+        Err(error) => (failed(error, spec), Duration::ZERO),
     };
     telemetry::entered(spec.metric_name(), outcome, waited);
     entered
 }
 
-/// How a failed entry counts in metrics.
-fn failed(error: &LockError) -> Entry {
+/// How a failed entry counts in metrics: a busy lock is a timeout, or a
+/// skip for a call that skips (`on_busy = "skip"`).
+fn failed(error: &LockError, spec: &LockSpec) -> Entry {
     match error {
+        LockError::Timeout { .. } if spec.skips() => Entry::Skipped,
         LockError::Timeout { .. } => Entry::Timeout,
         _ => Entry::Error,
     }
@@ -100,7 +102,7 @@ pub(crate) async fn enter_all(
     let outcome = match &entered {
         Ok(set) if set.acquired.is_empty() => Entry::Reentered,
         Ok(_) => Entry::Acquired,
-        Err(error) => failed(error),
+        Err(error) => failed(error, spec),
     };
     telemetry::entered(spec.metric_name(), outcome, started.elapsed());
     entered

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::admin;
 use crate::entry::{self, Entered, EnteredAll};
 use crate::error::{LockError, LostReason};
 use crate::lease::Lease;
@@ -136,6 +137,30 @@ impl<'c> LockRequest<'c> {
         }
     }
 
+    /// Runs `body` with the lock held, as [`run`](Self::run) does, if the
+    /// lock is free: `Ok(None)` when another holder still has it, without
+    /// running `body`. Like `try_` methods in std and tokio it does not wait,
+    /// unless `.wait(d)` is set on this request (the client's
+    /// `default_wait` does not apply). Every other failure (a server that
+    /// does not answer within `wait`, a bad key, a lease lost while `body`
+    /// runs) is still an `Err`. Counted in `distributed_lock_skipped_total`.
+    pub async fn try_run<F: Future>(mut self, body: F) -> Result<Option<F::Output>, LockError> {
+        self.spec = self.spec.skip_when_busy(true);
+        let (client, spec) = (self.client, self.spec);
+        let ran = self.run(body).await;
+        busy_is_none(client, &spec, ran).await
+    }
+
+    /// Takes the lock, as [`acquire`](Self::acquire) does, if it is free:
+    /// `Ok(None)` when another holder still has it. Waits only if
+    /// `.wait(d)` is set on this request, as [`try_run`](Self::try_run).
+    pub async fn try_acquire(mut self) -> Result<Option<LockGuard>, LockError> {
+        self.spec = self.spec.skip_when_busy(true);
+        let (client, spec) = (self.client, self.spec);
+        let acquired = self.acquire().await;
+        busy_is_none(client, &spec, acquired).await
+    }
+
     /// Takes the lock and returns a guard that holds it until
     /// [`LockGuard::release`] or drop. Called inside a body that already holds
     /// this lock, it returns a re-entrant guard whose release leaves the lock
@@ -192,6 +217,28 @@ impl<'c> LockRequest<'c> {
             lease,
             others: parts.collect(),
         })
+    }
+}
+
+/// A skipping call's outcome: a lock still busy after `wait` (`Timeout`) is
+/// `None`, traced with the holder found; everything else as it came.
+pub(crate) async fn busy_is_none<T>(
+    client: &Arc<ClientInner>,
+    spec: &LockSpec,
+    result: Result<T, LockError>,
+) -> Result<Option<T>, LockError> {
+    match result {
+        Ok(output) => Ok(Some(output)),
+        Err(LockError::Timeout { key, .. }) => {
+            // A skip is routine (every replica but one, every tick): the
+            // holder is read only for a trace someone records.
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let holders = admin::holders_found(client, &key).await;
+                tracing::debug!(lock = spec.metric_name(), key = %key, holders = %holders, "lock busy: call skipped");
+            }
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 

@@ -64,6 +64,7 @@ mod timing;
 // Keys and what a call asks for (data only).
 mod key;
 mod spec;
+mod tick;
 // Holder ids and jitter, from the OS or a seed.
 mod entropy;
 // Where locks live.
@@ -107,6 +108,7 @@ pub use holder::{fencing_token, holds, segment};
 #[doc = include_str!("attribute.md")]
 pub use lock_macros::distributed_lock;
 pub use spec::LockMode;
+pub use tick::Tick;
 
 /// Panics unless the running code holds the lock `key`
 /// ([`holds`](crate::holds)): inside the body of a lock call on `key`, with
@@ -126,8 +128,8 @@ macro_rules! assert_locked {
 /// promised for anything in here.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::private::{run_locked, run_locked_all};
-    pub use crate::spec::{KeyArg, KeyPart, LockOutput, LockSpec, key_part};
+    pub use crate::private::{run_locked, run_locked_all, run_locked_all_or_skip, run_locked_or_skip};
+    pub use crate::spec::{KeyArg, KeyPart, LockOutput, LockSpec, SkipOutput, key_part};
     pub use std::{format, vec};
 }
 

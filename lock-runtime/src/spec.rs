@@ -72,6 +72,9 @@ pub struct LockSpec {
     permits: Option<u32>,
     segments: Option<u32>,
     fair: bool,
+    /// Busy after `wait` means "skip the body", not `Timeout`
+    /// (`on_busy = "skip"`, `try_run`, `try_acquire`).
+    skip: bool,
     /// The `lock` label of the call's metrics: the attribute's key template.
     name: Option<&'static str>,
 }
@@ -88,6 +91,7 @@ impl LockSpec {
         permits: None,
         segments: None,
         fair: false,
+        skip: false,
         name: None,
     };
 
@@ -147,6 +151,20 @@ impl LockSpec {
         self
     }
 
+    /// Makes a lock still held by another after `wait` a skip rather than
+    /// a `Timeout`; `wait` then defaults to zero, not to the client's
+    /// `default_wait`.
+    #[must_use]
+    pub const fn skip_when_busy(mut self, skip: bool) -> Self {
+        self.skip = skip;
+        self
+    }
+
+    /// Whether a busy lock skips the call (`on_busy = "skip"`).
+    pub(crate) fn skips(&self) -> bool {
+        self.skip
+    }
+
     /// Names the lock in metrics (the attribute passes its key template).
     #[must_use]
     pub const fn name(mut self, name: &'static str) -> Self {
@@ -168,8 +186,10 @@ impl LockSpec {
     pub(crate) fn resolve(&self, config: &ClientConfig, key: &LockKey) -> Result<LockOptions, LockError> {
         let opts = LockOptions {
             ttl: self.ttl.unwrap_or(config.default_ttl),
-            // Any longer wait means "until the lock is free".
-            wait: self.wait.unwrap_or(config.default_wait).min(FOREVER),
+            // Any longer wait means "until the lock is free". A call that
+            // skips a busy lock tries once unless it says otherwise: a
+            // scheduled job on another replica is not worth waiting for.
+            wait: self.wait.unwrap_or(self.default_wait(config)).min(FOREVER),
             renew: self.renew,
             fencing: self.fencing,
             name: self.metric_name(),
@@ -180,6 +200,16 @@ impl LockSpec {
         };
         opts.check(key)?;
         Ok(opts)
+    }
+
+    /// The wait of a call that sets none: the client's, or none at all for
+    /// a call that skips a busy lock.
+    fn default_wait(&self, config: &ClientConfig) -> Duration {
+        if self.skip {
+            Duration::ZERO
+        } else {
+            config.default_wait
+        }
     }
 
     fn kind(&self) -> Result<Kind, String> {
@@ -261,6 +291,31 @@ pub trait LockOutput {
 impl<T, E: From<LockError>> LockOutput for Result<T, E> {
     fn from_lock_error(error: LockError) -> Self {
         Err(E::from(error))
+    }
+}
+
+/// What a function with `on_busy = "skip"` may return: something that says
+/// "the body did not run" without an error.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`on_busy = \"skip\"` requires the function to return `Result<(), E>` or `Result<Option<T>, E>`, found `{Self}`",
+    label = "a skipped call has nothing to return here",
+    note = "return `Result<(), E>` (a skipped call returns `Ok(())`) or `Result<Option<T>, E>` (a skipped call returns `Ok(None)`; the body returns `Ok(Some(..))`)"
+)]
+pub trait SkipOutput {
+    /// What the function returns when the lock was busy.
+    fn skipped() -> Self;
+}
+
+impl<E> SkipOutput for Result<(), E> {
+    fn skipped() -> Self {
+        Ok(())
+    }
+}
+
+impl<T, E> SkipOutput for Result<Option<T>, E> {
+    fn skipped() -> Self {
+        Ok(None)
     }
 }
 

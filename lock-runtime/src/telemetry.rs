@@ -20,6 +20,8 @@ pub(crate) enum Entry {
     Acquired,
     Reentered,
     Timeout,
+    /// Busy, and the call skips rather than wait (`on_busy = "skip"`).
+    Skipped,
     Error,
 }
 
@@ -44,6 +46,7 @@ mod names {
     pub(super) const RENEWALS: &str = "distributed_lock_renewals_total";
     pub(super) const LOST: &str = "distributed_lock_lost_total";
     pub(super) const HELD: &str = "distributed_lock_held";
+    pub(super) const SKIPPED: &str = "distributed_lock_skipped_total";
 }
 
 /// Gives each metric its unit and description, for exporters that show
@@ -76,6 +79,10 @@ pub(crate) fn describe() {
             "Locks lost while held, by reason: expired, taken_over, lease_ended"
         );
         metrics::describe_gauge!(names::HELD, "Locks this process holds now");
+        metrics::describe_counter!(
+            names::SKIPPED,
+            "Calls that skipped their body because another holder had the lock (`on_busy = \"skip\"`, `try_run`, `try_acquire`)"
+        );
     }
 }
 
@@ -90,6 +97,10 @@ pub(crate) fn entered(lock: &'static str, outcome: Entry, waited: Duration) {
             Entry::Reentered => 1,
             Entry::Timeout => 2,
             Entry::Error => 3,
+            Entry::Skipped => {
+                recording::count(&keys.skipped, 1);
+                return;
+            }
         };
         recording::count(&keys.acquire[index], 1);
         if outcome == Entry::Acquired {
@@ -193,6 +204,7 @@ mod recording {
         pub(super) hold: Key,
         /// By reason: expired, taken_over, lease_ended.
         pub(super) lost: [Key; 3],
+        pub(super) skipped: Key,
     }
 
     impl NameKeys {
@@ -207,6 +219,7 @@ mod recording {
                 wait: Key::from_parts(names::WAIT, vec![lock_label()]),
                 hold: Key::from_parts(names::HOLD, vec![lock_label()]),
                 lost: ["expired", "taken_over", "lease_ended"].map(|r| pair(names::LOST, "reason", r)),
+                skipped: Key::from_parts(names::SKIPPED, vec![lock_label()]),
             }
         }
     }

@@ -671,6 +671,81 @@ fn with_client_runs_locked_functions_against_the_simulated_server() {
     });
 }
 
+#[lock_runtime::distributed_lock(key = "tick:<n>", on_busy = "skip")]
+async fn skipping_job(n: u32) -> Result<Option<u32>, LockError> {
+    Ok(Some(n))
+}
+
+/// A skipping call does not wait for a busy lock even on a client whose
+/// default wait is long, unless its own request sets one; a skip is not an
+/// error, but a server that does not answer within the wait is, and so is
+/// a lease lost while the body runs.
+#[test]
+fn a_skipping_call_tries_once_and_keeps_every_other_error() {
+    runtime().block_on(async {
+        let (holder, sim) = testing::simulated(31);
+        let patient = sim.client_with(LockClient::builder().default_wait(Duration::from_secs(30)));
+        let guard = holder.lock("tick:1").acquire().await.expect("free");
+
+        let start = Instant::now();
+        let skipped = patient
+            .lock("tick:1")
+            .try_run(async { 1 })
+            .await
+            .expect("busy is no error");
+        assert_eq!(skipped, None);
+        let by_attribute = testing::with_client(patient.clone(), skipping_job(1))
+            .await
+            .expect("busy is no error");
+        assert_eq!(by_attribute, None);
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "the client's 30 s default wait was waited: {:?}",
+            start.elapsed()
+        );
+
+        // A request's own wait is waited, then skipped.
+        let start = Instant::now();
+        let late = patient
+            .lock("tick:1")
+            .wait(Duration::from_secs(2))
+            .try_acquire()
+            .await
+            .expect("busy is no error");
+        assert!(late.is_none());
+        assert!(start.elapsed() >= Duration::from_secs(2), "{:?}", start.elapsed());
+        guard.release().await.expect("released");
+
+        // A server that refuses every request is an error, not a skip.
+        sim.fail_next(1_000);
+        let refused = patient.lock("tick:2").try_run(async { 2 }).await;
+        assert!(matches!(refused, Err(LockError::Backend { .. })), "{refused:?}");
+    });
+}
+
+/// A lease lost while a skipping call's body runs is `Lost`, as for `run`.
+#[test]
+fn a_lease_lost_under_a_skipping_call_is_an_error() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(32);
+        let thief = {
+            let sim = sim.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                sim.steal("tick:3");
+            })
+        };
+        let outcome = locks
+            .lock("tick:3")
+            .ttl(Duration::from_secs(1))
+            .try_run(tokio::time::sleep(Duration::from_secs(5)))
+            .await;
+        thief.await.expect("stolen");
+        assert!(matches!(outcome, Err(LockError::Lost { .. })), "{outcome:?}");
+        sim.assert_leases_respected();
+    });
+}
+
 /// A request keeps going once sent: an acquisition whose caller gave up
 /// (no reply within the command timeout: the server was paused) still
 /// lands when the server wakes, and the caller's drop must give it back,

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lock_runtime::{LockError, distributed_lock, fencing_token};
+use lock_runtime::{LockError, Tick, distributed_lock, fencing_token};
 use lock_tests::{RedisServer, install_global_client};
 
 // SAFETY: runs before `main`; it only spawns a thread and a child process
@@ -264,4 +264,90 @@ async fn stacks_with_tracing_instrument_in_either_order() {
 async fn stacks_with_tokio_test() -> Result<(), ShopError> {
     assert!(held("suite:stacked"));
     Ok(())
+}
+
+/// `on_busy = "skip"`: a job another holder runs returns "did not run"
+/// (`Ok(())`, `Ok(None)`) without running its body, at once, whatever the
+/// client's default wait; a free one runs. Through a `Result` alias, as
+/// `anyhow::Result<()>` is one.
+type JobResult<T> = Result<T, ShopError>;
+
+static JOB_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[distributed_lock(key = "job:<name>", on_busy = "skip")]
+async fn scheduled_job(name: &str) -> JobResult<()> {
+    assert!(held(&format!("job:{name}")));
+    JOB_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[distributed_lock(key = "job:<name>", on_busy = "skip")]
+async fn scheduled_report(name: &str) -> Result<Option<usize>, LockError> {
+    Ok(Some(name.len()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipping_job_returns_without_running_while_another_holds_its_lock() {
+    lock_tests::bounded(
+        "a_skipping_job_returns_without_running_while_another_holds_its_lock",
+        async move {
+            scheduled_job("free").await.expect("a free job runs");
+            assert_eq!(JOB_RUNS.load(Ordering::SeqCst), 1);
+            assert_eq!(scheduled_report("free").await.expect("runs"), Some(4));
+
+            let rival = lock_runtime::LockClient::connect(&redis().url())
+                .await
+                .expect("connect");
+            let guard = rival
+                .lock("job:busy")
+                .acquire()
+                .await
+                .expect("the rival holds it");
+            scheduled_job("busy").await.expect("a skip is not an error");
+            assert_eq!(JOB_RUNS.load(Ordering::SeqCst), 1, "the skipped body never ran");
+            assert_eq!(
+                scheduled_report("busy").await.expect("a skip is not an error"),
+                None
+            );
+            guard.release().await.expect("release");
+            scheduled_job("busy").await.expect("free again");
+            assert_eq!(JOB_RUNS.load(Ordering::SeqCst), 2);
+        },
+    )
+    .await
+}
+
+#[distributed_lock(key = "ticked:<tick>", on_busy = "skip")]
+async fn ticked_job(tick: Tick, runs: &AtomicUsize) -> Result<(), LockError> {
+    assert!(held(&format!("ticked:{tick}")));
+    runs.fetch_add(1, Ordering::SeqCst);
+    // Still running when the other replica's attempt lands.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    Ok(())
+}
+
+/// Two replicas firing the same tick 300 ms apart name it alike, and one
+/// of them runs it; the next tick is a lock of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tick_runs_once_across_two_callers_and_the_next_tick_runs_again() {
+    lock_tests::bounded(
+        "one_tick_runs_once_across_two_callers_and_the_next_tick_runs_again",
+        async move {
+            let period = std::time::Duration::from_secs(60);
+            let scheduled = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000 / 60 * 60);
+            let early = Tick::nearest(scheduled - std::time::Duration::from_millis(300), period);
+            let late = Tick::nearest(scheduled + std::time::Duration::from_millis(300), period);
+            assert_eq!(early, late);
+            let runs = AtomicUsize::new(0);
+            let (a, b) = tokio::join!(ticked_job(early, &runs), ticked_job(late, &runs));
+            a.expect("ran or skipped");
+            b.expect("ran or skipped");
+            assert_eq!(runs.load(Ordering::SeqCst), 1, "one run for the tick");
+            ticked_job(Tick::nearest(scheduled + period, period), &runs)
+                .await
+                .expect("the next tick");
+            assert_eq!(runs.load(Ordering::SeqCst), 2);
+        },
+    )
+    .await
 }

@@ -147,7 +147,61 @@ on_every_backend!(
     fencing_tokens_increase_and_survive_reentry,
     a_fixed_lease_expires,
     a_renewed_lease_outlives_its_ttl,
+    a_busy_lock_is_skipped,
 );
+
+/// `try_run` and `try_acquire`: a free lock is taken; a lock another holder
+/// has is `None` without running the body, at once unless the request
+/// sets a `wait`; once released, it is taken again.
+async fn a_busy_lock_is_skipped(f: Fixture) {
+    let locks = &f.locks;
+    assert_eq!(
+        locks.lock("job").try_run(async { 7 }).await.expect("answered"),
+        Some(7),
+        "a free lock runs the body"
+    );
+    let guard = locks
+        .lock("job")
+        .try_acquire()
+        .await
+        .expect("answered")
+        .expect("a free lock gives a guard");
+    // Another task is another holder.
+    let other = f.locks.clone();
+    let (ran, busy) = tokio::spawn(async move {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&ran);
+        let skipped = other
+            .lock("job")
+            .try_run(async move { counted.fetch_add(1, Ordering::SeqCst) })
+            .await
+            .expect("a busy lock is not an error");
+        let waited = Instant::now();
+        let busy = other
+            .lock("job")
+            .wait(Duration::from_millis(300))
+            .try_acquire()
+            .await
+            .expect("a busy lock is not an error");
+        assert!(
+            waited.elapsed() >= Duration::from_millis(300),
+            "a `wait` set on the request is waited out first"
+        );
+        assert!(skipped.is_none());
+        (ran.load(Ordering::SeqCst), busy.is_none())
+    })
+    .await
+    .expect("the other holder");
+    assert_eq!(ran, 0, "the body of a skipped call never ran");
+    assert!(busy, "still busy after its wait");
+    guard.release().await.expect("release");
+    let other = f.locks.clone();
+    let after = tokio::spawn(async move { other.lock("job").try_run(async { 8 }).await })
+        .await
+        .expect("the other holder")
+        .expect("answered");
+    assert_eq!(after, Some(8), "released, the lock is taken again");
+}
 
 /// Whether a holder other than the caller would be refused `key` right now.
 async fn held_elsewhere(locks: &LockClient, key: &str) -> bool {

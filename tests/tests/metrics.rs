@@ -89,6 +89,11 @@ fn acquires(lock: &str, outcome: &str) -> u64 {
     totals(|t| t.counters.get(&s).copied().unwrap_or(0))
 }
 
+fn skipped(lock: &str) -> u64 {
+    let s = series("distributed_lock_skipped_total", &[("lock", lock)]);
+    totals(|t| t.counters.get(&s).copied().unwrap_or(0))
+}
+
 fn samples(name: &str, lock: &str) -> Vec<f64> {
     let s = series(name, &[("lock", lock)]);
     totals(|t| t.histograms.get(&s).cloned().unwrap_or_default())
@@ -131,6 +136,45 @@ async fn metered(id: u64, nested: bool) -> Result<u64, LockError> {
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
     Ok(id)
+}
+
+#[distributed_lock(key = "skipping:<id>", on_busy = "skip")]
+async fn skipping(id: u64) -> Result<(), LockError> {
+    let _ = id;
+    Ok(())
+}
+
+/// A skip counts in `distributed_lock_skipped_total`, not as a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipped_call_counts_as_skipped() {
+    lock_tests::bounded("a_skipped_call_counts_as_skipped", async move {
+        let _turn = TURN.lock().await;
+        let template = "skipping:<id>";
+        let before = (
+            skipped(template),
+            acquires(template, "timeout"),
+            skipped("nightly"),
+        );
+        let rival = client().await;
+        let guard = rival.lock("skipping:1").acquire().await.expect("rival");
+        skipping(1).await.expect("a skip is no error");
+        let other = rival.clone();
+        let programmatic =
+            tokio::spawn(async move { other.lock("skipping:1").name("nightly").try_run(async {}).await })
+                .await
+                .expect("task")
+                .expect("a skip is no error");
+        assert!(programmatic.is_none());
+        guard.release().await.expect("release");
+        assert_eq!(skipped(template) - before.0, 1);
+        assert_eq!(
+            acquires(template, "timeout") - before.1,
+            0,
+            "a skip is no timeout"
+        );
+        assert_eq!(skipped("nightly") - before.2, 1);
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
