@@ -143,7 +143,10 @@ impl<'c> LockRequest<'c> {
     /// unless `.wait(d)` is set on this request (the client's
     /// `default_wait` does not apply). Every other failure (a server that
     /// does not answer within `wait`, a bad key, a lease lost while `body`
-    /// runs) is still an `Err`. Counted in `distributed_lock_skipped_total`.
+    /// runs) is still an `Err`, and so are a lock whose key never expires
+    /// (`Timeout` with `no_expiry`: written by something else, it would be
+    /// skipped forever) and a lock this task holds through a guard
+    /// (`WouldDeadlock`). Counted in `distributed_lock_skipped_total`.
     pub async fn try_run<F: Future>(mut self, body: F) -> Result<Option<F::Output>, LockError> {
         self.spec = self.spec.skip_when_busy(true);
         let (client, spec) = (self.client, self.spec);
@@ -220,8 +223,12 @@ impl<'c> LockRequest<'c> {
     }
 }
 
-/// A skipping call's outcome: a lock still busy after `wait` (`Timeout`) is
-/// `None`, traced with the holder found; everything else as it came.
+/// A skipping call's outcome: a lock another holder still has after `wait`
+/// (`Timeout`) is `None`, traced with the holder found; everything else as
+/// it came. Two busy locks stay errors, because skipping would hide them
+/// on every run: one whose key never expires (something other than this
+/// library wrote it), and one held by a guard of this very task (a
+/// `WouldDeadlock`, as a call that waits gets).
 pub(crate) async fn busy_is_none<T>(
     client: &Arc<ClientInner>,
     spec: &LockSpec,
@@ -229,9 +236,17 @@ pub(crate) async fn busy_is_none<T>(
 ) -> Result<Option<T>, LockError> {
     match result {
         Ok(output) => Ok(Some(output)),
-        Err(LockError::Timeout { key, .. }) => {
-            // A skip is routine (every replica but one, every tick): the
-            // holder is read only for a trace someone records.
+        Err(LockError::Timeout {
+            key,
+            no_expiry: false,
+            ..
+        }) => {
+            if entry::held_by_this_task(client, &key) {
+                return Err(LockError::WouldDeadlock { key });
+            }
+            // A skip is routine (every replica but one, every run): the
+            // holder is read, one round trip, only for a trace someone
+            // records.
             if tracing::enabled!(tracing::Level::DEBUG) {
                 let holders = admin::holders_found(client, &key).await;
                 tracing::debug!(lock = spec.metric_name(), key = %key, holders = %holders, "lock busy: call skipped");

@@ -7,12 +7,20 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// One scheduled run of a job: an instant on the wall clock, rounded so
 /// that every replica names it alike. Put it in the key (`"report:<tick>"`)
-/// and each tick is a lock of its own, taken once across replicas.
+/// and each run is a lock of its own: with `on_busy = "skip"`, a replica
+/// that finds another one running it skips it.
+///
+/// Replicas agree when each fires within half a period of the same tick.
+/// A job scheduled near the middle between two multiples of its period
+/// (daily at 12:00 UTC, hourly at :30) must give its offset as the phase
+/// ([`nearest_with_phase`](Self::nearest_with_phase)), or use
+/// [`at`](Self::at) with the instant its scheduler planned.
 ///
 /// It displays in UTC, RFC 3339 (`2026-11-27T22:00:00Z`; with the fraction
 /// of a second when it has one: `2026-11-27T22:00:00.500Z`).
 ///
-/// Instants before 1970 (a wall clock set far back) count as 1970-01-01.
+/// A wall clock set before 1970 reads as 1970-01-01T00:00:00Z before
+/// rounding; ticks past the year 9999 are 9999-12-31T23:59:59.999999999Z.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Tick {
     since_epoch: Duration,
@@ -33,12 +41,12 @@ impl Tick {
     /// exactly halfway between two). A `phase` of a period or more counts
     /// modulo the period.
     pub fn nearest_with_phase(at: SystemTime, period: Duration, phase: Duration) -> Tick {
-        let t = nanos(at.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO));
-        let period = nanos(period);
+        let t = since_epoch(at).as_nanos();
+        let period = period.as_nanos();
         if period == 0 {
             return Tick::from_nanos(t);
         }
-        let phase = nanos(phase) % period;
+        let phase = phase.as_nanos() % period;
         // Counted from the first tick at or after the epoch, the phase;
         // Euclidean division, so that an instant before the first one
         // rounds like any other.
@@ -58,9 +66,7 @@ impl Tick {
     /// The instant itself, not rounded: for a scheduler that gives the
     /// exact instant it scheduled (not the moment it fired).
     pub fn at(scheduled: SystemTime) -> Tick {
-        Tick {
-            since_epoch: scheduled.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO),
-        }
+        Tick::from_nanos(since_epoch(scheduled).as_nanos())
     }
 
     /// The tick as a wall-clock instant.
@@ -68,8 +74,12 @@ impl Tick {
         UNIX_EPOCH + self.since_epoch
     }
 
+    /// Kept within what every platform's `SystemTime` and the display can
+    /// hold, so that neither [`instant`](Self::instant) nor `Display` can
+    /// fail, whatever the clock said.
     fn from_nanos(nanos: u128) -> Tick {
-        let secs = u64::try_from(nanos / 1_000_000_000).unwrap_or(u64::MAX);
+        let nanos = nanos.min(LAST_TICK.as_nanos());
+        let secs = u64::try_from(nanos / 1_000_000_000).unwrap_or(LAST_TICK.as_secs());
         let sub = u32::try_from(nanos % 1_000_000_000).unwrap_or(0);
         Tick {
             since_epoch: Duration::new(secs, sub),
@@ -77,19 +87,17 @@ impl Tick {
     }
 }
 
-fn nanos(d: Duration) -> u128 {
-    d.as_nanos()
+/// 9999-12-31T23:59:59.999999999Z, the last instant RFC 3339 can write.
+const LAST_TICK: Duration = Duration::new(253_402_300_799, 999_999_999);
+
+fn since_epoch(at: SystemTime) -> Duration {
+    at.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO)
 }
 
 impl fmt::Display for Tick {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Within `humantime`'s years (to 9999): see `from_nanos`.
         let instant = self.instant();
-        // `humantime` formats years up to 9999 only; a tick past that (a
-        // wall clock set absurdly far ahead) shows its seconds since the
-        // epoch instead of failing.
-        if self.since_epoch.as_secs() >= LAST_FORMATTED_SECOND {
-            return write!(f, "@{}", self.since_epoch.as_secs());
-        }
         match self.since_epoch.subsec_nanos() {
             0 => write!(f, "{}", humantime::format_rfc3339_seconds(instant)),
             n if n % 1_000_000 == 0 => write!(f, "{}", humantime::format_rfc3339_millis(instant)),
@@ -98,9 +106,6 @@ impl fmt::Display for Tick {
         }
     }
 }
-
-/// 10000-01-01T00:00:00Z in seconds since the epoch.
-const LAST_FORMATTED_SECOND: u64 = 253_402_300_800;
 
 #[cfg(test)]
 mod tests {
@@ -171,13 +176,25 @@ mod tests {
             "2026-11-27T22:00:00.500Z"
         );
         let before_1970 = UNIX_EPOCH - Duration::from_secs(10);
-        assert!(Tick::now(Duration::ZERO) >= Tick::at(before_1970));
         assert_eq!(Tick::at(before_1970).to_string(), "1970-01-01T00:00:00Z");
-        let far = UNIX_EPOCH + Duration::from_secs(LAST_FORMATTED_SECOND + 5);
+        let (hour, half) = (Duration::from_secs(3600), Duration::from_secs(1800));
         assert_eq!(
-            Tick::at(far).to_string(),
-            format!("@{}", LAST_FORMATTED_SECOND + 5)
+            Tick::nearest_with_phase(before_1970, hour, half).to_string(),
+            "1970-01-01T00:30:00Z",
+            "read as 1970-01-01, then rounded to the first tick of the phase"
         );
+        // An instant earlier than the phase rounds like any other.
+        let early = UNIX_EPOCH + Duration::from_secs(600);
+        assert_eq!(
+            Tick::nearest_with_phase(early, hour, half).to_string(),
+            "1970-01-01T00:30:00Z"
+        );
+        // The largest instant a clock can give rounds and displays.
+        let far = UNIX_EPOCH + Duration::from_secs(i64::MAX.unsigned_abs());
+        for tick in [Tick::at(far), Tick::nearest(far, hour)] {
+            assert_eq!(tick.to_string(), "9999-12-31T23:59:59.999999999Z");
+            assert_eq!(tick.instant(), UNIX_EPOCH + LAST_TICK);
+        }
         assert_eq!(Tick::at(at).instant(), at);
     }
 }

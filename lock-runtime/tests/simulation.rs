@@ -728,21 +728,34 @@ fn a_skipping_call_tries_once_and_keeps_every_other_error() {
 fn a_lease_lost_under_a_skipping_call_is_an_error() {
     runtime().block_on(async {
         let (locks, sim) = testing::simulated(32);
-        let thief = {
-            let sim = sim.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                sim.steal("tick:3");
-            })
-        };
+        let thief = sim.clone();
         let outcome = locks
             .lock("tick:3")
             .ttl(Duration::from_secs(1))
-            .try_run(tokio::time::sleep(Duration::from_secs(5)))
+            .try_run(async move {
+                thief.steal("tick:3");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            })
             .await;
-        thief.await.expect("stolen");
         assert!(matches!(outcome, Err(LockError::Lost { .. })), "{outcome:?}");
         sim.assert_leases_respected();
+    });
+}
+
+/// A skipping call on a lock this task holds through a guard is a
+/// `WouldDeadlock`, as for a call that waits, not a skip that would hide
+/// the mistake on every run.
+#[test]
+fn a_skip_of_a_lock_this_task_holds_is_an_error() {
+    runtime().block_on(async {
+        let (locks, _sim) = testing::simulated(33);
+        let guard = locks.lock("tick:4").acquire().await.expect("free");
+        let outcome = locks.lock("tick:4").try_run(async {}).await;
+        assert!(
+            matches!(outcome, Err(LockError::WouldDeadlock { .. })),
+            "{outcome:?}"
+        );
+        guard.release().await.expect("released");
     });
 }
 

@@ -218,6 +218,13 @@ async fn a_lock_key_without_expiry_is_reported_not_deleted() {
             .expect_err("held forever");
         assert!(matches!(err, LockError::Timeout { no_expiry: true, .. }), "{err}");
         assert!(err.to_string().contains("no expiry"), "{err}");
+        // A skipping call is told too: skipped, it would skip every run
+        // for ever without a word.
+        let skipped = locks.lock("legacy").try_run(async {}).await;
+        assert!(
+            matches!(skipped, Err(LockError::Timeout { no_expiry: true, .. })),
+            "{skipped:?}"
+        );
         assert_eq!(
             server.query::<String>(redis::cmd("GET").arg("lock:{legacy}")),
             stale_holder
