@@ -135,8 +135,24 @@ impl Args {
                 "renew" => args.renew = bool_arg(&label, &value, errors),
                 "fencing" => args.fencing = bool_arg(&label, &value, errors),
                 "fair" => args.fair = bool_arg(&label, &value, errors),
-                "mode" => args.mode = mode_arg(&value, errors),
-                "on_busy" => args.on_busy = on_busy_arg(&value, errors),
+                "mode" => {
+                    args.mode = choice_arg(
+                        &label,
+                        &value,
+                        [("read", Mode::Read), ("write", Mode::Write)],
+                        "write `mode = \"read\"` or `mode = \"write\"`",
+                        errors,
+                    );
+                }
+                "on_busy" => {
+                    args.on_busy = choice_arg(
+                        &label,
+                        &value,
+                        [("skip", OnBusy::Skip), ("wait", OnBusy::Wait)],
+                        "write `on_busy = \"skip\"` to return without running the body when another holder has the lock, or `on_busy = \"wait\"` (the default) to fail with `Timeout`",
+                        errors,
+                    );
+                }
                 "permits" => args.permits = count_arg(&label, &value, u32::MAX, errors),
                 "segments" => args.segments = count_arg(&label, &value, MAX_SEGMENTS, errors),
                 other => {
@@ -258,52 +274,29 @@ fn keys_arg(value: &Expr, errors: &mut Errors) -> Option<Vec<LitStr>> {
     Some(keys)
 }
 
-fn mode_arg(value: &Expr, errors: &mut Errors) -> Option<Mode> {
-    match literal(value) {
-        Some(Lit::Str(s)) if s.value() == "read" => Some(Mode::Read),
-        Some(Lit::Str(s)) if s.value() == "write" => Some(Mode::Write),
-        Some(Lit::Str(s)) => {
-            errors.push_at(
-                s.span(),
-                format!(
-                    "unknown `mode` \"{}\": write `mode = \"read\"` or `mode = \"write\"`",
-                    s.value()
-                ),
-            );
-            None
-        }
-        _ => {
-            errors.push(syn::Error::new_spanned(
-                value,
-                "`mode` must be the string \"read\" or \"write\"",
-            ));
-            None
-        }
+/// A string argument naming one of two `choices`; `hint` says what each
+/// means when something else is given.
+fn choice_arg<T: Copy>(
+    name: &str,
+    value: &Expr,
+    choices: [(&str, T); 2],
+    hint: &str,
+    errors: &mut Errors,
+) -> Option<T> {
+    let Some(Lit::Str(s)) = literal(value) else {
+        let [(a, _), (b, _)] = choices;
+        errors.push(syn::Error::new_spanned(
+            value,
+            format!("`{name}` must be the string \"{a}\" or \"{b}\""),
+        ));
+        return None;
+    };
+    let given = s.value();
+    if let Some((_, chosen)) = choices.iter().find(|(choice, _)| *choice == given) {
+        return Some(*chosen);
     }
-}
-
-fn on_busy_arg(value: &Expr, errors: &mut Errors) -> Option<OnBusy> {
-    match literal(value) {
-        Some(Lit::Str(s)) if s.value() == "skip" => Some(OnBusy::Skip),
-        Some(Lit::Str(s)) if s.value() == "wait" => Some(OnBusy::Wait),
-        Some(Lit::Str(s)) => {
-            errors.push_at(
-                s.span(),
-                format!(
-                    "unknown `on_busy` \"{}\": write `on_busy = \"skip\"` to return without running the body when another holder has the lock, or `on_busy = \"wait\"` (the default) to fail with `Timeout`",
-                    s.value()
-                ),
-            );
-            None
-        }
-        _ => {
-            errors.push(syn::Error::new_spanned(
-                value,
-                "`on_busy` must be the string \"skip\" or \"wait\"",
-            ));
-            None
-        }
-    }
+    errors.push_at(s.span(), format!("unknown `{name}` \"{given}\": {hint}"));
+    None
 }
 
 fn count_arg(name: &str, value: &Expr, max: u32, errors: &mut Errors) -> Option<u32> {

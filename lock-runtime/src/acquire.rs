@@ -529,7 +529,20 @@ impl<'a> Acquisition<'a> {
         };
 
         let now = Instant::now();
-        if now >= self.give_up_at && !retry_now {
+        let giving_up = now >= self.give_up_at && !retry_now;
+        // About to wait, or to skip: not for a guard this very task holds.
+        // A wait would never end (the guard is not released while it
+        // waits); a skip would hide the mistake on every run.
+        if matches!(outcome, Outcome::Held { .. })
+            && (!giving_up || opts.skip)
+            && self.watch.is_none()
+            && client.guards.held_by_this_task(self.pending.lock(blocker))
+        {
+            return Err(LockError::WouldDeadlock {
+                key: self.pending.lock(blocker).name.clone(),
+            });
+        }
+        if giving_up {
             // Anything still in doubt is given back by Drop from a spawned
             // task: its release is queued behind our attempts on the same
             // connection, and waiting for it would overrun `wait`.
@@ -553,13 +566,6 @@ impl<'a> Acquisition<'a> {
         };
         if retry_now {
             return Ok(Next::Attempt);
-        }
-        // About to wait: not for a guard this very task holds, which would
-        // never be released while it waits.
-        if held && self.watch.is_none() && client.guards.held_by_this_task(self.pending.lock(blocker)) {
-            return Err(LockError::WouldDeadlock {
-                key: self.pending.lock(blocker).name.clone(),
-            });
         }
         let mut pause = self.give_up_at.saturating_duration_since(now);
         if let Some(pttl) = sleep_cap {

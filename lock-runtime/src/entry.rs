@@ -38,32 +38,29 @@ pub(crate) async fn enter(
     let (outcome, waited) = match &entered {
         Ok(Entered::Reentered(_)) => (Entry::Reentered, Duration::ZERO),
         Ok(Entered::Acquired(lease)) => (Entry::Acquired, lease.state().waited),
-        Err(error) => (failed(client, error, spec), Duration::ZERO),
+        Err(error) => (failed(error, spec), Duration::ZERO),
     };
     telemetry::entered(spec.metric_name(), outcome, waited);
     entered
 }
 
 /// How a failed entry counts in metrics: a busy lock is a timeout, or a
-/// skip for a call that skips (`on_busy = "skip"`), unless it is one a
-/// skipping call reports as an error (`guard::busy_is_none`): a key that
-/// never expires, or a lock this task holds through a guard.
-fn failed(client: &ClientInner, error: &LockError, spec: &LockSpec) -> Entry {
+/// skip for a call that skips (`is_skip`).
+fn failed(error: &LockError, spec: &LockSpec) -> Entry {
     match error {
-        LockError::Timeout {
-            key,
-            no_expiry: false,
-            ..
-        } if spec.skips() && !held_by_this_task(client, key) => Entry::Skipped,
+        LockError::Timeout { .. } if spec.skips() && is_skip(error) => Entry::Skipped,
         LockError::Timeout { .. } => Entry::Timeout,
         _ => Entry::Error,
     }
 }
 
-/// Whether this task holds lock `name` through a guard.
-pub(crate) fn held_by_this_task(client: &ClientInner, name: &str) -> bool {
-    LockKey::new(&client.config.prefix, name.to_owned())
-        .is_ok_and(|key| client.guards.held_by_this_task(&key))
+/// Whether a skipping call's failure is a skip: the lock was busy for the
+/// whole `wait`, and not with a key that never expires (written by
+/// something else, it would be skipped on every run without a word). A
+/// lock this task holds through a guard never gets here: the acquisition
+/// reports `WouldDeadlock`.
+pub(crate) fn is_skip(error: &LockError) -> bool {
+    matches!(error, LockError::Timeout { no_expiry: false, .. })
 }
 
 async fn enter_one(client: &Arc<ClientInner>, name: String, spec: &LockSpec) -> Result<Entered, LockError> {
@@ -114,7 +111,7 @@ pub(crate) async fn enter_all(
     let outcome = match &entered {
         Ok(set) if set.acquired.is_empty() => Entry::Reentered,
         Ok(_) => Entry::Acquired,
-        Err(error) => failed(client, error, spec),
+        Err(error) => failed(error, spec),
     };
     telemetry::entered(spec.metric_name(), outcome, started.elapsed());
     entered

@@ -223,38 +223,27 @@ impl<'c> LockRequest<'c> {
     }
 }
 
-/// A skipping call's outcome: a lock another holder still has after `wait`
-/// (`Timeout`) is `None`, traced with the holder found; everything else as
-/// it came. Two busy locks stay errors, because skipping would hide them
-/// on every run: one whose key never expires (something other than this
-/// library wrote it), and one held by a guard of this very task (a
-/// `WouldDeadlock`, as a call that waits gets).
+/// A skipping call's outcome: a skip (`entry::is_skip`) is `None`, traced
+/// with the holder found; everything else as it came.
 pub(crate) async fn busy_is_none<T>(
     client: &Arc<ClientInner>,
     spec: &LockSpec,
     result: Result<T, LockError>,
 ) -> Result<Option<T>, LockError> {
-    match result {
-        Ok(output) => Ok(Some(output)),
-        Err(LockError::Timeout {
-            key,
-            no_expiry: false,
-            ..
-        }) => {
-            if entry::held_by_this_task(client, &key) {
-                return Err(LockError::WouldDeadlock { key });
-            }
-            // A skip is routine (every replica but one, every run): the
-            // holder is read, one round trip, only for a trace someone
-            // records.
-            if tracing::enabled!(tracing::Level::DEBUG) {
-                let holders = admin::holders_found(client, &key).await;
-                tracing::debug!(lock = spec.metric_name(), key = %key, holders = %holders, "lock busy: call skipped");
-            }
-            Ok(None)
-        }
-        Err(e) => Err(e),
+    let error = match result {
+        Ok(output) => return Ok(Some(output)),
+        Err(error) if !entry::is_skip(&error) => return Err(error),
+        Err(error) => error,
+    };
+    // A skip is routine (every replica but one, every run): the holder is
+    // read, one round trip, only for a trace someone records.
+    if let LockError::Timeout { key, .. } = &error
+        && tracing::enabled!(tracing::Level::DEBUG)
+    {
+        let holders = admin::holders_found(client, key).await;
+        tracing::debug!(lock = spec.metric_name(), key = %key, holders = %holders, "lock busy: call skipped");
     }
+    Ok(None)
 }
 
 /// A held lock. Release it with [`release`](Self::release) to learn whether

@@ -1,13 +1,12 @@
 //! The attribute's one entry point: the top layer, above the public client,
 //! because it reads the global client.
 
+use std::borrow::Cow;
 use std::future::Future;
-use std::sync::Arc;
 
 use crate::client::{self, LockClient};
 use crate::error::LockError;
 use crate::guard;
-use crate::shared::ClientInner;
 use crate::spec::{LockOutput, LockSpec, SkipOutput};
 use crate::with_lock;
 
@@ -19,11 +18,8 @@ where
     F: Future,
     F::Output: LockOutput,
 {
-    let client = match client_in_scope() {
-        Ok(client) => client,
-        Err(e) => return LockOutput::from_lock_error(e),
-    };
-    as_output(with_lock::run_with(&client, key, spec, body).await)
+    let ran = async { with_lock::run_with(&client_in_scope()?.inner, key, spec, body).await }.await;
+    ran.unwrap_or_else(LockOutput::from_lock_error)
 }
 
 /// [`run_locked`] for `keys = [...]`: every key, all or none.
@@ -32,11 +28,8 @@ where
     F: Future,
     F::Output: LockOutput,
 {
-    let client = match client_in_scope() {
-        Ok(client) => client,
-        Err(e) => return LockOutput::from_lock_error(e),
-    };
-    as_output(with_lock::run_with_all(&client, keys, spec, body).await)
+    let ran = async { with_lock::run_with_all(&client_in_scope()?.inner, keys, spec, body).await }.await;
+    ran.unwrap_or_else(LockOutput::from_lock_error)
 }
 
 /// [`run_locked`] with `on_busy = "skip"`: a lock another holder still has
@@ -46,12 +39,12 @@ where
     F: Future,
     F::Output: LockOutput + SkipOutput,
 {
-    let client = match client_in_scope() {
-        Ok(client) => client,
-        Err(e) => return LockOutput::from_lock_error(e),
+    let ran = async {
+        let client = client_in_scope()?;
+        let ran = with_lock::run_with(&client.inner, key, spec, body).await;
+        guard::busy_is_none(&client.inner, spec, ran).await
     };
-    let ran = with_lock::run_with(&client, key, spec, body).await;
-    skipped_or_output(guard::busy_is_none(&client, spec, ran).await)
+    skipped_or_output(ran.await)
 }
 
 /// [`run_locked_or_skip`] for `keys = [...]`.
@@ -60,27 +53,23 @@ where
     F: Future,
     F::Output: LockOutput + SkipOutput,
 {
-    let client = match client_in_scope() {
-        Ok(client) => client,
-        Err(e) => return LockOutput::from_lock_error(e),
+    let ran = async {
+        let client = client_in_scope()?;
+        let ran = with_lock::run_with_all(&client.inner, keys, spec, body).await;
+        guard::busy_is_none(&client.inner, spec, ran).await
     };
-    let ran = with_lock::run_with_all(&client, keys, spec, body).await;
-    skipped_or_output(guard::busy_is_none(&client, spec, ran).await)
+    skipped_or_output(ran.await)
 }
 
 /// The client a locked function uses: the one `testing::with_client`
-/// scoped around it, else the global one.
-fn client_in_scope() -> Result<Arc<ClientInner>, LockError> {
+/// scoped around it, else the global one (borrowed: no reference count
+/// touched per call).
+fn client_in_scope() -> Result<Cow<'static, LockClient>, LockError> {
     #[cfg(feature = "testing")]
     if let Some(client) = crate::testing::scoped_client() {
-        return Ok(client.inner);
+        return Ok(Cow::Owned(client));
     }
-    client::global().map(|client: &LockClient| Arc::clone(&client.inner))
-}
-
-/// The body's output, or the lock's failure as the function's own error.
-fn as_output<T: LockOutput>(result: Result<T, LockError>) -> T {
-    result.unwrap_or_else(LockOutput::from_lock_error)
+    client::global().map(Cow::Borrowed)
 }
 
 /// The body's output, the function's "did not run", or the lock's failure.

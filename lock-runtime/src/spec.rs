@@ -192,6 +192,7 @@ impl LockSpec {
             wait: self.wait.unwrap_or(self.default_wait(config)).min(FOREVER),
             renew: self.renew,
             fencing: self.fencing,
+            skip: self.skip,
             name: self.metric_name(),
             kind: self.kind().map_err(|reason| LockError::InvalidRequest {
                 key: key.name.clone(),
@@ -258,6 +259,8 @@ pub(crate) struct LockOptions {
     pub(crate) renew: bool,
     pub(crate) fencing: bool,
     pub(crate) kind: Kind,
+    /// A busy lock after `wait` skips the call (`LockSpec::skip_when_busy`).
+    pub(crate) skip: bool,
     /// The `lock` label of its metrics.
     pub(crate) name: &'static str,
 }

@@ -684,7 +684,7 @@ impl Subscriptions {
                 .iter()
                 .map(|m| std::sync::Arc::new(std::sync::Mutex::new(m.sync_connection().expect("connect"))))
                 .collect(),
-            channel: format!("lock:{{{key}}}:released"),
+            channel: release_channel(key),
         }
     }
 
@@ -694,13 +694,7 @@ impl Subscriptions {
             self.channel.clone(),
         );
         tokio::task::spawn_blocking(move || {
-            let mut conn = connection.lock().expect("connection");
-            let (_, count) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query::<(String, i64)>(&mut *conn)
-                .expect("PUBSUB NUMSUB");
-            count > 0
+            has_subscriber(&mut connection.lock().expect("connection"), &channel)
         })
         .await
         .expect("the question")
@@ -740,8 +734,24 @@ async fn proxied_masters() -> (Vec<RedisServer>, Vec<Proxy>, Vec<String>) {
 
 /// Whether `master` has a subscriber to lock `key`'s release channel.
 fn subscribed(master: &RedisServer, key: &str) -> bool {
-    let channel = format!("lock:{{{key}}}:released");
-    let (_, count) = master.query::<(String, i64)>(redis::cmd("PUBSUB").arg("NUMSUB").arg(channel));
+    has_subscriber(
+        &mut master.sync_connection().expect("connect"),
+        &release_channel(key),
+    )
+}
+
+/// Lock `key`'s release channel.
+fn release_channel(key: &str) -> String {
+    format!("lock:{{{key}}}:released")
+}
+
+/// Whether `channel` has a subscriber on the server of `conn`.
+fn has_subscriber(conn: &mut redis::Connection, channel: &str) -> bool {
+    let (_, count) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query::<(String, i64)>(conn)
+        .expect("PUBSUB NUMSUB");
     count > 0
 }
 

@@ -307,15 +307,23 @@ enum Op {
     Other,
 }
 
+/// What becomes of a request's reply.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reply {
+    Delivered,
+    /// Lost on its way: the caller sees a transient error.
+    Lost,
+    /// Lost with its connection: the caller sees it break, and reconnects.
+    Cut,
+}
+
 /// What a request meets on its way, drawn when it is sent.
 #[derive(Clone, Copy)]
 struct Journey {
     there: Duration,
     back: Duration,
     refused: bool,
-    reply_lost: bool,
-    /// The reply is lost because its connection broke.
-    cut: bool,
+    reply: Reply,
     /// Applied once more, this long after the first time.
     again_after: Option<Duration>,
 }
@@ -388,17 +396,18 @@ impl SimServer {
         } else {
             draw < refused_rate
         };
-        let cut = !refused && w.cut_next > 0;
-        if cut {
+        let reply = if refused {
+            Reply::Delivered
+        } else if w.cut_next > 0 {
             w.cut_next -= 1;
-        }
-        let reply_lost = if cut {
-            true
-        } else if !refused && w.lose_next > 0 {
+            Reply::Cut
+        } else if w.lose_next > 0 {
             w.lose_next -= 1;
-            true
+            Reply::Lost
+        } else if (refused_rate..refused_rate + lost_rate).contains(&draw) {
+            Reply::Lost
         } else {
-            !refused && (refused_rate..refused_rate + lost_rate).contains(&draw)
+            Reply::Delivered
         };
         let duplicated = if !refused && w.dup_next > 0 {
             w.dup_next -= 1;
@@ -423,8 +432,7 @@ impl SimServer {
             there,
             back,
             refused,
-            reply_lost,
-            cut,
+            reply,
             again_after,
         }
     }
@@ -466,8 +474,7 @@ impl SimServer {
                 tokio::time::sleep(after).await;
                 let copy = Journey {
                     refused: false,
-                    reply_lost: false,
-                    cut: false,
+                    reply: Reply::Delivered,
                     ..journey
                 };
                 if !server.world().unavailable(Instant::now()) {
@@ -496,11 +503,11 @@ impl SimServer {
         match landing {
             Landing::Refused => Err(transient(key, "the simulated server refused the request")),
             Landing::Down => Err(broken(key, "the simulated server is restarting")),
-            Landing::Applied(_) if journey.cut => Err(broken(
+            Landing::Applied(_) if journey.reply == Reply::Cut => Err(broken(
                 key,
                 "the simulated connection broke before the reply arrived",
             )),
-            Landing::Applied(_) if journey.reply_lost => {
+            Landing::Applied(_) if journey.reply == Reply::Lost => {
                 Err(transient(key, "the simulated server's reply was lost"))
             }
             Landing::Applied(result) => result,
@@ -539,7 +546,7 @@ impl SimServer {
             Landing::Refused
         } else {
             let result = apply(&mut w, now);
-            if journey.reply_lost {
+            if journey.reply != Reply::Delivered {
                 w.record(at, redis_key, holder, SimEventKind::ReplyLost);
             }
             Landing::Applied(result)
