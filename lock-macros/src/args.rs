@@ -1,7 +1,8 @@
 //! The attribute's arguments: `key = "..."`, `ttl = "30s"`, `wait = "5s"`,
 //! `renew = false`, `fencing = true`, and the lock's kind: `mode = "read"`,
 //! `permits = N` or `segments = N`; `on_busy = "skip"` for a call that
-//! skips its body rather than fail when the lock is busy.
+//! skips its body rather than fail when the lock is busy; `hold_at_least =
+//! "55m"` for a job whose lock must outlast a short run.
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
@@ -12,8 +13,19 @@ use syn::{Expr, ExprLit, Ident, Lit, LitBool, LitStr, Token};
 use crate::duration;
 use crate::errors::{Errors, backticked, closest};
 
-const ARGUMENTS: [&str; 11] = [
-    "key", "keys", "ttl", "wait", "renew", "fencing", "mode", "permits", "segments", "fair", "on_busy",
+const ARGUMENTS: [&str; 12] = [
+    "key",
+    "keys",
+    "ttl",
+    "wait",
+    "renew",
+    "fencing",
+    "mode",
+    "permits",
+    "segments",
+    "fair",
+    "on_busy",
+    "hold_at_least",
 ];
 
 /// The most keys one call may lock (the runtime's bound too).
@@ -32,6 +44,9 @@ pub(crate) const MIN_TTL_MS: u64 = 8;
 /// The longest lease accepted: past a day, a renewed lease gains nothing and
 /// a fixed one outlives any crash it should cover.
 pub(crate) const MAX_TTL_MS: u64 = 86_400_000;
+/// The longest `hold_at_least` (the runtime's bound too): a week, for a
+/// weekly job.
+pub(crate) const MAX_HOLD_MS: u64 = 7 * 86_400_000;
 
 /// A duration argument: its value and the literal it came from.
 #[derive(Debug, Clone)]
@@ -53,6 +68,7 @@ pub(crate) struct Args {
     pub(crate) segments: Option<u32>,
     pub(crate) fair: Option<bool>,
     pub(crate) on_busy: Option<OnBusy>,
+    pub(crate) hold_at_least: Option<DurationArg>,
 }
 
 /// `on_busy = "wait"` (the default: `Timeout` after `wait`) or
@@ -132,6 +148,7 @@ impl Args {
                 "keys" => args.keys = keys_arg(&value, errors),
                 "ttl" => args.ttl = duration_arg(&label, &value, errors),
                 "wait" => args.wait = duration_arg(&label, &value, errors),
+                "hold_at_least" => args.hold_at_least = duration_arg(&label, &value, errors),
                 "renew" => args.renew = bool_arg(&label, &value, errors),
                 "fencing" => args.fencing = bool_arg(&label, &value, errors),
                 "fair" => args.fair = bool_arg(&label, &value, errors),
@@ -182,11 +199,11 @@ impl Args {
             _ => {}
         }
         if let Some(at) = given("keys") {
-            for other in ["mode", "permits", "segments", "fencing"] {
+            for other in ["mode", "permits", "segments", "fencing", "hold_at_least"] {
                 if given(other).is_some() && (other != "fencing" || args.fencing == Some(true)) {
                     errors.push_at(
                         at.span(),
-                        format!("`keys` cannot be combined with `{other}`: a set of keys takes exclusive locks, without a fencing token"),
+                        format!("`keys` cannot be combined with `{other}`: a set of keys takes exclusive locks, without a fencing token or a hold after its body"),
                     );
                 }
             }
@@ -213,6 +230,16 @@ impl Args {
                     errors.push_at(
                         at.span(),
                         format!("`fair` cannot be combined with `{other}`: a fair lock is one exclusive lock handed out in arrival order"),
+                    );
+                }
+            }
+        }
+        if let Some(at) = given("hold_at_least") {
+            for other in ["mode", "permits", "segments", "fair"] {
+                if given(other).is_some() && (other != "fair" || self.fair == Some(true)) {
+                    errors.push_at(
+                        at.span(),
+                        format!("`hold_at_least` cannot be combined with `{other}`: it keeps an exclusive lock held after its body, and would hold back the lock's other holders or its next in line with no one running"),
                     );
                 }
             }
@@ -384,6 +411,13 @@ fn duration_arg(name: &str, value: &Expr, errors: &mut Errors) -> Option<Duratio
             "`ttl` of {} is over the 24h limit; leases that long outlive the crashes they should cover",
             text.value()
         )),
+        "hold_at_least" if millis == 0 => {
+            Some("`hold_at_least` of 0 holds nothing: leave it out, or give at least 1ms".to_owned())
+        }
+        "hold_at_least" if millis > MAX_HOLD_MS => Some(format!(
+            "`hold_at_least` of {} is over the 7-day limit; for a job that runs less often, name its run in the key (`Tick`)",
+            text.value()
+        )),
         "wait" if millis > MAX_WAIT_MS => Some(format!(
             "`wait` of {} is over the 1h limit, which is likely a unit typo (`ms` for `s`?)",
             text.value()
@@ -427,6 +461,23 @@ mod tests {
         assert!(problems(quote!(key = "k", segments = 1024)).is_empty());
         assert!(problems(quote!(key = "k", mode = "reed")).contains("unknown `mode`"));
         assert!(problems(quote!(key = "k", on_busy = "skip")).is_empty());
+        assert!(problems(quote!(key = "k", on_busy = "skip", hold_at_least = "55m")).is_empty());
+        assert!(problems(quote!(key = "k", hold_at_least = "0s")).contains("holds nothing"));
+        assert!(problems(quote!(key = "k", hold_at_least = "169h")).contains("7-day limit"));
+        assert!(problems(quote!(key = "k", hold_at_least = 5)).contains("must be a string"));
+        assert!(
+            problems(quote!(key = "k", hold_at_least = "1s", mode = "read"))
+                .contains("cannot be combined with `mode`")
+        );
+        assert!(
+            problems(quote!(key = "k", hold_at_least = "1s", fair = true))
+                .contains("cannot be combined with `fair`")
+        );
+        assert!(problems(quote!(key = "k", hold_at_least = "1s", fair = false)).is_empty());
+        assert!(
+            problems(quote!(keys = ["a", "b"], hold_at_least = "1s"))
+                .contains("cannot be combined with `hold_at_least`")
+        );
         assert!(problems(quote!(key = "k", on_busy = "wait", wait = "1s")).is_empty());
         assert!(problems(quote!(key = "k", on_busy = "skipp")).contains("unknown `on_busy`"));
         assert!(problems(quote!(key = "k", on_busy = true)).contains("\"skip\" or \"wait\""));

@@ -186,6 +186,10 @@ fn spec(args: &Args) -> TokenStream {
     if args.on_busy == Some(OnBusy::Skip) {
         spec.extend(quote!(.skip_when_busy(true)));
     }
+    if let Some(hold) = &args.hold_at_least {
+        let d = millis(hold.millis);
+        spec.extend(quote!(.hold_at_least(#d)));
+    }
     spec
 }
 
@@ -297,6 +301,24 @@ mod snapshots {
             quote! {
                 async fn sell(sku: u64) -> Result<u64, E> {
                     Ok(sku)
+                }
+            },
+        );
+    }
+
+    #[test]
+    fn hold_at_least() {
+        check(
+            "hold",
+            quote!(
+                key = "report:<tick>",
+                ttl = "30s",
+                on_busy = "skip",
+                hold_at_least = "55m"
+            ),
+            quote! {
+                async fn hourly_report(tick: Tick) -> Result<(), E> {
+                    Ok(())
                 }
             },
         );

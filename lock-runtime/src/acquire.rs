@@ -23,7 +23,7 @@ use crate::error::LockError;
 use crate::handoff::{Granted, Handed, OfferHandle};
 use crate::key::LockKey;
 use crate::lease::Lease;
-use crate::lease_state::{Grant, LeaseState};
+use crate::lease_state::{Grant, Hold, LeaseState};
 use crate::shared::{ClientInner, RECONNECTS_AT_ONCE};
 use crate::spec::{Kind, LockOptions};
 use crate::timing::{millis, stop_margin, validity_deadline};
@@ -185,6 +185,14 @@ fn refuse_unsupported(client: &ClientInner, key: &LockKey, opts: &LockOptions) -
             feature: feature.into(),
         });
     }
+    if opts.hold_at_least.is_some()
+        && let Some(feature) = client.backend.cannot_hold()
+    {
+        return Err(LockError::Unsupported {
+            key: key.name.clone(),
+            feature: feature.into(),
+        });
+    }
     Ok(())
 }
 
@@ -319,7 +327,7 @@ impl<'a> Acquisition<'a> {
         self.offer = client.notifier.offer(
             &self.pending.key.channel,
             &self.pending.holder,
-            opts.ttl,
+            client.backend.granted_lease(opts),
             opts.fencing,
         );
         self.watch = Some((0, watching));
@@ -374,7 +382,7 @@ impl<'a> Acquisition<'a> {
             holder: &self.pending.holder,
             kind: opts.kind,
             also: &self.pending.also,
-            ttl: opts.ttl,
+            ttl: client.backend.granted_lease(opts),
             waiter_timeout: config.fair_waiter_timeout,
             fencing: opts.fencing,
             first: self.attempts == 1,
@@ -618,6 +626,10 @@ impl<'a> Acquisition<'a> {
                 name: opts.name,
                 waited,
                 handed_in_row,
+                hold: opts.hold_at_least.map(|hold| Hold {
+                    until: granted + hold,
+                    hold,
+                }),
             };
             let state = Arc::new(LeaseState::new(grant, opts.ttl, opts.renew, sent));
             if opts.renew {
@@ -660,9 +672,12 @@ impl<'a> Acquisition<'a> {
         // Offered before the look that follows, so that a release here
         // after it hands the lock to us.
         if self.hands_over {
-            self.offer = client
-                .notifier
-                .offer(channel, &self.pending.holder, opts.ttl, opts.fencing);
+            self.offer = client.notifier.offer(
+                channel,
+                &self.pending.holder,
+                client.backend.granted_lease(opts),
+                opts.fencing,
+            );
         }
     }
 
@@ -696,9 +711,12 @@ impl<'a> Acquisition<'a> {
         let poll = pause.min(poll);
         if self.hands_over && self.offer.is_none() {
             let channel = &self.pending.lock(blocker).channel;
-            self.offer = client
-                .notifier
-                .offer(channel, &self.pending.holder, opts.ttl, opts.fencing);
+            self.offer = client.notifier.offer(
+                channel,
+                &self.pending.holder,
+                client.backend.granted_lease(opts),
+                opts.fencing,
+            );
         }
         self.handed = wait_for_turn(&mut self.offer, released, poll, &mut self.pending.in_doubt).await;
     }

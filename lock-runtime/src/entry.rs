@@ -151,6 +151,12 @@ async fn enter_set(
             "several keys have no fencing token: take the lock of the resource you fence on its own",
         ));
     }
+    if opts.hold_at_least.is_some() {
+        return Err(invalid(
+            &keys[0].name,
+            "`hold_at_least` keeps one key held after its body: name the job's run in one key",
+        ));
+    }
     let mut reentered = Vec::new();
     let mut missing = Vec::new();
     for key in keys {

@@ -117,6 +117,22 @@ impl<'c> LockRequest<'c> {
         self
     }
 
+    /// Keeps the lock held after the body ends, by any exit path, until
+    /// `hold` after it was granted (from 1ms to 7 days), unrenewed: a
+    /// scheduled job that finishes early is not run again by a replica
+    /// whose clock or scheduler is a little behind. Judged by the lock
+    /// server's clock: the server gives the lease at least `hold` when it
+    /// grants it, so the hold survives this process exiting or crashing,
+    /// and the release sets the lease to end `hold` after the grant
+    /// instead of deleting it. A body that runs longer releases as usual.
+    /// Exclusive locks of one key only; not on ZooKeeper, whose lock nodes
+    /// end with their session (both refused with an error before any I/O).
+    /// Only the outermost call's hold counts: a nested call re-enters.
+    pub fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.spec = self.spec.hold_at_least(hold);
+        self
+    }
+
     /// Names the lock in metrics: the `lock` label of every
     /// `distributed_lock_*` series this call records (default
     /// `"programmatic"`). Give a name per kind of resource, like the

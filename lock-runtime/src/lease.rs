@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Backend, HandOver};
+use crate::backend::{Backend, Failure, HandOver};
 use crate::drop_guard::{Cleanup, DropGuard};
 use crate::error::{LockError, LostReason};
 use crate::handoff::{Claim, Granted, TakenOffer};
@@ -62,6 +62,9 @@ impl Cleanup for Release {
         let (client, state) = (&self.client, &self.state);
         client.backend.hold_ended(&state.key, &state.holder);
         state.end();
+        if let Some(left) = state.hold_left_at(Instant::now()) {
+            return keep(client, state, left).await;
+        }
         if state.kind == Kind::Exclusive
             && client.backend.hands_over()
             && let Some(taken) = client
@@ -75,30 +78,12 @@ impl Cleanup for Release {
         // the client reconnects, rather than leave the lock to its ttl (after
         // a server restart the client can hold more than one dead
         // connection). Owner-checked, so a second copy is harmless.
-        let first_sent = Instant::now();
-        let mut attempts = 1;
-        let released = loop {
-            match client
+        let released = sent_again_if_broken(state, || {
+            client
                 .backend
                 .release_lease(&state.key, &state.holder, state.token.is_some())
-                .await
-            {
-                Err(failure) if failure.reconnecting && attempts < RECONNECTS_AT_ONCE => attempts += 1,
-                released => break released,
-            }
-        };
-        // A copy that found the lock gone, after an earlier one broke with
-        // its connection, most likely follows that earlier copy's success
-        // (applied, its answer lost on the way back). If the lease was still
-        // valid when the first copy left, the body ran inside it, which is
-        // what `NotHeld` would deny: the release is done.
-        let released = match released {
-            Ok(false) if attempts > 1 && state.was_valid_at(first_sent) => {
-                tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, "release sent again found the lock already released");
-                Ok(true)
-            }
-            released => released,
-        };
+        })
+        .await;
         match released {
             Ok(true) => {
                 tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, "lock released");
@@ -127,6 +112,58 @@ impl Cleanup for Release {
             "the release of lock `{}` (it will expire by its ttl)",
             self.state.key.name
         )
+    }
+}
+
+/// Sends `op`, an owner-checked end of the lease, and sends it again at
+/// once when it meets a broken connection (the client reconnects), rather
+/// than leave the lock to its ttl (after a server restart the client can
+/// hold more than one dead connection). A second copy is harmless.
+async fn sent_again_if_broken<F, Fut>(state: &LeaseState, op: F) -> Result<bool, Failure>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<bool, Failure>>,
+{
+    let first_sent = Instant::now();
+    let mut attempts = 1;
+    let done = loop {
+        match op().await {
+            Err(failure) if failure.reconnecting && attempts < RECONNECTS_AT_ONCE => attempts += 1,
+            done => break done,
+        }
+    };
+    // A copy that found the lock gone, after an earlier one broke with its
+    // connection, most likely follows that earlier copy's success (applied,
+    // its answer lost on the way back). If the lease was still valid when
+    // the first copy left, the body ran inside it, which is what `NotHeld`
+    // would deny: the release is done.
+    match done {
+        Ok(false) if attempts > 1 && state.was_valid_at(first_sent) => {
+            tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, "sent again, found the lock already let go");
+            Ok(true)
+        }
+        done => done,
+    }
+}
+
+/// The release of a lock that must stay held `left` longer
+/// (`hold_at_least`): its lease is set to end then, by the server's clock,
+/// instead of the lock being deleted. Nothing is announced and nothing
+/// handed over: no one may have the lock before then. The lease the
+/// server granted already lasts at least the hold; this only shortens
+/// what renewals added past it. If it fails, the lock stays held until
+/// that later end, never less than the hold.
+async fn keep(client: &ClientInner, state: &LeaseState, left: Duration) -> Result<(), LockError> {
+    let kept = sent_again_if_broken(state, || client.backend.keep(&state.key, &state.holder, left)).await;
+    match kept {
+        Ok(true) => {
+            tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, left_ms = crate::timing::millis(left), "lock kept held until its hold_at_least");
+            Ok(())
+        }
+        Ok(false) => Err(LockError::NotHeld {
+            key: state.key.name.clone(),
+        }),
+        Err(failure) => Err(failure.error),
     }
 }
 

@@ -12,7 +12,7 @@ use crate::error::LostReason;
 use crate::key::LockKey;
 use crate::spec::Kind;
 use crate::telemetry;
-use crate::timing::{millis, renewal_interval, stop_margin, validity_deadline};
+use crate::timing::{drift, millis, renewal_interval, stop_margin, validity_deadline};
 
 /// The state of one acquisition, shared between its owner (`Lease`), the
 /// watchdog and the scopes nested inside its body. It knows no client: the
@@ -48,6 +48,33 @@ pub(crate) struct LeaseState {
     /// 0 while trusted, else a `LostReason` code: set once, never cleared.
     lost: AtomicU8,
     lost_signal: tokio::sync::Notify,
+    /// `hold_at_least`: until when the release keeps the lock held, and
+    /// the hold it was asked for.
+    hold: Option<Hold>,
+}
+
+/// A lock kept held after its body (`hold_at_least`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hold {
+    /// The grant's answer arrived here, after the server granted: a hold
+    /// counted from here ends no earlier than one counted from the grant.
+    pub(crate) until: Instant,
+    pub(crate) hold: Duration,
+}
+
+impl Hold {
+    /// How long the server should still keep the lock at `now`: what is
+    /// left of the hold by this process's clock, plus the allowance for
+    /// the server's clock running slower than ours while the body ran
+    /// (the lease's own allowance, `timing::drift`). `None` once the hold
+    /// is over: the lock is released as usual.
+    pub(crate) fn left_at(&self, now: Instant) -> Option<Duration> {
+        let left = self
+            .until
+            .checked_duration_since(now)
+            .filter(|left| !left.is_zero())?;
+        Some(left + drift(self.hold))
+    }
 }
 
 /// What an acquisition was granted, and under which name.
@@ -61,6 +88,7 @@ pub(crate) struct Grant {
     pub(crate) name: &'static str,
     pub(crate) waited: Duration,
     pub(crate) handed_in_row: u32,
+    pub(crate) hold: Option<Hold>,
 }
 
 impl LeaseState {
@@ -74,6 +102,7 @@ impl LeaseState {
             name,
             waited,
             handed_in_row,
+            hold,
         } = grant;
         telemetry::lease_started();
         LeaseState {
@@ -93,7 +122,14 @@ impl LeaseState {
             ended: AtomicBool::new(false),
             lost: AtomicU8::new(0),
             lost_signal: tokio::sync::Notify::new(),
+            hold,
         }
+    }
+
+    /// How long the release should keep the lock held (`hold_at_least`),
+    /// if it should.
+    pub(crate) fn hold_left_at(&self, now: Instant) -> Option<Duration> {
+        self.hold.and_then(|hold| hold.left_at(now))
     }
 
     /// Whether this is a lease on the lock `key` (on one of its segments,

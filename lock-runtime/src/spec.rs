@@ -75,6 +75,9 @@ pub struct LockSpec {
     /// Busy after `wait` means "skip the body", not `Timeout`
     /// (`on_busy = "skip"`, `try_run`, `try_acquire`).
     skip: bool,
+    /// After the body, the lock stays held until this long after it was
+    /// granted (`hold_at_least`).
+    hold_at_least: Option<Duration>,
     /// The `lock` label of the call's metrics: the attribute's key template.
     name: Option<&'static str>,
 }
@@ -92,6 +95,7 @@ impl LockSpec {
         segments: None,
         fair: false,
         skip: false,
+        hold_at_least: None,
         name: None,
     };
 
@@ -160,6 +164,14 @@ impl LockSpec {
         self
     }
 
+    /// Keeps the lock held after the body until `hold` after it was
+    /// granted, by the lock server's clock (`hold_at_least`).
+    #[must_use]
+    pub const fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.hold_at_least = Some(hold);
+        self
+    }
+
     /// Whether a busy lock skips the call (`on_busy = "skip"`).
     pub(crate) fn skips(&self) -> bool {
         self.skip
@@ -193,6 +205,7 @@ impl LockSpec {
             renew: self.renew,
             fencing: self.fencing,
             skip: self.skip,
+            hold_at_least: self.hold_at_least,
             name: self.metric_name(),
             kind: self.kind().map_err(|reason| LockError::InvalidRequest {
                 key: key.name.clone(),
@@ -261,6 +274,8 @@ pub(crate) struct LockOptions {
     pub(crate) kind: Kind,
     /// A busy lock after `wait` skips the call (`LockSpec::skip_when_busy`).
     pub(crate) skip: bool,
+    /// The lock stays held after the body until this long after its grant.
+    pub(crate) hold_at_least: Option<Duration>,
     /// The `lock` label of its metrics.
     pub(crate) name: &'static str,
 }
@@ -268,7 +283,8 @@ pub(crate) struct LockOptions {
 impl LockOptions {
     /// Refuses a call whose lease could not work.
     fn check(&self, key: &LockKey) -> Result<(), LockError> {
-        match ttl_problem(self.ttl) {
+        let problem = ttl_problem(self.ttl).or_else(|| self.hold_problem());
+        match problem {
             Some(reason) => Err(LockError::InvalidRequest {
                 key: key.name.clone(),
                 reason,
@@ -276,6 +292,51 @@ impl LockOptions {
             None => Ok(()),
         }
     }
+
+    /// Why `hold_at_least` cannot apply to this call, if it cannot.
+    fn hold_problem(&self) -> Option<String> {
+        let hold = self.hold_at_least?;
+        if let Some(reason) = hold_problem(hold) {
+            return Some(reason);
+        }
+        (self.kind != Kind::Exclusive).then(|| {
+            format!(
+                "`hold_at_least` keeps an exclusive lock held after its body, not a {}: the lock's other holders or its next in line would be held back with no one running",
+                self.kind.describe()
+            )
+        })
+    }
+
+    /// The lease the server gives the lock when it grants it: at least the
+    /// hold, so that the lock is held that long after its grant whatever
+    /// becomes of this process, even if it never sends another command.
+    /// Renewals only ever lengthen a lease; the release shortens it to the
+    /// hold's end.
+    pub(crate) fn granted_lease(&self) -> Duration {
+        match self.hold_at_least {
+            Some(hold) => self.ttl.max(hold),
+            None => self.ttl,
+        }
+    }
+}
+
+/// The longest `hold_at_least`: a week, for a weekly job; past it, a
+/// per-tick key says "once" better than a lock held for days.
+pub(crate) const MAX_HOLD: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Why `hold` is not a usable `hold_at_least`, if it is not.
+pub(crate) fn hold_problem(hold: Duration) -> Option<String> {
+    if hold < Duration::from_millis(1) {
+        return Some(format!(
+            "a hold_at_least of {hold:?} holds nothing; leave it out, or give at least 1ms"
+        ));
+    }
+    (hold > MAX_HOLD).then(|| {
+        format!(
+            "a hold_at_least of {} is over the 7-day limit; for a job that runs less often, name its run in the key (`Tick`)",
+            crate::error::fmt_duration(hold)
+        )
+    })
 }
 
 /// What an annotated function may return: something that can carry a

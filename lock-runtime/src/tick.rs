@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// One scheduled run of a job: an instant on the wall clock, rounded so
 /// that every replica names it alike. Put it in the key (`"report:<tick>"`)
 /// and each run is a lock of its own: with `on_busy = "skip"`, a replica
-/// that finds another one running it skips it.
+/// that finds another one running it skips it, and with `hold_at_least`,
+/// one that fires after a fast run ended finds it held still.
 ///
 /// Replicas agree when each fires within half a period of the same tick.
 /// A job scheduled near the middle between two multiples of its period

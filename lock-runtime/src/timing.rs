@@ -86,6 +86,12 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// `d` in whole milliseconds, rounded up, and at least one: for a time a
+/// lock must be held at least, where a rounded-down value would end early.
+pub(crate) fn millis_up(d: Duration) -> u64 {
+    millis(d + Duration::from_nanos(999_999)).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +100,14 @@ mod tests {
     fn drift_is_one_percent_plus_two_ms() {
         assert_eq!(drift(Duration::from_secs(30)), Duration::from_millis(302));
         assert_eq!(drift(Duration::from_millis(1)), Duration::from_millis(2));
+    }
+
+    #[test]
+    fn a_hold_in_milliseconds_is_rounded_up() {
+        assert_eq!(millis_up(Duration::ZERO), 1);
+        assert_eq!(millis_up(Duration::from_nanos(1)), 1);
+        assert_eq!(millis_up(Duration::from_millis(5)), 5);
+        assert_eq!(millis_up(Duration::from_micros(5_001)), 6);
     }
 
     #[test]

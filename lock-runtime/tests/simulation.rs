@@ -974,3 +974,47 @@ fn a_handoff_to_a_waiter_that_went_is_given_back() {
         sim.assert_no_overlap();
     });
 }
+
+/// `hold_at_least` is judged by the server's clock: with the server's
+/// clock 1% slower than the client's, a job whose body ran for most of its
+/// hold keeps the lock until the hold has passed on the server's clock
+/// (the release adds the drift allowance to what is left by the client's
+/// clock; without it this fails), and no more than a few hundred
+/// milliseconds past it, though the lease was granted for 30 s.
+#[test]
+fn a_hold_lasts_by_the_servers_clock_whatever_its_rate() {
+    for (seed, ppm) in [(1, -10_000), (2, 10_000), (3, 0)] {
+        let sim = runtime().block_on(async move {
+            let (locks, sim) = testing::simulated_with(seed, SimOptions::new().server_clock_faster_ppm(ppm));
+            let other = sim.client();
+            let hold = Duration::from_secs(10);
+            let start = Instant::now();
+            locks
+                .lock("job")
+                .ttl(Duration::from_secs(30))
+                .hold_at_least(hold)
+                .run(tokio::time::sleep(Duration::from_secs(9)))
+                .await
+                .expect("ran");
+            let free_at = loop {
+                if let Some(guard) = other.lock("job").try_acquire().await.expect("answered") {
+                    guard.release().await.expect("released");
+                    break start.elapsed();
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            #[allow(clippy::cast_precision_loss)]
+            let on_server = free_at.as_secs_f64() * (1.0 + ppm as f64 / 1e6);
+            assert!(
+                on_server >= hold.as_secs_f64(),
+                "server clock {ppm} ppm: free after {on_server:.3} s of the server's clock, before its 10 s hold"
+            );
+            assert!(
+                free_at < hold + Duration::from_millis(400),
+                "server clock {ppm} ppm: held {free_at:?}, well past its hold"
+            );
+            sim
+        });
+        sim.assert_leases_respected();
+    }
+}

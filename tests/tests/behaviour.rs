@@ -14,12 +14,15 @@ use lock_tests::{Etcd, MariaDb, Postgres, RedisServer, ZooKeeper};
 /// A client and whatever it needs kept alive.
 struct Fixture {
     locks: LockClient,
+    /// Where `lock-worker` finds the same server; `None` in process.
+    target: Option<String>,
     _server: Option<Box<dyn std::any::Any + Send>>,
 }
 
 async fn in_memory() -> Fixture {
     Fixture {
         locks: LockClient::in_memory(),
+        target: None,
         _server: None,
     }
 }
@@ -28,6 +31,7 @@ async fn redis() -> Fixture {
     let server = RedisServer::start();
     Fixture {
         locks: LockClient::connect(&server.url()).await.expect("connect"),
+        target: Some(server.url()),
         _server: Some(Box::new(server)),
     }
 }
@@ -36,6 +40,7 @@ async fn mysql() -> Fixture {
     let server = MariaDb::start();
     Fixture {
         locks: LockClient::mysql(&server.url()).await.expect("connect"),
+        target: Some(server.url()),
         _server: Some(Box::new(server)),
     }
 }
@@ -44,6 +49,7 @@ async fn postgres() -> Fixture {
     let server = Postgres::start();
     Fixture {
         locks: LockClient::postgres(&server.url()).await.expect("connect"),
+        target: Some(server.url()),
         _server: Some(Box::new(server)),
     }
 }
@@ -54,6 +60,7 @@ async fn zookeeper() -> Fixture {
         locks: LockClient::zookeeper(&server.connect_string())
             .await
             .expect("connect"),
+        target: Some(format!("zookeeper={}", server.connect_string())),
         _server: Some(Box::new(server)),
     }
 }
@@ -62,6 +69,7 @@ async fn etcd() -> Fixture {
     let server = Etcd::start();
     Fixture {
         locks: lock_tests::etcd::client(&server).await,
+        target: Some(lock_tests::etcd::target(&server)),
         _server: Some(Box::new(server)),
     }
 }
@@ -148,7 +156,132 @@ on_every_backend!(
     a_fixed_lease_expires,
     a_renewed_lease_outlives_its_ttl,
     a_busy_lock_is_skipped,
+    a_lock_is_held_at_least_its_hold,
 );
+
+/// How long after `started` another holder first gets `key` (it tries
+/// every 20 ms); `None` if not within `within`.
+async fn free_after(locks: &LockClient, key: &str, started: Instant, within: Duration) -> Option<Duration> {
+    loop {
+        if !held_elsewhere(locks, key).await {
+            return Some(started.elapsed());
+        }
+        if started.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `hold_at_least`: after a short body, by a return, an error, or its
+/// process exiting right after it, the lock stays held until the hold
+/// has passed since the grant (never sooner: every reading here comes
+/// after the grant's, so a starved test only reads later), then frees
+/// well before its 60 s lease would have (the release shortened the
+/// lease it had been given). A body that outlives its hold releases at
+/// once. ZooKeeper refuses it before running the body.
+async fn a_lock_is_held_at_least_its_hold(f: Fixture) {
+    let locks = &f.locks;
+    let hold = Duration::from_millis(1500);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let counted = Arc::clone(&ran);
+    let first = locks
+        .lock("tick:1")
+        .ttl(Duration::from_secs(60))
+        .hold_at_least(hold)
+        .try_run(async move { counted.fetch_add(1, Ordering::SeqCst) })
+        .await;
+    if let Err(LockError::Unsupported { feature, .. }) = &first {
+        assert!(
+            feature.contains("ZooKeeper") && f.target.as_deref().is_some_and(|t| t.starts_with("zookeeper=")),
+            "only ZooKeeper refuses a hold: {feature}"
+        );
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "refused before the body ran");
+        return;
+    }
+    assert_eq!(first.expect("a free lock"), Some(0), "the body ran");
+    // Checked before the hold can have passed on a healthy machine: a
+    // starved test sees the lock free later, never sooner.
+    let skipped = tokio::spawn({
+        let other = locks.clone();
+        async move { other.lock("tick:1").try_run(async {}).await }
+    })
+    .await
+    .expect("the other replica")
+    .expect("a busy lock is a skip");
+    assert!(
+        skipped.is_none() || started.elapsed() >= hold,
+        "taken again before the hold passed"
+    );
+    // The operator's view: held, with no more left than the hold (not the
+    // 60 s lease it was granted), where the backend can be inspected.
+    match locks.admin().inspect("tick:1").await {
+        Ok(found) if started.elapsed() < hold => {
+            let left: Vec<Option<Duration>> = found
+                .iter()
+                .flat_map(|info| info.holders.iter().map(|h| h.time_left))
+                .collect();
+            assert!(!left.is_empty(), "inspect shows the kept lock held");
+            assert!(
+                left.iter()
+                    .all(|l| l.is_some_and(|l| l <= hold + Duration::from_secs(1))),
+                "inspect shows it held until its hold ends: {left:?}"
+            );
+        }
+        Ok(_) => {}
+        Err(LockError::Unsupported { .. }) => {}
+        Err(error) => panic!("inspect: {error}"),
+    }
+    let freed = free_after(locks, "tick:1", started, Duration::from_secs(20)).await;
+    let freed = freed.expect("free again long before the 60 s lease: the release shortened it");
+    assert!(
+        freed >= hold,
+        "free {freed:?} after the call began, before its {hold:?} hold"
+    );
+
+    // An error in the body is an exit path like any other.
+    let started = Instant::now();
+    let failed = locks
+        .lock("tick:2")
+        .ttl(Duration::from_secs(60))
+        .hold_at_least(hold)
+        .run(async { Err::<(), &str>("the job failed") })
+        .await
+        .expect("taken");
+    assert_eq!(failed, Err("the job failed"));
+    let freed = free_after(locks, "tick:2", started, Duration::from_secs(20)).await;
+    assert!(freed.expect("freed after its hold") >= hold);
+
+    // A job run from a short-lived process: it exits as soon as its body
+    // returns, and the hold outlives it.
+    if let Some(target) = &f.target {
+        let started = Instant::now();
+        let job = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock-worker"))
+            .args(["job", target, "tick:3", "60000", &hold.as_millis().to_string()])
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .await
+            .expect("run the job's process");
+        assert!(job.status.success(), "the job's process failed");
+        assert_eq!(String::from_utf8_lossy(&job.stdout).trim(), "RAN");
+        let freed = free_after(locks, "tick:3", started, Duration::from_secs(20)).await;
+        assert!(freed.expect("freed after its hold") >= hold);
+    }
+
+    // A body longer than its hold releases as usual.
+    let short = Duration::from_millis(100);
+    let done = locks
+        .lock("tick:4")
+        .hold_at_least(short)
+        .run(tokio::time::sleep(short * 3))
+        .await;
+    done.expect("taken and released");
+    assert!(
+        !held_elsewhere(locks, "tick:4").await,
+        "released at once after a body past its hold"
+    );
+}
 
 /// `try_run` and `try_acquire`: a free lock is taken; a lock another holder
 /// has is `None` without running the body, at once unless the request

@@ -661,3 +661,58 @@ async fn an_acquisition_dropped_mid_statement_gives_the_lock_back_after_it_lands
     )
     .await
 }
+
+/// A job whose key names its run (`Tick`) never takes that key again, so
+/// each kept row (`hold_at_least`) would stay for good: a later kept
+/// release sweeps the rows whose holds ended over a second ago. A fenced
+/// key's row stays, its counter with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rows_of_past_ticks_are_swept() {
+    lock_tests::bounded("the_rows_of_past_ticks_are_swept", async move {
+        let server = MariaDb::start();
+        let locks = LockClient::mysql(&server.url()).await.expect("connect");
+        let job = |key: String, fencing: bool| {
+            let locks = locks.clone();
+            async move {
+                locks
+                    .lock(key)
+                    .hold_at_least(Duration::from_millis(200))
+                    .fencing(fencing)
+                    .try_run(async {})
+                    .await
+                    .expect("answered")
+                    .expect("free")
+            }
+        };
+        for tick in 0..5 {
+            job(format!("tick:{tick}"), false).await;
+        }
+        job("fenced-tick".to_owned(), true).await;
+        let kept = "SELECT COUNT(*) FROM distributed_locks WHERE name LIKE 'lock:{tick:%'";
+        assert_eq!(
+            server.value(kept).await.as_deref(),
+            Some("5"),
+            "each tick's row is kept for its hold"
+        );
+        let past = "SELECT COUNT(*) FROM distributed_locks WHERE expires_at < NOW(6) - INTERVAL 1 SECOND";
+        let started = Instant::now();
+        while server.value(past).await.as_deref() != Some("6") {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the holds never ended"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        job("tick:5".to_owned(), false).await;
+        assert_eq!(
+            server.value(kept).await.as_deref(),
+            Some("1"),
+            "only the running tick's row is left"
+        );
+        let fenced = row(&server, "fenced-tick")
+            .await
+            .expect("a fenced key's row stays");
+        assert_eq!(fenced.2, 1, "with its counter");
+    })
+    .await
+}

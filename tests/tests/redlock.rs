@@ -1034,3 +1034,39 @@ async fn a_redlock_handed_on_a_minority_of_masters_is_not_handed() {
     )
     .await
 }
+
+/// `hold_at_least` on a Redlock: every master keeps the key after the
+/// body, for what is left of the hold (not for the 60 s lease each granted
+/// it with), so a majority refuses another holder until the hold passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_is_kept_on_every_master() {
+    lock_tests::bounded("a_hold_is_kept_on_every_master", async move {
+        let masters = start_masters(3);
+        let locks = redlock(&urls(&masters)).await;
+        let hold = Duration::from_millis(1500);
+        let started = Instant::now();
+        locks
+            .lock("tick")
+            .ttl(Duration::from_secs(60))
+            .hold_at_least(hold)
+            .run(async {})
+            .await
+            .expect("ran");
+        for master in &masters {
+            let left: i64 = master.query(redis::cmd("PTTL").arg("lock:{tick}"));
+            let bound = i64::try_from(hold.as_millis()).expect("small") + 100;
+            assert!(
+                (1..=bound).contains(&left),
+                "a master keeps it {left} ms, not about the hold"
+            );
+        }
+        let freed = lock_tests::eventually(Duration::from_secs(20), || {
+            masters.iter().all(|m| !exists(m, "lock:{tick}"))
+        })
+        .await
+        .expect("gone from every master after the hold");
+        assert!(started.elapsed() >= hold, "gone after {freed:?}, before the hold");
+        assert!(!lock_tests::refused_elsewhere(&locks, "tick", |r| r).await);
+    })
+    .await
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::spec::Kind;
+use crate::spec::{Kind, LockOptions};
 
 mod contract;
 #[cfg(feature = "etcd")]
@@ -138,6 +138,54 @@ impl AnyBackend {
             #[cfg(feature = "etcd")]
             AnyBackend::Etcd(b) => ttl.min(b.lease_cap()),
             _ => ttl,
+        }
+    }
+
+    /// The lease to ask the server for when it grants a lock: at least the
+    /// call's `hold_at_least` ([`LockOptions::granted_lease`]), except on
+    /// etcd, whose keys live on this client's lease until the release
+    /// moves them to one of their own ([`keep`](Self::keep)).
+    pub(crate) fn granted_lease(&self, opts: &LockOptions) -> Duration {
+        match self {
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(_) => opts.ttl,
+            _ => opts.granted_lease(),
+        }
+    }
+
+    /// Why this backend cannot keep a lock held after its holder let go
+    /// (`hold_at_least`), if it cannot.
+    pub(crate) fn cannot_hold(&self) -> Option<&'static str> {
+        match self {
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(_) => Some(zookeeper::NO_HOLD),
+            _ => None,
+        }
+    }
+
+    /// Sets the exclusive lock `key`'s lease to end `left` from now by the
+    /// server's clock, whether that shortens or lengthens it, if `holder`
+    /// still has it: the release of a lock with `hold_at_least`. Nothing
+    /// is announced: the lock is still held. `Ok(false)`: it was no longer
+    /// this holder's.
+    pub(crate) async fn keep(&self, key: &LockKey, holder: &str, left: Duration) -> Result<bool, Failure> {
+        match self {
+            AnyBackend::Redis(b) => b.keep(key, holder, left).await,
+            AnyBackend::Cluster(b) => b.keep(key, holder, left).await,
+            AnyBackend::Sentinel(b) => b.keep(key, holder, left).await,
+            AnyBackend::Redlock(b) => Box::pin(b.keep(key, holder, left)).await,
+            AnyBackend::Memory(b) => Ok(b.keep(key, holder, left)),
+            #[cfg(feature = "testing")]
+            AnyBackend::Sim(b) => Box::pin(b.keep(key, holder, left)).await,
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(b) => Box::pin(b.keep(key, holder, left)).await,
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(b) => Box::pin(b.keep(key, holder, left)).await,
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(b) => Box::pin(b.keep(key, holder, left)).await,
+            // Refused before the lock was taken (`cannot_hold`).
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(b) => Box::pin(b.release(key, holder)).await,
         }
     }
 

@@ -856,6 +856,21 @@ impl SimBackend {
     }
 }
 
+impl SimBackend {
+    /// `AnyBackend::keep` on the simulated server, by its clock. The
+    /// client's hold ended; the server's lease goes on.
+    pub(crate) async fn keep(&self, key: &LockKey, holder: &str, left: Duration) -> Result<bool, Failure> {
+        let (owned_key, owned_holder) = (key.clone(), holder.to_owned());
+        self.server
+            .call(key, holder, move |w, now, _| {
+                let kept = w.locks.keep(&owned_key, &owned_holder, left, now);
+                w.observe(&owned_key.redis_key, &owned_holder, Op::Other);
+                Ok(kept)
+            })
+            .await
+    }
+}
+
 impl Backend for SimBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let sent = OwnedAcquireRequest::new(req);

@@ -20,6 +20,9 @@
 //!   20 ms; once `run()` reports the
 //!   lease lost, print `LOST` and exit. It shows whether a body ever acts
 //!   after its lease could have ended.
+//! - `lock-worker job <url> <key> <ttl-ms> <hold-ms>`: a scheduled job's
+//!   process: `try_run` an empty body on `key` with `hold_at_least`, print
+//!   `RAN` or `SKIPPED`, and exit at once.
 //! - `lock-worker wait <url> <key>`: wait up to 30 s for the lock, then print
 //!   the wall-clock time it was acquired (ns since the epoch) and release it.
 //! - `lock-worker witness <target> <witness-dir> <keys> <tasks> <ms> <lock>
@@ -85,6 +88,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             act_until_lost(url, witness_dir, key, ttl_ms.parse()?).await
         }
         [_, "wait", url, key] => wait(url, key).await,
+        [_, "job", url, key, ttl_ms, hold_ms] => job(url, key, ttl_ms.parse()?, hold_ms.parse()?).await,
         [_, "fence", url, key, n] => fence(url, key, n.parse()?).await,
         [
             _,
@@ -215,6 +219,18 @@ async fn hold(url: &str, key: &str, ttl_ms: u64, renew: bool) -> Result<(), Box<
     std::future::pending::<()>().await;
     guard.release().await?;
     Ok::<_, LockError>(()).map_err(Into::into)
+}
+
+async fn job(url: &str, key: &str, ttl_ms: u64, hold_ms: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let locks = connect(url).await?;
+    let ran = locks
+        .lock(key)
+        .ttl(Duration::from_millis(ttl_ms))
+        .hold_at_least(Duration::from_millis(hold_ms))
+        .try_run(async {})
+        .await?;
+    println!("{}", if ran.is_some() { "RAN" } else { "SKIPPED" });
+    Ok(())
 }
 
 async fn wait(url: &str, key: &str) -> Result<(), Box<dyn std::error::Error>> {

@@ -937,6 +937,100 @@ impl EtcdBackend {
         }
     }
 
+    /// Keeps the lock held after its holder let go (`hold_at_least`): its
+    /// key moves, in one transaction that checks it is still the holder's
+    /// on this client's lease, to a lease of its own of `left` rounded up
+    /// to whole seconds (etcd's unit; the cluster may round a short one up
+    /// to its minimum), which the cluster expires, deleting the key, with
+    /// no one keeping it alive. A put keeps the key's create revision: it
+    /// stays first in its line, and the waiter behind it still watches
+    /// it. The key's slot is reused only once the key is seen gone.
+    pub(crate) async fn keep(&self, key: &LockKey, holder: &str, left: Duration) -> Result<bool, Failure> {
+        let (Some(path), Some(lease_id)) = (
+            self.with_entry(key, holder, |e| e.path.clone()),
+            self.current_lease().map(|l| l.id),
+        ) else {
+            return Ok(false);
+        };
+        let secs = i64::try_from(left.as_secs() + u64::from(left.subsec_nanos() > 0))
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let attempt = async {
+            let mut client = self.client().await?;
+            let own = client
+                .lease_grant(secs, None)
+                .await
+                .map_err(|e| self.failure(Some(key), &e))?;
+            let moved = etcd::Txn::new()
+                .when([
+                    etcd::Compare::value(path.as_str(), etcd::CompareOp::Equal, holder),
+                    etcd::Compare::lease(path.as_str(), etcd::CompareOp::Equal, lease_id),
+                ])
+                .and_then([etcd::TxnOp::put(
+                    path.as_str(),
+                    holder,
+                    Some(etcd::PutOptions::new().with_lease(own.id())),
+                )]);
+            let reply = client.txn(moved).await.map_err(|e| self.failure(Some(key), &e))?;
+            Ok::<_, Failure>((reply.succeeded(), own.ttl()))
+        };
+        let (kept, granted) = match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(answer) => answer?,
+            Err(_) => {
+                return Err(Failure {
+                    error: LockError::backend(&self.node, Some(&key.name), "etcd did not answer in time"),
+                    transient: true,
+                    reconnecting: false,
+                });
+            }
+        };
+        if let Some(entry) = self.forget(key, holder)
+            && kept
+        {
+            self.free_slot_when_gone(
+                entry.path,
+                entry.slot,
+                Duration::from_secs(granted.unsigned_abs()),
+            );
+        }
+        Ok(kept)
+    }
+
+    /// Frees the slot of a kept key (`keep`) once the key is gone: looked
+    /// for when its lease should have ended, then every second.
+    fn free_slot_when_gone(&self, path: String, slot: u32, after: Duration) {
+        let (Some(client), Ok(runtime)) = (
+            self.client.get().map(|client| (**client).clone()),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        let entries = Arc::downgrade(&self.entries);
+        runtime.spawn(async move {
+            tokio::time::sleep(after).await;
+            let mut kv = client.kv_client();
+            loop {
+                let gone = kv
+                    .get(path.as_str(), Some(etcd::GetOptions::new().with_count_only()))
+                    .await
+                    .is_ok_and(|reply| reply.count() == 0);
+                if gone {
+                    break;
+                }
+                if entries.strong_count() == 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            if let Some(entries) = entries.upgrade() {
+                entries
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .free(&path, slot);
+            }
+        });
+    }
+
     /// Deletes `doomed` (keys of ours, with their slots) from a task,
     /// `after` from now: see [`delete_until_done`].
     fn delete_in_background(&self, doomed: Vec<Doomed>, after: Duration) {

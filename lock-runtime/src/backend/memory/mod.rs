@@ -466,6 +466,18 @@ impl State {
         released
     }
 
+    /// Sets the exclusive lock's lease to end `left` after `now` if
+    /// `holder` still has it (`AnyBackend::keep`).
+    pub(crate) fn keep(&mut self, key: &LockKey, holder: &str, left: Duration, now: Instant) -> bool {
+        match self.live(&key.redis_key, now) {
+            Some(Entry::Exclusive(lease)) if lease.holder == holder => {
+                lease.expires = now + left;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn renew_key(&mut self, key: &LockKey, holder: &str, ttl: Duration, now: Instant) -> bool {
         self.renew(&key.redis_key, holder, ttl, now)
     }
@@ -541,6 +553,11 @@ impl State {
 impl MemoryBackend {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `AnyBackend::keep`, answered within the call.
+    pub(crate) fn keep(&self, key: &LockKey, holder: &str, left: Duration) -> bool {
+        self.state().keep(key, holder, left, Instant::now())
     }
 
     /// An acquire, answered within the call (`AnyBackend::acquire_at_once`).

@@ -235,6 +235,40 @@ impl MysqlBackend {
     }
 }
 
+impl MysqlBackend {
+    /// Sets the exclusive lock's lease to end `left` from now by the
+    /// server's clock, if `holder` still has it (`AnyBackend::keep`), then
+    /// sweeps rows such locks left behind (`sweep` in `sql.rs`): on its
+    /// own, because a failed sweep must not fail the keep.
+    pub(crate) async fn keep(&self, key: &LockKey, holder: &str, left: Duration) -> Result<bool, Failure> {
+        let name = key.redis_key.as_str();
+        let left_us = as_micros(left + Duration::from_nanos(999));
+        self.after_unanswered(holder).await;
+        let kept = self
+            .run(key, "keep", || async {
+                let conn = &mut self.pool.get_conn().await?;
+                conn.exec_drop(&self.sql.keep, (left_us, name, holder)).await?;
+                if conn.affected_rows() > 0 {
+                    return Ok(true);
+                }
+                // An update that changed nothing (the same microsecond
+                // again) counts no row either.
+                let held: Option<i64> = conn.exec_first(&self.sql.still_held, (name, holder)).await?;
+                Ok(held.is_some())
+            })
+            .await?;
+        let swept = self
+            .run(key, "sweep", || async {
+                self.pool.get_conn().await?.query_drop(&self.sql.sweep).await
+            })
+            .await;
+        if let Err(failure) = swept {
+            tracing::debug!(error = %failure.error, "sweeping expired lock rows failed; the next keep sweeps them");
+        }
+        Ok(kept)
+    }
+}
+
 /// Which attempt a transaction runs.
 #[derive(Debug, Clone, Copy)]
 enum Body {

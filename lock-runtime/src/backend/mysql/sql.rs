@@ -29,6 +29,8 @@ pub(super) struct Statements {
     pub(super) still_held: String,
     pub(super) delete: String,
     pub(super) free_fenced: String,
+    pub(super) keep: String,
+    pub(super) sweep: String,
 }
 
 impl Statements {
@@ -83,6 +85,25 @@ impl Statements {
             delete: format!("DELETE FROM {t} WHERE name = ? AND holder = ? AND fence = 0"),
             free_fenced: format!(
                 "UPDATE {t} SET holder = '', expires_at = {FREED} WHERE name = ? AND holder = ?"
+            ),
+            // Parameters: µs left of the hold, name, holder. Keeps the
+            // lock held after its body (`hold_at_least`): its lease ends
+            // then, shorter or longer than it was.
+            keep: format!(
+                "UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND holder = ? AND expires_at > NOW(6)"
+            ),
+            // Sent after a keep: up to 16 exclusive rows that expired over
+            // a second ago, never fenced, go. A kept row stays until its
+            // hold ends, and a job whose key names its run (`Tick`) never
+            // takes that key again, so without this each run would leave a
+            // row for good. Fenced rows stay (their counter must keep
+            // growing), and so do shared and fair locks' rows (holders
+            // with a `r:`, `w:`, `p:` or `f:` kind in front, and gates,
+            // which expire in the year 9999).
+            sweep: format!(
+                "DELETE FROM {t} WHERE fence = 0 AND holder LIKE '%:%' AND holder NOT LIKE '_:%' \
+                 AND expires_at < NOW(6) - INTERVAL 1 SECOND AND expires_at > {FREED} LIMIT 16"
             ),
         }
     }

@@ -309,6 +309,22 @@ impl PostgresBackend {
         .await
     }
 
+    /// Sets the exclusive lock's lease to end `left` from now by the
+    /// database's clock, if `holder` still has it (`AnyBackend::keep`),
+    /// and sweeps rows such locks left behind (`keep` in `sql.rs`).
+    pub(crate) async fn keep(&self, key: &LockKey, holder: &str, left: Duration) -> Result<bool, Failure> {
+        let name = key.redis_key.as_str();
+        let left_us = as_micros(left + Duration::from_nanos(999));
+        self.after_unanswered(holder).await;
+        self.run(key, "keep", || async {
+            let client = self.pool.get().await?;
+            let statement = client.prepare_cached(&self.sql.keep).await?;
+            let row = client.query_one(&statement, &[&name, &holder, &left_us]).await?;
+            Ok(row.try_get::<_, i64>(0)? > 0)
+        })
+        .await
+    }
+
     /// Renews `items` with `sql` (`renew_many` of either table) in one
     /// statement: the (name, holder) of each lease still held.
     async fn renew_batch(

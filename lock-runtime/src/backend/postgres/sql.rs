@@ -21,6 +21,12 @@ fn lease(param: &str) -> String {
 const LEFT_US: &str = "CASE WHEN l.expires_at = 'infinity' THEN -1 ELSE greatest(0, (extract(epoch from \
      (greatest(l.expires_at, clock_timestamp()) - clock_timestamp())) * 1000000)::bigint) END";
 
+/// The rows a kept lock's release sweeps (`keep`): an exclusive holder's
+/// (`<hex>:<n>`, no kind in front), never fenced, expired over a second
+/// ago.
+const SWEPT: &str = "fence = 0 AND holder LIKE '%:%' AND holder NOT LIKE '_:%' \
+     AND expires_at < clock_timestamp() - interval '1 second' AND expires_at > '-infinity'";
+
 /// A shared lock's gate: the lock's row in the main table, whose expiry no
 /// clock reaches.
 pub(super) const GATE_EXPIRY: &str = "'infinity'";
@@ -36,6 +42,7 @@ pub(super) struct Statements {
     pub(super) release_unfenced: String,
     pub(super) mark: String,
     pub(super) hand_over: String,
+    pub(super) keep: String,
     /// The notification channel releases are announced on: the table's
     /// name, so that clients of one table hear each other.
     pub(super) channel: String,
@@ -174,6 +181,29 @@ impl Statements {
                  WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp() \
                  RETURNING fence",
                 lease("$4")
+            ),
+            // Parameters: name, holder, µs left of the hold. Keeps the
+            // lock held after its body (`hold_at_least`): its lease ends
+            // then, shorter or longer than it was, unannounced. Returns 1
+            // when the row was still the holder's. In the same statement,
+            // up to 16 exclusive rows that expired over a second ago, never
+            // fenced, go: a kept row stays until its hold ends, and a job
+            // whose key names its run (`Tick`) never takes that key again,
+            // so without this each run would leave a row for good. Rows
+            // that another statement has locked are left for the next
+            // sweep; fenced rows stay (their counter must keep growing),
+            // and so do shared and fair locks' rows (holders with a `r:`,
+            // `w:`, `p:` or `f:` kind in front, and gates without one).
+            keep: format!(
+                "WITH kept AS (\
+                   UPDATE {t} SET expires_at = {} \
+                   WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp() RETURNING 1), \
+                 swept AS (\
+                   DELETE FROM {t} WHERE name IN (\
+                     SELECT name FROM {t} WHERE {SWEPT} LIMIT 16 FOR UPDATE SKIP LOCKED) \
+                   AND {SWEPT}) \
+                 SELECT count(*) FROM kept",
+                lease("$3")
             ),
         }
     }

@@ -23,7 +23,7 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::redact::{redact_secrets, redact_url};
 use crate::spec::Kind;
-use crate::timing::{WRITER_CLAIM, millis};
+use crate::timing::{WRITER_CLAIM, millis, millis_up};
 
 /// A script from `scripts/`, with the prelude every script shares in front.
 macro_rules! script {
@@ -60,6 +60,7 @@ static RELEASE: LazyLock<Script> = script!("release.lua");
 static RELEASE_SEGMENTS: LazyLock<Script> = script!("release_segments.lua");
 static RENEW_MANY: LazyLock<Script> = script!("renew_many.lua");
 static HAND_OVER: LazyLock<Script> = script!("hand_over.lua");
+static KEEP: LazyLock<Script> = script!("keep.lua");
 
 /// What a connection to Redis must offer: the redis crate's async
 /// connection, cheap to clone (clones share the connection), that can wait
@@ -483,6 +484,21 @@ impl<C: Connection> RedisBackend<C> {
 impl<C: Connection> RedisBackend<C> {
     /// `release.lua` announces with PUBLISH on one node, SPUBLISH (to the
     /// shard that owns the lock's slot) on a cluster.
+    /// Sets the exclusive lock's lease to end `left` from now if `holder`
+    /// still has it (`AnyBackend::keep`). Not waited on by replicas: a
+    /// replica promoted without it has the longer lease, which keeps the
+    /// lock held longer, never shorter.
+    pub(crate) async fn keep(&self, key: &LockKey, holder: &str, left: Duration) -> Result<bool, Failure> {
+        let kept: i64 = ScriptCall::new(&KEEP, 1, 3)
+            .arg(&key.redis_key)
+            .arg(holder)
+            .arg(millis_up(left))
+            .invoke(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        Ok(kept == 1)
+    }
+
     fn announce(&self) -> &'static str {
         match self.topology {
             Topology::Single(_) | Topology::Sentinel(_) => "publish",

@@ -185,6 +185,32 @@ impl RedlockBackend {
         })
     }
 
+    /// Sets the lock's lease to end `left` from now on every master that
+    /// still has it for `holder` (`AnyBackend::keep`). The majority that
+    /// granted the lock gave it a lease of at least the hold, so a master
+    /// this misses keeps it longer, never shorter.
+    pub(crate) async fn keep(&self, key: &LockKey, holder: &str, left: Duration) -> Result<bool, Failure> {
+        let answers = self.ask_all(|node| node.keep(key, holder, left)).await;
+        self.done_anywhere(key, answers)
+    }
+
+    /// Whether any master did what an owner-checked end of a lease asked
+    /// (a release, a keep): an error only if no master answered at all.
+    fn done_anywhere(&self, key: &LockKey, answers: Vec<Answer<bool>>) -> Result<bool, Failure> {
+        let mut done = false;
+        let mut causes = Vec::new();
+        for answer in answers {
+            match answer {
+                Answer::Got(d) => done |= d,
+                Answer::Failed(cause) => causes.push(cause),
+            }
+        }
+        if !done && causes.len() == self.nodes.len() {
+            return Err(self.quorum_failure(key, 0, causes));
+        }
+        Ok(done)
+    }
+
     fn quorum_failure(&self, key: &LockKey, granted: usize, causes: Vec<String>) -> Failure {
         Failure {
             error: LockError::QuorumNotReached {
@@ -288,18 +314,7 @@ impl Backend for RedlockBackend {
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
         let answers = self.ask_all(|node| node.release(key, holder)).await;
-        let mut released = false;
-        let mut causes = Vec::new();
-        for answer in answers {
-            match answer {
-                Answer::Got(r) => released |= r,
-                Answer::Failed(cause) => causes.push(cause),
-            }
-        }
-        if !released && causes.len() == self.nodes.len() {
-            return Err(self.quorum_failure(key, 0, causes));
-        }
-        Ok(released)
+        self.done_anywhere(key, answers)
     }
 
     async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {

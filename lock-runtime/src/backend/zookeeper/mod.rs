@@ -76,6 +76,14 @@ pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
     }
 }
 
+/// Why a ZooKeeper lock cannot be kept held after its holder let go
+/// (`hold_at_least`): its node is ephemeral, so it ends with the session
+/// that made it, and a node that outlives its session (a TTL node) needs
+/// the server's `zookeeper.extendedTypesEnabled`, is reaped only by the
+/// server's container sweep (once a minute by default), and would take a
+/// new place in the lock's queue behind the waiters.
+pub(crate) const NO_HOLD: &str = "`hold_at_least` on ZooKeeper (a lock node is ephemeral and ends with its session; a node that outlives it, a TTL node, needs the server's `zookeeper.extendedTypesEnabled` and would lose its place in the queue); use Redis, PostgreSQL, MySQL or etcd for such jobs";
+
 /// Whether `root` can be the parent of every lock node.
 pub(crate) fn root_problem(root: &str) -> Option<String> {
     let ok = root.starts_with('/')
