@@ -122,9 +122,10 @@ impl<'c> LockRequest<'c> {
     /// scheduled job that finishes early is not run again by a replica
     /// whose clock or scheduler is a little behind. Judged by the lock
     /// server's clock: the server gives the lease at least `hold` when it
-    /// grants it, so the hold survives this process exiting or crashing,
-    /// and the release sets the lease to end `hold` after the grant
-    /// instead of deleting it. A body that runs longer releases as usual.
+    /// grants it, so the hold survives this process exiting or crashing
+    /// (on etcd, from the release on: until then the key lives on the
+    /// client's lease), and the release sets the lease to end `hold` after
+    /// the grant instead of deleting it. A body that runs longer releases as usual.
     /// Exclusive locks of one key only; not on ZooKeeper, whose lock nodes
     /// end with their session (both refused with an error before any I/O).
     /// Only the outermost call's hold counts: a nested call re-enters.

@@ -108,6 +108,12 @@ impl Cleanup for Release {
     }
 
     fn describe(&self) -> String {
+        if self.state.holds_after_release() {
+            return format!(
+                "the release of lock `{}` after its hold_at_least (it stays held until the lease it was granted ends)",
+                self.state.key.name
+            );
+        }
         format!(
             "the release of lock `{}` (it will expire by its ttl)",
             self.state.key.name

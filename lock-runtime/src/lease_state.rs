@@ -66,14 +66,14 @@ impl Hold {
     /// How long the server should still keep the lock at `now`: what is
     /// left of the hold by this process's clock, plus the allowance for
     /// the server's clock running slower than ours while the body ran
-    /// (the lease's own allowance, `timing::drift`). `None` once the hold
-    /// is over: the lock is released as usual.
+    /// (the lease's own allowance, `timing::drift`). `None` once that too
+    /// has passed: only then is the lock released as usual, since a body
+    /// that ends inside the allowance may end before the hold did on the
+    /// server's clock.
     pub(crate) fn left_at(&self, now: Instant) -> Option<Duration> {
-        let left = self
-            .until
+        (self.until + drift(self.hold))
             .checked_duration_since(now)
-            .filter(|left| !left.is_zero())?;
-        Some(left + drift(self.hold))
+            .filter(|left| !left.is_zero())
     }
 }
 
@@ -124,6 +124,11 @@ impl LeaseState {
             lost_signal: tokio::sync::Notify::new(),
             hold,
         }
+    }
+
+    /// Whether the release keeps the lock held (`hold_at_least`).
+    pub(crate) fn holds_after_release(&self) -> bool {
+        self.hold.is_some()
     }
 
     /// How long the release should keep the lock held (`hold_at_least`),

@@ -327,7 +327,7 @@ async fn ticked_job(tick: Tick, runs: &AtomicUsize) -> Result<(), LockError> {
 /// Two replicas firing the same tick 300 ms apart render the same key: the
 /// late one skips while the early one's run holds it; the next tick is a
 /// lock of its own. (A run that ends before the late replica fires leaves
-/// it the lock: `hold_at_least` is not in yet.)
+/// it the lock unless the job holds it at least: the test after this.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tick_held_by_one_replica_is_skipped_by_another_and_the_next_tick_runs() {
     lock_tests::bounded(
@@ -358,6 +358,49 @@ async fn a_tick_held_by_one_replica_is_skipped_by_another_and_the_next_tick_runs
                 .await
                 .expect("the next tick");
             assert_eq!(runs.load(Ordering::SeqCst), 1, "the next tick ran");
+        },
+    )
+    .await
+}
+
+#[distributed_lock(key = "held-tick:<tick>", on_busy = "skip", hold_at_least = "1m")]
+async fn held_tick_job(tick: Tick, runs: &AtomicUsize) -> Result<(), LockError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// `hold_at_least` in the attribute: the early replica's run is over in
+/// microseconds, and the late replica, firing after it, still finds the
+/// tick held and skips; the server keeps the key for what is left of the
+/// minute, not for the 30 s lease it was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_tick_is_skipped_by_a_replica_firing_after_the_run_ended() {
+    lock_tests::bounded(
+        "a_held_tick_is_skipped_by_a_replica_firing_after_the_run_ended",
+        async move {
+            let period = std::time::Duration::from_secs(3600);
+            let scheduled =
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000 / 3600 * 3600);
+            let early = Tick::nearest(scheduled - std::time::Duration::from_millis(300), period);
+            let late = Tick::nearest(scheduled + std::time::Duration::from_millis(300), period);
+            let runs = AtomicUsize::new(0);
+            held_tick_job(early, &runs)
+                .await
+                .expect("the early replica runs it");
+            assert_eq!(runs.load(Ordering::SeqCst), 1);
+            let left: i64 = redis().query(redis::cmd("PTTL").arg(format!("lock:{{held-tick:{early}}}")));
+            assert!(
+                (30_001..=60_700).contains(&left),
+                "kept {left} ms: the minute's hold, not the 30 s lease"
+            );
+            // The late replica, after the run ended: another acquisition,
+            // so another holder, though of the same client here.
+            held_tick_job(late, &runs).await.expect("a skip is not an error");
+            assert_eq!(
+                runs.load(Ordering::SeqCst),
+                1,
+                "the late replica skipped the tick"
+            );
         },
     )
     .await

@@ -253,6 +253,35 @@ async fn a_lock_is_held_at_least_its_hold(f: Fixture) {
     let freed = free_after(locks, "tick:2", started, Duration::from_secs(20)).await;
     assert!(freed.expect("freed after its hold") >= hold);
 
+    // A panic in the body, and a guard dropped without its release: the
+    // release sent from the drop keeps the lock too.
+    let started = Instant::now();
+    let panicked = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .lock("tick:5")
+                .ttl(Duration::from_secs(60))
+                .hold_at_least(hold)
+                .run(async { panic!("the job panicked") })
+                .await
+        }
+    })
+    .await;
+    assert!(panicked.is_err_and(|e| e.is_panic()));
+    let dropped = locks
+        .lock("tick:6")
+        .ttl(Duration::from_secs(60))
+        .hold_at_least(hold)
+        .try_acquire()
+        .await
+        .expect("answered");
+    drop(dropped.expect("free"));
+    for key in ["tick:5", "tick:6"] {
+        let freed = free_after(locks, key, started, Duration::from_secs(20)).await;
+        assert!(freed.expect("freed after its hold") >= hold, "{key}");
+    }
+
     // A job run from a short-lived process: it exits as soon as its body
     // returns, and the hold outlives it.
     if let Some(target) = &f.target {

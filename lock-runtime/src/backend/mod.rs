@@ -142,13 +142,14 @@ impl AnyBackend {
     }
 
     /// The lease to ask the server for when it grants a lock: at least the
-    /// call's `hold_at_least` ([`LockOptions::granted_lease`]), except on
-    /// etcd, whose keys live on this client's lease until the release
-    /// moves them to one of their own ([`keep`](Self::keep)).
+    /// call's `hold_at_least` ([`LockOptions::granted_lease`]). On etcd, a
+    /// renewed lock's key lives on this client's lease until the release
+    /// moves it to one of its own ([`keep`](Self::keep)), so only a fixed
+    /// lease (which this client deletes when it ends) is asked longer.
     pub(crate) fn granted_lease(&self, opts: &LockOptions) -> Duration {
         match self {
             #[cfg(feature = "etcd")]
-            AnyBackend::Etcd(_) => opts.ttl,
+            AnyBackend::Etcd(_) if opts.renew => opts.ttl,
             _ => opts.granted_lease(),
         }
     }

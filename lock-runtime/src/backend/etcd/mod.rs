@@ -940,14 +940,23 @@ impl EtcdBackend {
     /// Keeps the lock held after its holder let go (`hold_at_least`): its
     /// key moves, in one transaction that checks it is still the holder's
     /// on this client's lease, to a lease of its own of `left` rounded up
-    /// to whole seconds (etcd's unit; the cluster may round a short one up
-    /// to its minimum), which the cluster expires, deleting the key, with
-    /// no one keeping it alive. A put keeps the key's create revision: it
-    /// stays first in its line, and the waiter behind it still watches
-    /// it. The key's slot is reused only once the key is seen gone.
+    /// to whole seconds (etcd's unit; the cluster raises a shorter one to
+    /// its minimum, about 2 s by default), which the cluster expires,
+    /// deleting the key, with no one keeping it alive. A put keeps the
+    /// key's create revision: it stays first in its line, and the waiter
+    /// behind it still watches it. The key's slot is reused only once the
+    /// key is seen gone.
+    ///
+    /// If an acquire's put of the key may still be on its way
+    /// (`unanswered`), the same transaction puts the key's tombstone on
+    /// this client's lease, so that the put cannot bring the key back
+    /// once its own lease ends; the tombstone goes, and the slot is freed,
+    /// [`TOMBSTONE_LIFE`] after that. If the transaction gets no answer,
+    /// the key is deleted `left` from now instead, by this client, as a
+    /// release that got no answer is.
     pub(crate) async fn keep(&self, key: &LockKey, holder: &str, left: Duration) -> Result<bool, Failure> {
-        let (Some(path), Some(lease_id)) = (
-            self.with_entry(key, holder, |e| e.path.clone()),
+        let (Some((path, unanswered)), Some(lease_id)) = (
+            self.with_entry(key, holder, |e| (e.path.clone(), e.unanswered)),
             self.current_lease().map(|l| l.id),
         ) else {
             return Ok(false);
@@ -961,55 +970,94 @@ impl EtcdBackend {
                 .lease_grant(secs, None)
                 .await
                 .map_err(|e| self.failure(Some(key), &e))?;
+            let mut ops = vec![etcd::TxnOp::put(
+                path.as_str(),
+                holder,
+                Some(etcd::PutOptions::new().with_lease(own.id())),
+            )];
+            if unanswered {
+                let on_ours = etcd::PutOptions::new().with_lease(lease_id);
+                ops.push(etcd::TxnOp::put(tombstone_of(&path), "", Some(on_ours)));
+            }
             let moved = etcd::Txn::new()
                 .when([
                     etcd::Compare::value(path.as_str(), etcd::CompareOp::Equal, holder),
                     etcd::Compare::lease(path.as_str(), etcd::CompareOp::Equal, lease_id),
                 ])
-                .and_then([etcd::TxnOp::put(
-                    path.as_str(),
-                    holder,
-                    Some(etcd::PutOptions::new().with_lease(own.id())),
-                )]);
+                .and_then(ops);
             let reply = client.txn(moved).await.map_err(|e| self.failure(Some(key), &e))?;
             Ok::<_, Failure>((reply.succeeded(), own.ttl()))
         };
-        let (kept, granted) = match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(answer) => answer?,
+        let answer = tokio::time::timeout(self.timeout, attempt).await;
+        let Some(entry) = self.forget(key, holder) else {
+            // The lease ended meanwhile, and the key with it.
+            return Ok(false);
+        };
+        match answer {
+            Ok(Ok((true, granted))) => {
+                let granted = Duration::from_secs(granted.unsigned_abs());
+                if unanswered {
+                    let tombstone = Doomed {
+                        path: tombstone_of(&entry.path),
+                        slot: entry.slot,
+                        tombstone: false,
+                    };
+                    self.delete_in_background(vec![tombstone], granted + TOMBSTONE_LIFE);
+                } else {
+                    self.free_slot_when_gone(entry.path, entry.slot, granted);
+                }
+                Ok(true)
+            }
+            // No longer this holder's key on this lease: ours by its name,
+            // so deleted as any key of ours.
+            Ok(Ok((false, _))) => {
+                self.delete_in_background(vec![Doomed::of(entry)], Duration::ZERO);
+                Ok(false)
+            }
+            Ok(Err(failure)) => {
+                self.delete_in_background(vec![Doomed::of(entry)], left);
+                Err(failure)
+            }
             Err(_) => {
-                return Err(Failure {
+                self.delete_in_background(vec![Doomed::of(entry)], left);
+                Err(Failure {
                     error: LockError::backend(&self.node, Some(&key.name), "etcd did not answer in time"),
                     transient: true,
                     reconnecting: false,
-                });
+                })
             }
-        };
-        if let Some(entry) = self.forget(key, holder)
-            && kept
-        {
-            self.free_slot_when_gone(
-                entry.path,
-                entry.slot,
-                Duration::from_secs(granted.unsigned_abs()),
-            );
         }
-        Ok(kept)
     }
 
     /// Frees the slot of a kept key (`keep`) once the key is gone: looked
-    /// for when its lease should have ended, then every second.
+    /// for when its lease should have ended, then every second, as long as
+    /// this client's lease is the one the key was named after (a new lease
+    /// starts with no slots taken, and names its keys anew).
     fn free_slot_when_gone(&self, path: String, slot: u32, after: Duration) {
-        let (Some(client), Ok(runtime)) = (
+        let (Some(client), Some(lease_id), Ok(runtime)) = (
             self.client.get().map(|client| (**client).clone()),
+            self.current_lease().map(|l| l.id),
             tokio::runtime::Handle::try_current(),
         ) else {
             return;
         };
-        let entries = Arc::downgrade(&self.entries);
+        let (lease, entries) = (Arc::downgrade(&self.lease), Arc::downgrade(&self.entries));
+        let same_lease = move || {
+            lease.upgrade().is_some_and(|l| {
+                l.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .as_ref()
+                    .map(|l| l.id)
+                    == Some(lease_id)
+            })
+        };
         runtime.spawn(async move {
             tokio::time::sleep(after).await;
             let mut kv = client.kv_client();
             loop {
+                if !same_lease() {
+                    return;
+                }
                 let gone = kv
                     .get(path.as_str(), Some(etcd::GetOptions::new().with_count_only()))
                     .await
@@ -1017,12 +1065,11 @@ impl EtcdBackend {
                 if gone {
                     break;
                 }
-                if entries.strong_count() == 0 {
-                    return;
-                }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            if let Some(entries) = entries.upgrade() {
+            if let Some(entries) = entries.upgrade()
+                && same_lease()
+            {
                 entries
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)

@@ -259,7 +259,10 @@ impl MysqlBackend {
             .await?;
         let swept = self
             .run(key, "sweep", || async {
-                self.pool.get_conn().await?.query_drop(&self.sql.sweep).await
+                let conn = &mut self.pool.get_conn().await?;
+                let names: Vec<Vec<u8>> = conn.query(&self.sql.sweepable).await?;
+                conn.exec_batch(&self.sql.sweep, names.iter().map(|name| (name,)))
+                    .await
             })
             .await;
         if let Err(failure) = swept {

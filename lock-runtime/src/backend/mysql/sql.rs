@@ -19,6 +19,16 @@ pub(super) const GATE_EXPIRY: &str = "'9999-01-01 00:00:00'";
 /// An exclusive attempt that finds this much lease left has met a gate.
 pub(super) const GATE_LEFT: Duration = Duration::from_secs(5_000 * 365 * 24 * 3600);
 
+/// The rows a kept lock's release sweeps (`sweepable`, `sweep`): an
+/// exclusive holder's (`<hex>:<n>`, no kind in front), never fenced,
+/// expired over a second ago, and not freed.
+fn swept() -> String {
+    format!(
+        "fence = 0 AND holder LIKE '%:%' AND holder NOT LIKE '_:%' \
+         AND expires_at < NOW(6) - INTERVAL 1 SECOND AND expires_at > {FREED}"
+    )
+}
+
 /// The statements, rendered once for the client's table name.
 #[derive(Debug)]
 pub(super) struct Statements {
@@ -30,6 +40,7 @@ pub(super) struct Statements {
     pub(super) delete: String,
     pub(super) free_fenced: String,
     pub(super) keep: String,
+    pub(super) sweepable: String,
     pub(super) sweep: String,
 }
 
@@ -93,18 +104,19 @@ impl Statements {
                 "UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \
                  WHERE name = ? AND holder = ? AND expires_at > NOW(6)"
             ),
-            // Sent after a keep: up to 16 exclusive rows that expired over
-            // a second ago, never fenced, go. A kept row stays until its
-            // hold ends, and a job whose key names its run (`Tick`) never
-            // takes that key again, so without this each run would leave a
-            // row for good. Fenced rows stay (their counter must keep
-            // growing), and so do shared and fair locks' rows (holders
-            // with a `r:`, `w:`, `p:` or `f:` kind in front, and gates,
-            // which expire in the year 9999).
-            sweep: format!(
-                "DELETE FROM {t} WHERE fence = 0 AND holder LIKE '%:%' AND holder NOT LIKE '_:%' \
-                 AND expires_at < NOW(6) - INTERVAL 1 SECOND AND expires_at > {FREED} LIMIT 16"
-            ),
+            // Sent after a keep, in two steps: a plain read (no row
+            // locks, so it holds no acquisition back) of up to 16 exclusive
+            // rows that expired over a second ago, never fenced, then their
+            // delete by name, which checks the same again on each row it
+            // locks (one taken since is left alone). A kept row stays
+            // until its hold ends, and a job whose key names its run
+            // (`Tick`) never takes that key again, so without this each
+            // run would leave a row for good. Fenced rows stay (their
+            // counter must keep growing), and so do shared and fair locks'
+            // rows (holders with a `r:`, `w:`, `p:` or `f:` kind in front,
+            // and gates, which expire in the year 9999).
+            sweepable: format!("SELECT name FROM {t} WHERE {} LIMIT 16", swept()),
+            sweep: format!("DELETE FROM {t} WHERE name = ? AND {}", swept()),
         }
     }
 }

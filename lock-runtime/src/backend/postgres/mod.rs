@@ -311,18 +311,33 @@ impl PostgresBackend {
 
     /// Sets the exclusive lock's lease to end `left` from now by the
     /// database's clock, if `holder` still has it (`AnyBackend::keep`),
-    /// and sweeps rows such locks left behind (`keep` in `sql.rs`).
+    /// then sweeps rows such locks left behind (`sweep` in `sql.rs`): on
+    /// its own, because a failed sweep must not fail the keep.
     pub(crate) async fn keep(&self, key: &LockKey, holder: &str, left: Duration) -> Result<bool, Failure> {
         let name = key.redis_key.as_str();
         let left_us = as_micros(left + Duration::from_nanos(999));
         self.after_unanswered(holder).await;
-        self.run(key, "keep", || async {
-            let client = self.pool.get().await?;
-            let statement = client.prepare_cached(&self.sql.keep).await?;
-            let row = client.query_one(&statement, &[&name, &holder, &left_us]).await?;
-            Ok(row.try_get::<_, i64>(0)? > 0)
-        })
-        .await
+        let kept = self
+            .run(key, "keep", || async {
+                let client = self.pool.get().await?;
+                let statement = client.prepare_cached(&self.sql.keep).await?;
+                Ok(client
+                    .query_opt(&statement, &[&name, &holder, &left_us])
+                    .await?
+                    .is_some())
+            })
+            .await?;
+        let swept = self
+            .run(key, "sweep", || async {
+                let client = self.pool.get().await?;
+                client.execute(self.sql.sweep.as_str(), &[]).await?;
+                Ok(())
+            })
+            .await;
+        if let Err(failure) = swept {
+            tracing::debug!(error = %failure.error, "sweeping expired lock rows failed; the next keep sweeps them");
+        }
+        Ok(kept)
     }
 
     /// Renews `items` with `sql` (`renew_many` of either table) in one

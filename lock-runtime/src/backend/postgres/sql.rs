@@ -43,6 +43,7 @@ pub(super) struct Statements {
     pub(super) mark: String,
     pub(super) hand_over: String,
     pub(super) keep: String,
+    pub(super) sweep: String,
     /// The notification channel releases are announced on: the table's
     /// name, so that clients of one table hear each other.
     pub(super) channel: String,
@@ -184,26 +185,27 @@ impl Statements {
             ),
             // Parameters: name, holder, µs left of the hold. Keeps the
             // lock held after its body (`hold_at_least`): its lease ends
-            // then, shorter or longer than it was, unannounced. Returns 1
-            // when the row was still the holder's. In the same statement,
-            // up to 16 exclusive rows that expired over a second ago, never
-            // fenced, go: a kept row stays until its hold ends, and a job
-            // whose key names its run (`Tick`) never takes that key again,
-            // so without this each run would leave a row for good. Rows
-            // that another statement has locked are left for the next
-            // sweep; fenced rows stay (their counter must keep growing),
-            // and so do shared and fair locks' rows (holders with a `r:`,
-            // `w:`, `p:` or `f:` kind in front, and gates without one).
+            // then, shorter or longer than it was, unannounced. Returns the
+            // row when it was still the holder's.
             keep: format!(
-                "WITH kept AS (\
-                   UPDATE {t} SET expires_at = {} \
-                   WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp() RETURNING 1), \
-                 swept AS (\
-                   DELETE FROM {t} WHERE name IN (\
-                     SELECT name FROM {t} WHERE {SWEPT} LIMIT 16 FOR UPDATE SKIP LOCKED) \
-                   AND {SWEPT}) \
-                 SELECT count(*) FROM kept",
+                "UPDATE {t} SET expires_at = {} \
+                 WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp() RETURNING 1",
                 lease("$3")
+            ),
+            // Sent after a keep, on its own (its failure must not fail the
+            // keep): up to 16 exclusive rows that expired over a second
+            // ago, never fenced, go. A kept row stays until its hold ends,
+            // and a job whose key names its run (`Tick`) never takes that
+            // key again, so without this each run would leave a row for
+            // good. Rows another statement has locked are left for the
+            // next sweep; fenced rows stay (their counter must keep
+            // growing), and so do shared and fair locks' rows (holders
+            // with a `r:`, `w:`, `p:` or `f:` kind in front, and gates
+            // without one).
+            sweep: format!(
+                "DELETE FROM {t} WHERE name IN (\
+                   SELECT name FROM {t} WHERE {SWEPT} LIMIT 16 FOR UPDATE SKIP LOCKED) \
+                 AND {SWEPT}"
             ),
         }
     }

@@ -482,8 +482,6 @@ impl<C: Connection> RedisBackend<C> {
 }
 
 impl<C: Connection> RedisBackend<C> {
-    /// `release.lua` announces with PUBLISH on one node, SPUBLISH (to the
-    /// shard that owns the lock's slot) on a cluster.
     /// Sets the exclusive lock's lease to end `left` from now if `holder`
     /// still has it (`AnyBackend::keep`). Not waited on by replicas: a
     /// replica promoted without it has the longer lease, which keeps the
@@ -499,6 +497,8 @@ impl<C: Connection> RedisBackend<C> {
         Ok(kept == 1)
     }
 
+    /// `release.lua` announces with PUBLISH on one node, SPUBLISH (to the
+    /// shard that owns the lock's slot) on a cluster.
     fn announce(&self) -> &'static str {
         match self.topology {
             Topology::Single(_) | Topology::Sentinel(_) => "publish",
