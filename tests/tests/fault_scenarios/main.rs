@@ -28,6 +28,7 @@ mod postgres;
 mod replication;
 mod server_state;
 mod stalls;
+mod ticks;
 mod zookeeper;
 
 pub(crate) const T: Duration = Duration::from_millis(1500);
