@@ -716,3 +716,54 @@ async fn the_rows_of_past_ticks_are_swept() {
     })
     .await
 }
+
+/// A members table made by an earlier version, before fair locks (no
+/// `queued_at` column), is migrated when a client connects: fair locks
+/// then work on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_made_by_an_earlier_version_is_migrated() {
+    lock_tests::bounded("a_table_made_by_an_earlier_version_is_migrated", async move {
+        let server = MariaDb::start();
+        server
+            .sql(
+                "CREATE TABLE distributed_locks_members (name VARBINARY(1024) NOT NULL, \
+                 member VARBINARY(255) NOT NULL, expires_at DATETIME(6) NOT NULL, \
+                 PRIMARY KEY (name, member)) ENGINE=InnoDB",
+            )
+            .await;
+        let locks = LockClient::mysql(&server.url())
+            .await
+            .expect("connect and migrate");
+        let column = "SELECT COUNT(*) FROM information_schema.COLUMNS \
+                      WHERE TABLE_NAME = 'distributed_locks_members' AND COLUMN_NAME = 'queued_at'";
+        assert_eq!(
+            server.value(column).await.as_deref(),
+            Some("1"),
+            "the column was added"
+        );
+        let guard = locks.lock("fair").fair(true).acquire().await.expect("free");
+        let waiter = tokio::spawn({
+            let locks = locks.clone();
+            async move {
+                locks
+                    .lock("fair")
+                    .fair(true)
+                    .wait(Duration::from_secs(10))
+                    .run(async {})
+                    .await
+            }
+        });
+        let queued = "SELECT COUNT(*) FROM distributed_locks_members WHERE member LIKE 'f:%'";
+        let started = Instant::now();
+        while server.value(queued).await.as_deref() != Some("1") {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the waiter never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        guard.release().await.expect("released");
+        waiter.await.expect("the waiter").expect("its turn came");
+    })
+    .await
+}

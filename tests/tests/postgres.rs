@@ -1020,3 +1020,47 @@ async fn the_rows_of_past_ticks_are_swept() {
     })
     .await
 }
+
+/// A table made by an earlier version, before releases were announced only
+/// to waiters (no `waiting` column), is migrated when a client connects:
+/// its rows stay (a fenced key's counter goes on from where it was), and a
+/// waiter is woken by the release it waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_made_by_an_earlier_version_is_migrated() {
+    lock_tests::bounded("a_table_made_by_an_earlier_version_is_migrated", async move {
+        let server = Postgres::start();
+        server.sql(
+            "CREATE TABLE distributed_locks (name text PRIMARY KEY, holder text NOT NULL, \
+             expires_at timestamptz NOT NULL, fence bigint NOT NULL DEFAULT 0)",
+        );
+        server.sql("INSERT INTO distributed_locks VALUES ('lock:{old}', '', '-infinity', 5)");
+        let locks = LockClient::postgres(&server.url())
+            .await
+            .expect("connect and migrate");
+        let column = "SELECT count(*) FROM information_schema.columns \
+                      WHERE table_name = 'distributed_locks' AND column_name = 'waiting'";
+        assert_eq!(server.sql(column), ["1"], "the column was added");
+        let token = locks
+            .lock("old")
+            .fencing(true)
+            .run(async { fencing_token() })
+            .await
+            .expect("taken");
+        assert_eq!(token, Some(6), "the counter went on from the old row's");
+        let guard = locks.lock("waited").acquire().await.expect("free");
+        let waiter = tokio::spawn({
+            let locks = locks.clone();
+            async move {
+                locks
+                    .lock("waited")
+                    .wait(Duration::from_secs(10))
+                    .run(async {})
+                    .await
+            }
+        });
+        until_marked(&server, "waited").await;
+        guard.release().await.expect("released");
+        waiter.await.expect("the waiter").expect("woken and taken");
+    })
+    .await
+}

@@ -125,6 +125,9 @@ impl Statements {
 #[derive(Debug)]
 pub(super) struct SharedStatements {
     pub(super) create: String,
+    /// Fails with "unknown column" on a table made by an earlier version.
+    pub(super) has_queued_at: String,
+    pub(super) add_queued_at: String,
     pub(super) open_gate: String,
     pub(super) read_gate: String,
     pub(super) mark_gate: String,
@@ -155,6 +158,10 @@ impl SharedStatements {
                  PRIMARY KEY (name, member)\
                  ) ENGINE=InnoDB",
                 MAX_NAME_BYTES
+            ),
+            has_queued_at: format!("SELECT queued_at FROM {m} LIMIT 0"),
+            add_queued_at: format!(
+                "ALTER TABLE {m} ADD COLUMN queued_at DATETIME(6) NOT NULL DEFAULT '2000-01-01 00:00:00'"
             ),
             // An upsert locks the row exclusively whether it inserts or
             // finds one, so attempts on one lock queue here; a read under

@@ -235,7 +235,9 @@ impl MysqlBackend {
     {
         let attempt = async {
             match work().await {
-                Err(mysql_async::Error::Server(s)) if s.code == 1146 => {
+                // The table is missing (1146), or is an earlier version's
+                // without a column (1054): create or migrate it.
+                Err(mysql_async::Error::Server(s)) if s.code == 1146 || s.code == 1054 => {
                     self.create_tables(&mut self.pool.get_conn().await?).await?;
                     work().await
                 }
@@ -248,10 +250,27 @@ impl MysqlBackend {
         }
     }
 
-    /// The lock table and the shared locks' members table, if missing.
+    /// The lock table and the shared locks' members table, if missing, and
+    /// the column an earlier version's members table lacks.
     pub(super) async fn create_tables(&self, conn: &mut mysql_async::Conn) -> Result<(), mysql_async::Error> {
         conn.query_drop(&self.sql.create).await?;
-        conn.query_drop(&self.shared.create).await
+        conn.query_drop(&self.shared.create).await?;
+        // A members table made before fair locks (before 2026-11-24) has no
+        // `queued_at`. Looked for first: ALTER TABLE needs the ALTER grant
+        // and rebuilds the table, even when there is nothing to add.
+        match conn.query_drop(&self.shared.has_queued_at).await {
+            Err(mysql_async::Error::Server(s)) if s.code == 1054 => {
+                tracing::info!(
+                    "adding the `queued_at` column to a lock members table made by an earlier version"
+                );
+                match conn.query_drop(&self.shared.add_queued_at).await {
+                    // Another client added it meanwhile.
+                    Err(mysql_async::Error::Server(s)) if s.code == 1060 => Ok(()),
+                    other => other,
+                }
+            }
+            other => other,
+        }
     }
 
     pub(super) fn check_name(key: &LockKey, name: &str) -> Result<(), Failure> {

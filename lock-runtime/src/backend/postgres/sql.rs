@@ -35,6 +35,9 @@ pub(super) const GATE_EXPIRY: &str = "'infinity'";
 #[derive(Debug)]
 pub(super) struct Statements {
     pub(super) create: String,
+    /// Fails with "undefined column" on a table made by an earlier version.
+    pub(super) has_waiting: String,
+    pub(super) add_waiting: String,
     pub(super) acquire: String,
     pub(super) take_free: String,
     pub(super) renew_many: String,
@@ -63,6 +66,10 @@ impl Statements {
                  expires_at timestamptz NOT NULL, \
                  fence bigint NOT NULL DEFAULT 0, \
                  waiting boolean NOT NULL DEFAULT false)"
+            ),
+            has_waiting: format!("SELECT waiting FROM {t} LIMIT 0"),
+            add_waiting: format!(
+                "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS waiting boolean NOT NULL DEFAULT false"
             ),
             // Parameters: name, holder, ttl µs, fence step (0 or 1).
             //

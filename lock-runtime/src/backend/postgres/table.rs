@@ -157,9 +157,11 @@ pub(super) fn describe(e: &PoolError) -> String {
     }
 }
 
-/// The table is missing: create it, then run the statement again.
+/// The table is missing, or is an earlier version's without a column:
+/// create or migrate it, then run the statement again.
 fn missing_table(e: &PoolError) -> bool {
-    matches!(e, PoolError::Backend(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE))
+    matches!(e, PoolError::Backend(e)
+        if e.code() == Some(&SqlState::UNDEFINED_TABLE) || e.code() == Some(&SqlState::UNDEFINED_COLUMN))
 }
 
 impl Drop for PostgresBackend {
@@ -368,7 +370,18 @@ impl PostgresBackend {
             };
             created.map_err(PoolError::Backend)?;
         }
-        Ok(())
+        // A table made before releases were announced only to waiters
+        // (before 2026-11-27) has no `waiting` column. Looked for first:
+        // ALTER TABLE needs the table's owner and locks out every lock
+        // call while it runs, even when there is nothing to add.
+        match client.batch_execute(&self.sql.has_waiting).await {
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN) => {
+                tracing::info!(table = %self.sql.channel, "adding the `waiting` column to a lock table made by an earlier version");
+                client.batch_execute(&self.sql.add_waiting).await
+            }
+            other => other,
+        }
+        .map_err(PoolError::Backend)
     }
 
     pub(super) fn check_name(key: &LockKey, name: &str) -> Result<(), Failure> {
