@@ -664,8 +664,10 @@ async fn an_acquisition_dropped_mid_statement_gives_the_lock_back_after_it_lands
 
 /// A job whose key names its run (`Tick`) never takes that key again, so
 /// each kept row (`hold_at_least`) would stay for good: a later kept
-/// release sweeps the rows whose holds ended over a second ago. A fenced
-/// key's row stays, its counter with it.
+/// release sweeps the rows whose holds ended over a second ago (the holds
+/// last 3 s, so the six calls that keep them are done before any is
+/// swept, even on a slow machine). A fenced key's row stays, its counter
+/// with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rows_of_past_ticks_are_swept() {
     lock_tests::bounded("the_rows_of_past_ticks_are_swept", async move {
@@ -676,7 +678,7 @@ async fn the_rows_of_past_ticks_are_swept() {
             async move {
                 locks
                     .lock(key)
-                    .hold_at_least(Duration::from_millis(200))
+                    .hold_at_least(Duration::from_secs(3))
                     .fencing(fencing)
                     .try_run(async {})
                     .await

@@ -8,7 +8,7 @@
 //! - without a lock: every replica runs every tick;
 //! - `on_busy = "skip"` alone: a replica skips a tick another one is
 //!   running, but the job takes 50 ms, so a replica firing 300 ms later
-//!   finds the lock released and runs the tick again;
+//!   most often finds the lock released and runs the tick again;
 //! - `on_busy = "skip"` with `hold_at_least`: the lock stays held after
 //!   the run, and every tick runs exactly once.
 //!

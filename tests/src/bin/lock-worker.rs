@@ -24,15 +24,15 @@
 //!   process: `try_run` an empty body on `key` with `hold_at_least`, print
 //!   `RAN` or `SKIPPED`, and exit at once.
 //! - `lock-worker ticks <url> <log> <lag-ms> <first-ms> <period-ms> <ticks>
-//!   <hold-ms>`: a scheduled job's replica: tick `k` (0 to `ticks` - 1) is
-//!   due at `first-ms` (ms since the epoch) + `k` × `period-ms`, and this
-//!   replica fires `lag-ms` after that (its clock is behind). It
-//!   `try_run`s the job on key `tick:<k>` with `hold_at_least` of
-//!   `hold-ms` (none when 0: the broken variant) and a 300 ms `wait`; the
-//!   body appends `<k>` to the file `log` (the checker's count, kept
-//!   apart from what the lock says) and works 20 ms. Prints a line per
-//!   tick, `T <k> ran|skipped|error <late-ms>` (how late it fired), then
-//!   exits.
+//!   <hold-ms> <wait-ms>`: a scheduled job's replica: tick `k` (0 to
+//!   `ticks` - 1) is due at `first-ms` (ms since the epoch) + `k` ×
+//!   `period-ms`, and this replica fires `lag-ms` after that (its clock is
+//!   behind). Each tick, in a task of its own, `try_run`s the job on key
+//!   `tick:<k>` with `hold_at_least` of `hold-ms` (none when 0: the broken
+//!   variant) and a `wait` of `wait-ms`; the body appends `<k> <ms since
+//!   the epoch>` to the file `log` (the checker's record, kept apart from
+//!   what the lock says) and works 20 ms. Prints a line per tick, `T <k>
+//!   ran|skipped|error <late-ms>` (how late it fired), then exits.
 //! - `lock-worker wait <url> <key>`: wait up to 30 s for the lock, then print
 //!   the wall-clock time it was acquired (ns since the epoch) and release it.
 //! - `lock-worker witness <target> <witness-dir> <keys> <tasks> <ms> <lock>
@@ -99,8 +99,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         [_, "wait", url, key] => wait(url, key).await,
         [_, "job", url, key, ttl_ms, hold_ms] => job(url, key, ttl_ms.parse()?, hold_ms.parse()?).await,
-        [_, "ticks", url, log, lag_ms, first_ms, period_ms, ticks, hold_ms] => {
+        [
+            _,
+            "ticks",
+            url,
+            log,
+            lag_ms,
+            first_ms,
+            period_ms,
+            ticks,
+            hold_ms,
+            wait_ms,
+        ] => {
             let schedule = Schedule {
+                wait: Duration::from_millis(wait_ms.parse()?),
                 lag: Duration::from_millis(lag_ms.parse()?),
                 first: std::time::UNIX_EPOCH + Duration::from_millis(first_ms.parse()?),
                 period: Duration::from_millis(period_ms.parse()?),
@@ -255,6 +267,7 @@ async fn job(url: &str, key: &str, ttl_ms: u64, hold_ms: u64) -> Result<(), Box<
 
 /// When a replica fires its job (`ticks`).
 struct Schedule {
+    wait: Duration,
     lag: Duration,
     first: std::time::SystemTime,
     period: Duration,
@@ -268,6 +281,7 @@ async fn replica_ticks(url: &str, log: &str, schedule: Schedule) -> Result<(), B
     let log = std::sync::Arc::new(std::sync::Mutex::new(
         std::fs::OpenOptions::new().create(true).append(true).open(log)?,
     ));
+    let mut runs = Vec::new();
     for k in 0..schedule.ticks {
         let due = schedule.first + schedule.period * k + schedule.lag;
         if let Ok(left) = due.duration_since(std::time::SystemTime::now()) {
@@ -276,36 +290,49 @@ async fn replica_ticks(url: &str, log: &str, schedule: Schedule) -> Result<(), B
         let late = std::time::SystemTime::now()
             .duration_since(due)
             .unwrap_or_default();
-        let mut request = locks
-            .lock(format!("tick:{k}"))
-            .ttl(Duration::from_secs(5))
-            .wait(Duration::from_millis(300));
-        if !schedule.hold.is_zero() {
-            request = request.hold_at_least(schedule.hold);
-        }
-        let body_log = std::sync::Arc::clone(&log);
-        let outcome = request
-            .try_run(async move {
-                let written = writeln!(
-                    body_log.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
-                    "{k}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                written
-            })
-            .await;
-        let said = match outcome {
-            Ok(Some(written)) => {
-                written?;
-                "ran"
+        let (locks, body_log) = (locks.clone(), std::sync::Arc::clone(&log));
+        let (hold, wait) = (schedule.hold, schedule.wait);
+        // Each tick's call on its own: one that waits does not delay the
+        // next tick's firing.
+        let run = async move {
+            let mut request = locks
+                .lock(format!("tick:{k}"))
+                .ttl(Duration::from_secs(5))
+                .wait(wait);
+            if !hold.is_zero() {
+                request = request.hold_at_least(hold);
             }
-            Ok(None) => "skipped",
-            Err(e) => {
-                eprintln!("lock-worker ticks: tick {k}: {e}");
-                "error"
-            }
+            request
+                .try_run(async move {
+                    let began = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_millis();
+                    let written = writeln!(
+                        body_log.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
+                        "{k} {began}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    written
+                })
+                .await
         };
-        println!("T {k} {said} {}", late.as_millis());
+        runs.push(tokio::spawn(async move {
+            let said = match run.await {
+                Ok(Some(Err(e))) => return Err(e),
+                Ok(Some(Ok(()))) => "ran",
+                Ok(None) => "skipped",
+                Err(e) => {
+                    eprintln!("lock-worker ticks: tick {k}: {e}");
+                    "error"
+                }
+            };
+            println!("T {k} {said} {}", late.as_millis());
+            Ok(())
+        }));
+    }
+    for run in runs {
+        run.await??;
     }
     Ok(())
 }

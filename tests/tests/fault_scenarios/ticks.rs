@@ -1,15 +1,23 @@
 //! Scheduled jobs under faults (#55): three replicas (worker processes,
-//! `lock-worker ticks`) fire the same job for each of 16 ticks, a second
+//! `lock-worker ticks`) fire the same job for each of 12 ticks, a second
 //! apart, their clocks 0, 150 and 300 ms behind the first, each run
-//! `try_run` with `hold_at_least` on the tick's key, while the server is
-//! killed and restarted (Redis with `appendfsync always`, PostgreSQL,
-//! MariaDB) or an etcd member dies. The checker is the runs' own log (each
-//! body appends its tick to its replica's file, whatever the lock then
-//! says): a tick run twice fails, and so does a tick no replica ran though
-//! every replica was answered for it (all skipped). A tick for which some
-//! replica got an error (the server was down past its 300 ms `wait`) may
-//! have no run. The deliberately broken variant, the same jobs released at
-//! the body's end (no hold), must be caught running ticks twice.
+//! `try_run` with `hold_at_least` 5 s and a 3 s `wait` on the tick's key.
+//! 100 ms after tick 4 is due (its first replica has run it and kept the
+//! lock), the server is killed for 400 ms and started again on its data
+//! (Redis with `appendfsync always`, PostgreSQL, MariaDB), or the leader of
+//! a 3-member etcd cluster is: the two later replicas' calls for tick 4
+//! meet the dead server, retry within their wait, and must find the kept
+//! lock when it answers again. A server that lost it would let them run
+//! tick 4 a second time.
+//!
+//! The checker is the runs' own log (each body appends its tick and the
+//! instant it began to its replica's file, whatever the lock then says):
+//! a tick run a second time less than the hold after its first run began
+//! fails (less 500 ms for the first run's grant to reach its body); so
+//! does a tick no replica ran though every replica was answered (all
+//! skipped). A tick for which some replica got an error may have no run.
+//! The deliberately broken variant, the same jobs released at the body's
+//! end (no hold), must be caught running ticks a second time.
 //!
 //! ZooKeeper has no such scenario: it refuses `hold_at_least` (its lock
 //! nodes end with their session).
@@ -22,32 +30,41 @@ use lock_tests::{Etcd, MariaDb, Postgres};
 /// How far behind the first replica's clock each replica's clock is.
 const LAGS_MS: [u64; 3] = [0, 150, 300];
 const PERIOD: Duration = Duration::from_millis(1000);
-const TICKS: u32 = 16;
-/// Longer than the replicas' spread (300 ms) and a run (20 ms), with room
-/// for a replica that fires late.
-const HOLD: Duration = Duration::from_millis(800);
-/// A replica that fired later than this may have found the hold over: a
-/// double run then proves nothing about the lock (the run is INVALID).
-const LATE_BOUND: Duration = Duration::from_millis(400);
-/// When the fault starts and ends, from the first tick.
-const FAULT_AT: Duration = Duration::from_millis(4_300);
-const FAULT_FOR: Duration = Duration::from_millis(2_000);
+const TICKS: u32 = 12;
+/// Longer than the last replica's lag and wait together (3.3 s): a
+/// replica that fires on time gives up before the hold ends.
+const HOLD: Duration = Duration::from_secs(5);
+const WAIT: Duration = Duration::from_secs(3);
+/// How long a run's grant may take to reach its body: a second run that
+/// began more than the hold less this after the first is not a double.
+const GRANT_TO_BODY: Duration = Duration::from_millis(500);
+/// A replica that fired later than this may have been starved between a
+/// grant and its body: a violation then proves nothing (INVALID).
+const LATE_BOUND: Duration = Duration::from_millis(300);
+/// The fault: from 100 ms after tick 4 was due, for 400 ms.
+const FAULT_AT: Duration = Duration::from_millis(4_100);
+const FAULT_FOR: Duration = Duration::from_millis(400);
 
 /// What one run of the replicas saw.
 #[derive(Debug)]
 struct TickRun {
-    /// Per tick, how many bodies ran (from the replicas' logs).
-    runs: BTreeMap<u32, u32>,
+    /// Per tick, when each body that ran began (ms since the epoch).
+    runs: BTreeMap<u32, Vec<u128>>,
     /// Per tick, what each replica's call returned.
     said: BTreeMap<u32, Vec<String>>,
     worst_late: Duration,
 }
 
 impl TickRun {
+    /// Ticks run a second time while the first run's hold lasted.
     fn doubles(&self) -> Vec<u32> {
         self.runs
             .iter()
-            .filter(|(_, n)| **n > 1)
+            .filter(|(_, began)| {
+                began
+                    .windows(2)
+                    .any(|pair| pair[1] < pair[0] + (HOLD - GRANT_TO_BODY).as_millis())
+            })
             .map(|(k, _)| *k)
             .collect()
     }
@@ -55,13 +72,17 @@ impl TickRun {
     /// Ticks nobody ran though every replica was answered (skipped).
     fn missing(&self) -> Vec<u32> {
         (0..TICKS)
-            .filter(|k| self.runs.get(k).copied().unwrap_or(0) == 0)
+            .filter(|k| self.runs.get(k).is_none_or(Vec::is_empty))
             .filter(|k| {
                 self.said
                     .get(k)
                     .is_some_and(|said| said.len() == LAGS_MS.len() && said.iter().all(|s| s == "skipped"))
             })
             .collect()
+    }
+
+    fn ran_once(&self) -> usize {
+        self.runs.values().filter(|began| began.len() == 1).count()
     }
 
     fn errors(&self) -> usize {
@@ -95,6 +116,7 @@ fn run_ticks(target: &str, ticks: u32, hold: Duration, fault: impl FnOnce(std::t
                     &PERIOD.as_millis().to_string(),
                     &ticks.to_string(),
                     &hold.as_millis().to_string(),
+                    &WAIT.as_millis().to_string(),
                 ])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -118,12 +140,18 @@ fn run_ticks(target: &str, ticks: u32, hold: Duration, fault: impl FnOnce(std::t
             }
         }
     }
-    let mut runs = BTreeMap::new();
+    let mut runs: BTreeMap<u32, Vec<u128>> = BTreeMap::new();
     for lag in LAGS_MS {
         let log = std::fs::read_to_string(dir.path().join(format!("replica-{lag}.log"))).unwrap_or_default();
-        for k in log.lines() {
-            *runs.entry(k.parse().expect("a tick in the log")).or_insert(0) += 1;
+        for line in log.lines() {
+            let (k, began) = line.split_once(' ').expect("`<tick> <ms>` in the log");
+            runs.entry(k.parse().expect("a tick"))
+                .or_default()
+                .push(began.parse().expect("ms"));
         }
+    }
+    for began in runs.values_mut() {
+        began.sort_unstable();
     }
     TickRun {
         runs,
@@ -139,8 +167,8 @@ fn until(first: std::time::SystemTime, at: Duration) {
     }
 }
 
-/// The broken variant on `target`, without faults: caught running ticks
-/// twice (its replicas 150 ms apart find the 20 ms runs done).
+/// The broken variant on `target`, without faults: caught running ticks a
+/// second time (its replicas 150 ms apart find the 20 ms runs done).
 fn control(target: &str) -> serde_json::Value {
     let run = run_ticks(target, 6, Duration::ZERO, |_| {});
     let caught = run.doubles().len();
@@ -184,14 +212,14 @@ fn scenario_ticks(
             }
             Verdict::Pass => {}
         }
-        let ran_once = run.runs.values().filter(|n| **n == 1).count();
+        let ran_once = run.ran_once();
         report::write(
             id,
             json!({
                 "scenario": name,
                 "verdict": verdict.as_str(),
                 "starved": starved,
-                "parameters": {"replicas": LAGS_MS.len(), "clock_lags_ms": LAGS_MS, "ticks": TICKS, "period_ms": PERIOD.as_millis(), "hold_ms": HOLD.as_millis(), "wait_ms": 300, "fault": fault_name},
+                "parameters": {"replicas": LAGS_MS.len(), "clock_lags_ms": LAGS_MS, "ticks": TICKS, "period_ms": PERIOD.as_millis(), "hold_ms": HOLD.as_millis(), "wait_ms": WAIT.as_millis(), "fault": fault_name, "fault_at_ms": FAULT_AT.as_millis(), "fault_for_ms": FAULT_FOR.as_millis()},
                 "acquisitions": ran_once,
                 "faults": 1,
                 "overlaps": doubles.len(),
@@ -210,8 +238,8 @@ fn scenario_ticks(
     }
 }
 
-/// SJredis: Redis with `appendfsync always`, killed for 2 s mid-run and
-/// restarted on its data; the broken variant caught first.
+/// SJredis: Redis with `appendfsync always`, killed for 400 ms while tick 4
+/// is kept and restarted on its data; the broken variant caught first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sj_redis_restarted_each_tick_runs_once() {
     scenario("sj_redis_restarted_each_tick_runs_once", async move {
@@ -253,7 +281,7 @@ fn database_restarted<D: Database>(id: &str, name: &str) {
     });
 }
 
-/// SJpg: PostgreSQL killed for 2 s mid-run and restarted.
+/// SJpg: PostgreSQL killed for 400 ms while tick 4 is kept, and restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sj_postgres_restarted_each_tick_runs_once() {
     scenario("sj_postgres_restarted_each_tick_runs_once", async move {
@@ -264,7 +292,7 @@ async fn sj_postgres_restarted_each_tick_runs_once() {
     .await
 }
 
-/// SJmysql: MariaDB killed for 2 s mid-run and restarted.
+/// SJmysql: MariaDB killed for 400 ms while tick 4 is kept, and restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sj_mariadb_restarted_each_tick_runs_once() {
     scenario("sj_mariadb_restarted_each_tick_runs_once", async move {
@@ -275,8 +303,8 @@ async fn sj_mariadb_restarted_each_tick_runs_once() {
     .await
 }
 
-/// SJetcd: the leader of a 3-member etcd cluster killed mid-run, back 2 s
-/// later.
+/// SJetcd: the leader of a 3-member etcd cluster killed while tick 4 is
+/// kept, back 400 ms later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sj_etcd_leader_death_each_tick_runs_once() {
     scenario("sj_etcd_leader_death_each_tick_runs_once", async move {
