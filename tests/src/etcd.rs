@@ -312,7 +312,9 @@ impl Etcd {
 
     /// SIGSTOPs member `i`: it keeps its connections and answers nothing.
     pub fn pause(&self, i: usize) {
-        kill(self.members[i].pid(), Signal::SIGSTOP).expect("SIGSTOP etcd");
+        let pid = self.members[i].pid();
+        kill(pid, Signal::SIGSTOP).expect("SIGSTOP etcd");
+        crate::until_stopped(pid);
     }
 
     /// SIGCONTs member `i`.

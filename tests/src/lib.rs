@@ -363,6 +363,31 @@ pub fn acquiring_task(
     })
 }
 
+/// Returns once every thread of `pid` is stopped (after a SIGSTOP): the
+/// signal is sent at once, but a thread running on another core stops only
+/// when the kernel next has it, and a request sent meanwhile can still be
+/// answered (CI: an etcd member "paused" answered a read). Read from
+/// `/proc/<pid>/task/*/stat`; gives up after 2 s (the process is then
+/// taken as stopped, and a test that relies on it says what it saw).
+pub fn until_stopped(pid: nix::unistd::Pid) {
+    let tasks = format!("/proc/{pid}/task");
+    let stopped = || {
+        std::fs::read_dir(&tasks).is_ok_and(|threads| {
+            threads.flatten().all(|thread| {
+                std::fs::read_to_string(thread.path().join("stat")).is_ok_and(|stat| {
+                    // The state follows the command name's closing parenthesis.
+                    stat.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+                })
+            })
+        })
+    };
+    let give_up = Instant::now() + Duration::from_secs(2);
+    while !stopped() && Instant::now() < give_up {
+        std::thread::yield_now();
+    }
+}
+
 #[cfg(test)]
 mod limits {
     use std::time::Duration;
