@@ -23,10 +23,10 @@ use crate::error::LockError;
 use crate::handoff::{Granted, Handed, OfferHandle};
 use crate::key::LockKey;
 use crate::lease::Lease;
-use crate::lease_state::{Grant, Hold, LeaseState};
+use crate::lease_state::{Grant, LeaseState};
 use crate::shared::{ClientInner, RECONNECTS_AT_ONCE};
 use crate::spec::{Kind, LockOptions};
-use crate::timing::{millis, stop_margin, validity_deadline};
+use crate::timing::{hold_end, millis, stop_margin, validity_deadline};
 use crate::waiter::{POLL, Watch};
 
 /// The shortest time a retry is given to answer, even with less of `wait` left.
@@ -626,10 +626,7 @@ impl<'a> Acquisition<'a> {
                 name: opts.name,
                 waited,
                 handed_in_row,
-                hold: opts.hold_at_least.map(|hold| Hold {
-                    until: granted + hold,
-                    hold,
-                }),
+                hold_ends: opts.hold_at_least.map(|hold| hold_end(granted, hold)),
             };
             let state = Arc::new(LeaseState::new(grant, opts.ttl, opts.renew, sent));
             if opts.renew {

@@ -62,7 +62,7 @@ impl Cleanup for Release {
         let (client, state) = (&self.client, &self.state);
         client.backend.hold_ended(&state.key, &state.holder);
         state.end();
-        if let Some(left) = state.hold_left_at(Instant::now()) {
+        if let Some(left) = state.hold_left() {
             return keep(client, state, left).await;
         }
         if state.kind == Kind::Exclusive

@@ -12,7 +12,7 @@ use crate::error::LostReason;
 use crate::key::LockKey;
 use crate::spec::Kind;
 use crate::telemetry;
-use crate::timing::{drift, millis, renewal_interval, stop_margin, validity_deadline};
+use crate::timing::{millis, renewal_interval, stop_margin, validity_deadline};
 
 /// The state of one acquisition, shared between its owner (`Lease`), the
 /// watchdog and the scopes nested inside its body. It knows no client: the
@@ -48,33 +48,9 @@ pub(crate) struct LeaseState {
     /// 0 while trusted, else a `LostReason` code: set once, never cleared.
     lost: AtomicU8,
     lost_signal: tokio::sync::Notify,
-    /// `hold_at_least`: until when the release keeps the lock held, and
-    /// the hold it was asked for.
-    hold: Option<Hold>,
-}
-
-/// A lock kept held after its body (`hold_at_least`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Hold {
-    /// The grant's answer arrived here, after the server granted: a hold
-    /// counted from here ends no earlier than one counted from the grant.
-    pub(crate) until: Instant,
-    pub(crate) hold: Duration,
-}
-
-impl Hold {
-    /// How long the server should still keep the lock at `now`: what is
-    /// left of the hold by this process's clock, plus the allowance for
-    /// the server's clock running slower than ours while the body ran
-    /// (the lease's own allowance, `timing::drift`). `None` once that too
-    /// has passed: only then is the lock released as usual, since a body
-    /// that ends inside the allowance may end before the hold did on the
-    /// server's clock.
-    pub(crate) fn left_at(&self, now: Instant) -> Option<Duration> {
-        (self.until + drift(self.hold))
-            .checked_duration_since(now)
-            .filter(|left| !left.is_zero())
-    }
+    /// `hold_at_least`: until when the release keeps the lock held
+    /// (`timing::hold_end`).
+    hold_ends: Option<Instant>,
 }
 
 /// What an acquisition was granted, and under which name.
@@ -88,7 +64,7 @@ pub(crate) struct Grant {
     pub(crate) name: &'static str,
     pub(crate) waited: Duration,
     pub(crate) handed_in_row: u32,
-    pub(crate) hold: Option<Hold>,
+    pub(crate) hold_ends: Option<Instant>,
 }
 
 impl LeaseState {
@@ -102,7 +78,7 @@ impl LeaseState {
             name,
             waited,
             handed_in_row,
-            hold,
+            hold_ends,
         } = grant;
         telemetry::lease_started();
         LeaseState {
@@ -122,19 +98,23 @@ impl LeaseState {
             ended: AtomicBool::new(false),
             lost: AtomicU8::new(0),
             lost_signal: tokio::sync::Notify::new(),
-            hold,
+            hold_ends,
         }
     }
 
     /// Whether the release keeps the lock held (`hold_at_least`).
     pub(crate) fn holds_after_release(&self) -> bool {
-        self.hold.is_some()
+        self.hold_ends.is_some()
     }
 
-    /// How long the release should keep the lock held (`hold_at_least`),
-    /// if it should.
-    pub(crate) fn hold_left_at(&self, now: Instant) -> Option<Duration> {
-        self.hold.and_then(|hold| hold.left_at(now))
+    /// How long the release should still keep the lock held
+    /// (`hold_at_least`): `None` once the hold has ended, or without one.
+    /// The clock is read only for a lock with a hold: every other release
+    /// costs nothing here.
+    pub(crate) fn hold_left(&self) -> Option<Duration> {
+        self.hold_ends?
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())
     }
 
     /// Whether this is a lease on the lock `key` (on one of its segments,

@@ -77,6 +77,16 @@ pub(crate) fn renewal_interval(ttl: Duration) -> Duration {
     ttl / 3
 }
 
+/// Until when a lock granted with `hold_at_least` of `hold` is kept held,
+/// its grant's answer having arrived at `granted` (after the server
+/// granted, so a hold counted from here ends no earlier than one counted
+/// from the grant): the hold plus the lease's allowance for the server's
+/// clock running slower than ours meanwhile (`drift`). A body that ends
+/// inside the allowance may end before the hold did on the server's clock.
+pub(crate) fn hold_end(granted: Instant, hold: Duration) -> Instant {
+    granted + hold + drift(hold)
+}
+
 /// Until when a lease of `ttl` whose request was sent at `sent` is trusted.
 pub(crate) fn validity_deadline(sent: Instant, ttl: Duration) -> Instant {
     sent + ttl.saturating_sub(drift(ttl))

@@ -298,6 +298,42 @@ async fn a_lock_is_held_at_least_its_hold(f: Fixture) {
         assert!(freed.expect("freed after its hold") >= hold);
     }
 
+    // A job killed (SIGKILL) while its body runs: nothing more reaches the
+    // server, and its 300 ms ttl is far shorter than the hold, yet the
+    // lease it was granted covers the hold. Not on etcd, whose key lives on
+    // the client's lease until the release (documented).
+    if let Some(target) = f.target.as_deref().filter(|t| !t.starts_with("etcd=")) {
+        use tokio::io::AsyncBufReadExt;
+        let started = Instant::now();
+        let mut job = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock-worker"))
+            .args([
+                "job-killed",
+                target,
+                "tick:7",
+                "300",
+                &hold.as_millis().to_string(),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the job's process");
+        let stdout = job.stdout.take().expect("its stdout");
+        let mut running = String::new();
+        tokio::io::BufReader::new(stdout)
+            .read_line(&mut running)
+            .await
+            .expect("read the job's output");
+        assert_eq!(running.trim(), "RUNNING", "the job's body ran");
+        job.start_kill().expect("SIGKILL the job");
+        job.wait().await.expect("the job's end");
+        let freed = free_after(locks, "tick:7", started, Duration::from_secs(20)).await;
+        assert!(
+            freed.expect("freed after its hold") >= hold,
+            "a killed job's lock freed before its hold"
+        );
+    }
+
     // A body longer than its hold releases as usual.
     let short = Duration::from_millis(100);
     let done = locks

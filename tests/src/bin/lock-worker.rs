@@ -23,6 +23,8 @@
 //! - `lock-worker job <url> <key> <ttl-ms> <hold-ms>`: a scheduled job's
 //!   process: `try_run` an empty body on `key` with `hold_at_least`, print
 //!   `RAN` or `SKIPPED`, and exit at once.
+//! - `lock-worker job-killed <url> <key> <ttl-ms> <hold-ms>`: the same job
+//!   whose body prints `RUNNING` and never ends: the test kills it there.
 //! - `lock-worker ticks <url> <log> <lag-ms> <first-ms> <period-ms> <ticks>
 //!   <hold-ms> <wait-ms>`: a scheduled job's replica: tick `k` (0 to
 //!   `ticks` - 1) is due at `first-ms` (ms since the epoch) + `k` ×
@@ -98,7 +100,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             act_until_lost(url, witness_dir, key, ttl_ms.parse()?).await
         }
         [_, "wait", url, key] => wait(url, key).await,
-        [_, "job", url, key, ttl_ms, hold_ms] => job(url, key, ttl_ms.parse()?, hold_ms.parse()?).await,
+        [_, "job", url, key, ttl_ms, hold_ms] => {
+            job(url, key, ttl_ms.parse()?, hold_ms.parse()?, false).await
+        }
+        [_, "job-killed", url, key, ttl_ms, hold_ms] => {
+            job(url, key, ttl_ms.parse()?, hold_ms.parse()?, true).await
+        }
         [
             _,
             "ticks",
@@ -253,13 +260,26 @@ async fn hold(url: &str, key: &str, ttl_ms: u64, renew: bool) -> Result<(), Box<
     Ok::<_, LockError>(()).map_err(Into::into)
 }
 
-async fn job(url: &str, key: &str, ttl_ms: u64, hold_ms: u64) -> Result<(), Box<dyn std::error::Error>> {
+/// A scheduled job's process (`job`, `job-killed`): with `until_killed`,
+/// its body says it runs and never ends.
+async fn job(
+    url: &str,
+    key: &str,
+    ttl_ms: u64,
+    hold_ms: u64,
+    until_killed: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
     let locks = connect(url).await?;
     let ran = locks
         .lock(key)
         .ttl(Duration::from_millis(ttl_ms))
         .hold_at_least(Duration::from_millis(hold_ms))
-        .try_run(async {})
+        .try_run(async {
+            if until_killed {
+                println!("RUNNING");
+                std::future::pending::<()>().await;
+            }
+        })
         .await?;
     println!("{}", if ran.is_some() { "RAN" } else { "SKIPPED" });
     Ok(())

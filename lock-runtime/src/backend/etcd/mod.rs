@@ -813,15 +813,12 @@ impl EtcdBackend {
     fn expire_at(&self, key: &LockKey, holder: &str, at: Instant) {
         // Only later than an end already set, as on the server.
         self.with_entry(key, holder, |e| e.expires = e.expires.max(Some(at)));
-        let (Some(client), Some(lease_id)) = (
-            self.client.get().map(|client| (**client).clone()),
-            self.current_lease().map(|l| l.id),
-        ) else {
+        let Some((client, lease_id, runtime)) = self.for_a_task() else {
             return;
         };
         let (entries, lease) = (Arc::downgrade(&self.entries), Arc::downgrade(&self.lease));
         let (lock, holder) = (key.redis_key.clone(), holder.to_owned());
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let mut at = at;
             loop {
                 tokio::time::sleep_until(at).await;
@@ -1034,28 +1031,15 @@ impl EtcdBackend {
     /// this client's lease is the one the key was named after (a new lease
     /// starts with no slots taken, and names its keys anew).
     fn free_slot_when_gone(&self, path: String, slot: u32, after: Duration) {
-        let (Some(client), Some(lease_id), Ok(runtime)) = (
-            self.client.get().map(|client| (**client).clone()),
-            self.current_lease().map(|l| l.id),
-            tokio::runtime::Handle::try_current(),
-        ) else {
+        let Some((client, lease_id, runtime)) = self.for_a_task() else {
             return;
         };
         let (lease, entries) = (Arc::downgrade(&self.lease), Arc::downgrade(&self.entries));
-        let same_lease = move || {
-            lease.upgrade().is_some_and(|l| {
-                l.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .as_ref()
-                    .map(|l| l.id)
-                    == Some(lease_id)
-            })
-        };
         runtime.spawn(async move {
             tokio::time::sleep(after).await;
             let mut kv = client.kv_client();
             loop {
-                if !same_lease() {
+                if !still_on_lease(&lease, lease_id) {
                     return;
                 }
                 let gone = kv
@@ -1068,7 +1052,7 @@ impl EtcdBackend {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             if let Some(entries) = entries.upgrade()
-                && same_lease()
+                && still_on_lease(&lease, lease_id)
             {
                 entries
                     .lock()
@@ -1078,16 +1062,24 @@ impl EtcdBackend {
         });
     }
 
+    /// What a task that acts on this client's keys after the caller
+    /// returns needs: the client, the lease the keys are named after, and
+    /// a runtime. `None` where there is none (called from `Drop`, no
+    /// runtime: the lease's expiry deletes the keys).
+    fn for_a_task(&self) -> Option<(etcd::Client, i64, tokio::runtime::Handle)> {
+        Some((
+            (**self.client.get()?).clone(),
+            self.current_lease()?.id,
+            tokio::runtime::Handle::try_current().ok()?,
+        ))
+    }
+
     /// Deletes `doomed` (keys of ours, with their slots) from a task,
     /// `after` from now: see [`delete_until_done`].
     fn delete_in_background(&self, doomed: Vec<Doomed>, after: Duration) {
         // Called from `Drop` too, where there may be no runtime: then the
         // lease's expiry deletes the keys.
-        let (Some(client), Some(lease_id), Ok(runtime)) = (
-            self.client.get().map(|client| (**client).clone()),
-            self.current_lease().map(|l| l.id),
-            tokio::runtime::Handle::try_current(),
-        ) else {
+        let Some((client, lease_id, runtime)) = self.for_a_task() else {
             return;
         };
         let (lease, entries) = (Arc::downgrade(&self.lease), Arc::downgrade(&self.entries));
@@ -1179,14 +1171,7 @@ async fn delete_until_done(
         let mut buried = Vec::new();
         for chunk in doomed.chunks(MAX_TXN_OPS / 2) {
             loop {
-                let on_lease = lease.upgrade().is_some_and(|l| {
-                    l.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .as_ref()
-                        .map(|l| l.id)
-                        == Some(lease_id)
-                });
-                if !on_lease {
+                if !still_on_lease(&lease, lease_id) {
                     return;
                 }
                 match client
@@ -1214,6 +1199,18 @@ async fn delete_until_done(
         }
         doomed = buried;
     }
+}
+
+/// Whether the client's lease is still `lease_id`: the keys a task was
+/// given are named after it, and a new lease starts with none.
+fn still_on_lease(lease: &std::sync::Weak<Mutex<Option<Lease>>>, lease_id: i64) -> bool {
+    lease.upgrade().is_some_and(|l| {
+        l.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|l| l.id)
+            == Some(lease_id)
+    })
 }
 
 /// One transaction's operations for `doomed`: each key's delete, and the

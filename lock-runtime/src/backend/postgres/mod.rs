@@ -330,7 +330,8 @@ impl PostgresBackend {
         let swept = self
             .run(key, "sweep", || async {
                 let client = self.pool.get().await?;
-                client.execute(self.sql.sweep.as_str(), &[]).await?;
+                let statement = client.prepare_cached(&self.sql.sweep).await?;
+                client.execute(&statement, &[]).await?;
                 Ok(())
             })
             .await;
