@@ -12,6 +12,7 @@ use crate::backend::redis::redlock::RedlockBackend;
 use crate::backend::redis::sentinel::SentinelLink;
 use crate::backend::redis::{RedisBackend, Topology, connect_error, open_url, redact_error};
 use crate::config::ClientConfig;
+use crate::election::Election;
 use crate::entropy::Entropy;
 use crate::error::LockError;
 use crate::guard::LockRequest;
@@ -172,6 +173,14 @@ impl LockClient {
     /// forced unlock breaks the holder's mutual exclusion by design.
     pub fn admin(&self) -> LockAdmin<'_> {
         LockAdmin::new(&self.inner)
+    }
+
+    /// The election `name` among this service's replicas: campaign to lead
+    /// it, or read who leads ([`Election`]). Owned: it keeps a handle of
+    /// this client. An election's data never collides with a lock's, even
+    /// one of the same name.
+    pub fn election(&self, name: impl Into<String>) -> Election {
+        Election::new(Arc::clone(&self.inner), name.into())
     }
 
     /// Starts a lock request for `key` (the name without prefix, as the

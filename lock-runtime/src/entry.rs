@@ -32,7 +32,22 @@ pub(crate) async fn enter(
     name: String,
     spec: &LockSpec,
 ) -> Result<Entered, LockError> {
-    let entered = enter_one(client, name, spec).await;
+    let key = LockKey::new(&client.config.prefix, name);
+    enter_key(client, key, spec).await
+}
+
+/// [`enter`] for a key the caller built: an election's
+/// (`LockKey::election`), which no lock name renders to. A key that failed
+/// its checks is counted as the failed entry it is.
+pub(crate) async fn enter_key(
+    client: &Arc<ClientInner>,
+    key: Result<LockKey, LockError>,
+    spec: &LockSpec,
+) -> Result<Entered, LockError> {
+    let entered = match key {
+        Ok(key) => enter_one(client, key, spec).await,
+        Err(error) => Err(error),
+    };
     // The wait comes from the acquisition, which already read the clock:
     // an entry adds no clock read of its own.
     let (outcome, waited) = match &entered {
@@ -63,8 +78,7 @@ pub(crate) fn is_skip(error: &LockError) -> bool {
     matches!(error, LockError::Timeout { no_expiry: false, .. })
 }
 
-async fn enter_one(client: &Arc<ClientInner>, name: String, spec: &LockSpec) -> Result<Entered, LockError> {
-    let key = LockKey::new(&client.config.prefix, name)?;
+async fn enter_one(client: &Arc<ClientInner>, key: LockKey, spec: &LockSpec) -> Result<Entered, LockError> {
     let opts = spec.resolve(&client.config, &key)?;
     if let Some(held) = holder::find(client, &key) {
         may_reenter(held.kind, opts.kind, &key)?;

@@ -67,6 +67,28 @@ impl LockKey {
         (0..n).map(|i| format!("{}#{i}", self.redis_key))
     }
 
+    /// The lock of the election `name` (`LockClient::election`): `P{K}:leader`,
+    /// with its fence counter `P{K}:leader:fence` (the terms' epochs), its
+    /// record `P{K}:leader:value` (who leads, and with what value) and its
+    /// channel `P{K}:leader:released`. A lock's own keys end in `}` (or in
+    /// `}#i`, a segment's), and a lock name cannot hold a brace, so no lock
+    /// is ever named like an election's. Shown as `K (election)` in errors
+    /// and traces.
+    pub(crate) fn election(prefix: &str, name: &str) -> Result<Self, LockError> {
+        validate(name)?;
+        let redis_key = format!("{prefix}{{{name}}}:leader");
+        Ok(LockKey {
+            name: format!("{name} (election)"),
+            channel: format!("{redis_key}:released"),
+            redis_key,
+        })
+    }
+
+    /// An election's record: `P{K}:leader:value`.
+    pub(crate) fn record_key(&self) -> String {
+        format!("{}:value", self.redis_key)
+    }
+
     pub(crate) fn new(prefix: &str, name: String) -> Result<Self, LockError> {
         validate(&name)?;
         // Built by hand: `format!` costs several times these two copies, on

@@ -58,6 +58,16 @@ struct Release {
 }
 
 impl Cleanup for Release {
+    /// Dropped, the lease ends at once, before its release is sent: the
+    /// watchdog stops renewing it, and its task no longer counts as
+    /// holding it (`GuardTable`), so a call for the same key right after
+    /// the drop waits for this release instead of failing with
+    /// `WouldDeadlock`.
+    fn needed(&mut self) -> bool {
+        self.state.end();
+        true
+    }
+
     async fn run(&self) -> Result<(), LockError> {
         let (client, state) = (&self.client, &self.state);
         client.backend.hold_ended(&state.key, &state.holder);

@@ -92,6 +92,8 @@ mod with_lock;
 // attribute's entry point.
 mod admin;
 mod guard;
+// Elections: a lock's entry with a record of who leads beside it.
+mod election;
 
 mod client;
 #[cfg(feature = "testing")]
@@ -101,6 +103,7 @@ mod private;
 
 pub use admin::{HeldKind, LockAdmin, LockHolder, LockInfo};
 pub use client::{LockClient, LockClientBuilder, init};
+pub use election::{Election, Leader, Leadership};
 pub use error::{BoxError, LockError, LostReason};
 pub use guard::{LockGuard, LockRequest};
 pub use holder::{fencing_token, holds, segment};

@@ -121,6 +121,17 @@ pub(crate) enum HandOver {
     NotHeld,
 }
 
+/// Who leads an election, as its store has it (`AnyBackend::leader`): the
+/// holder of the election's lock, the epoch of its term (the lock's fencing
+/// token) and the value it proclaimed; `value` is `None` between its
+/// election and its first proclamation landing (one round trip).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LeaderRecord {
+    pub(crate) holder: String,
+    pub(crate) epoch: u64,
+    pub(crate) value: Option<String>,
+}
+
 /// A backend failure, classified for the retry loop.
 #[derive(Debug)]
 pub(crate) struct Failure {

@@ -35,7 +35,9 @@ pub(crate) use self::redis::admin::Found;
 use self::redis::cluster::ClusterLink;
 use self::redis::redlock::{self, RedlockBackend};
 use self::redis::sentinel::SentinelLink;
-pub(crate) use contract::{AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal};
+pub(crate) use contract::{
+    AcquireReply, AcquireRequest, Backend, Failure, HandOver, LeaderRecord, RenewItem, Renewal,
+};
 
 /// The backend a client was built with.
 #[derive(Debug)]
@@ -398,6 +400,61 @@ impl AnyBackend {
             b.server.hold_ended(key, holder);
         }
         let _ = (key, holder);
+    }
+
+    /// Why this backend cannot hold an election, if it cannot: a Redlock
+    /// has no fencing tokens, so a term would have no epoch.
+    pub(crate) fn cannot_elect(&self) -> Option<&'static str> {
+        match self {
+            AnyBackend::Redlock(_) => Some(
+                "an election on a Redlock (its masters' fence counters are not monotonic under faults, so a term would have no epoch)",
+            ),
+            _ => None,
+        }
+    }
+
+    /// Whether this backend keeps elections' records (who leads, with what
+    /// value: [`proclaim`](Self::proclaim), [`leader`](Self::leader)).
+    /// Elsewhere a leader is elected, with its epoch, and only the record
+    /// is missing (not yet written for the SQL stores, ZooKeeper and etcd).
+    pub(crate) fn keeps_leaders(&self) -> bool {
+        matches!(
+            self,
+            AnyBackend::Redis(_) | AnyBackend::Cluster(_) | AnyBackend::Sentinel(_) | AnyBackend::Memory(_)
+        )
+    }
+
+    /// Records `value` as what `holder`, the leader of the election `key`,
+    /// leads with, and tells observers. `Ok(false)`: it no longer leads.
+    pub(crate) async fn proclaim(&self, key: &LockKey, holder: &str, value: &str) -> Result<bool, Failure> {
+        match self {
+            AnyBackend::Redis(b) => b.proclaim(key, holder, value).await,
+            AnyBackend::Cluster(b) => b.proclaim(key, holder, value).await,
+            AnyBackend::Sentinel(b) => b.proclaim(key, holder, value).await,
+            AnyBackend::Memory(b) => Ok(b.proclaim(key, holder, value)),
+            _ => Err(Failure::permanent(self.no_election(key))),
+        }
+    }
+
+    /// Who leads the election `key` now, as the store has it.
+    pub(crate) async fn leader(&self, key: &LockKey) -> Result<Option<LeaderRecord>, Failure> {
+        match self {
+            AnyBackend::Redis(b) => b.leader(key).await,
+            AnyBackend::Cluster(b) => b.leader(key).await,
+            AnyBackend::Sentinel(b) => b.leader(key).await,
+            AnyBackend::Memory(b) => Ok(b.leader(key)),
+            _ => Err(Failure::permanent(self.no_election(key))),
+        }
+    }
+
+    fn no_election(&self, key: &LockKey) -> LockError {
+        LockError::Unsupported {
+            key: key.name.clone(),
+            feature: self
+                .cannot_elect()
+                .unwrap_or("an election's record (who leads, with what value; not yet on this backend: Redis and in-process keep one)")
+                .to_owned(),
+        }
     }
 
     /// Why this backend cannot take a lock of `kind`, if it cannot.

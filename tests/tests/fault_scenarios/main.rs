@@ -23,6 +23,8 @@ mod etcd;
 mod holders;
 mod kinds;
 mod links;
+/// The on-demand scenarios and campaigns, all `#[ignore]`d.
+mod long;
 mod mysql;
 mod postgres;
 mod replication;

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use hashbrown::HashMap;
 use hashbrown::hash_map::EntryRef;
 
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
@@ -34,6 +34,9 @@ pub(crate) struct State {
     fences: HashMap<String, u64>,
     /// Fair locks' waiters, in order.
     lines: HashMap<String, Vec<Waiter>>,
+    /// Elections' records, by their lock's key: the holder that wrote it
+    /// and the value it proclaimed. Like the fence counters, never expire.
+    records: HashMap<String, (String, String)>,
 }
 
 /// A fair lock's waiter, and when it loses its place unless it attempts.
@@ -489,6 +492,34 @@ impl State {
             .collect()
     }
 
+    /// Records `value` as what the leader `holder` of the election `key`
+    /// proclaims, if it still holds the election's lock.
+    pub(crate) fn proclaim(&mut self, key: &LockKey, holder: &str, value: &str, now: Instant) -> bool {
+        match self.live(&key.redis_key, now) {
+            Some(Entry::Exclusive(lease)) if lease.holder == holder => {
+                self.records
+                    .insert(key.redis_key.clone(), (holder.to_owned(), value.to_owned()));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Who leads the election `key` now, if anyone.
+    pub(crate) fn leader(&mut self, key: &LockKey, now: Instant) -> Option<LeaderRecord> {
+        let holder = match self.live(&key.redis_key, now)? {
+            Entry::Exclusive(lease) => lease.holder.clone(),
+            Entry::Shared(_) => return None,
+        };
+        let epoch = self.fences.get(&key.fence_key()).copied().unwrap_or(0);
+        let value = self
+            .records
+            .get(&key.redis_key)
+            .filter(|(by, _)| *by == holder)
+            .map(|(_, value)| value.clone());
+        Some(LeaderRecord { holder, epoch, value })
+    }
+
     /// When `holder`'s lease at `redis_key` ends, if it holds one now.
     #[cfg(feature = "testing")]
     pub(crate) fn lease_of(&mut self, redis_key: &str, holder: &str, now: Instant) -> Option<Instant> {
@@ -553,6 +584,16 @@ impl State {
 impl MemoryBackend {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `AnyBackend::proclaim`, answered within the call.
+    pub(crate) fn proclaim(&self, key: &LockKey, holder: &str, value: &str) -> bool {
+        self.state().proclaim(key, holder, value, Instant::now())
+    }
+
+    /// `AnyBackend::leader`, answered within the call.
+    pub(crate) fn leader(&self, key: &LockKey) -> Option<LeaderRecord> {
+        self.state().leader(key, Instant::now())
     }
 
     /// `AnyBackend::keep`, answered within the call.

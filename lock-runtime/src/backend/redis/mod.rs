@@ -16,7 +16,9 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Va
 use self::call::ScriptCall;
 use self::cluster::ClusterLink;
 use self::sentinel::SentinelLink;
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal};
+use super::contract::{
+    AcquireReply, AcquireRequest, Backend, Failure, HandOver, LeaderRecord, RenewItem, Renewal,
+};
 use super::tls;
 use crate::config::{ClientConfig, ReplicaAcks};
 use crate::error::LockError;
@@ -61,6 +63,8 @@ static RELEASE_SEGMENTS: LazyLock<Script> = script!("release_segments.lua");
 static RENEW_MANY: LazyLock<Script> = script!("renew_many.lua");
 static HAND_OVER: LazyLock<Script> = script!("hand_over.lua");
 static KEEP: LazyLock<Script> = script!("keep.lua");
+static PROCLAIM: LazyLock<Script> = script!("proclaim.lua");
+static LEADER: LazyLock<Script> = script!("leader.lua");
 
 /// What a connection to Redis must offer: the redis crate's async
 /// connection, cheap to clone (clones share the connection), that can wait
@@ -495,6 +499,58 @@ impl<C: Connection> RedisBackend<C> {
             .await
             .map_err(|e| self.failure(key, e))?;
         Ok(kept == 1)
+    }
+
+    /// Writes the election record of `key`'s leader `holder` and tells
+    /// observers (`AnyBackend::proclaim`). `Ok(false)`: it no longer leads.
+    pub(crate) async fn proclaim(&self, key: &LockKey, holder: &str, value: &str) -> Result<bool, Failure> {
+        let written: i64 = ScriptCall::new(&PROCLAIM, 3, 6)
+            .arg(&key.redis_key)
+            .arg(key.record_key())
+            .arg(&key.channel)
+            .arg(holder)
+            .arg(value)
+            .arg(self.announce())
+            .invoke(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        Ok(written == 1)
+    }
+
+    /// Who leads the election `key` (`AnyBackend::leader`).
+    pub(crate) async fn leader(&self, key: &LockKey) -> Result<Option<LeaderRecord>, Failure> {
+        let reply: Vec<Value> = ScriptCall::new(&LEADER, 3, 3)
+            .arg(&key.redis_key)
+            .arg(key.fence_key())
+            .arg(key.record_key())
+            .invoke(&mut self.conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        let text = |i: usize| {
+            reply
+                .get(i)
+                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+        };
+        let unexpected = || {
+            Failure::permanent(LockError::backend(
+                &self.node,
+                Some(&key.name),
+                format!("unexpected reply to an election's read: {reply:?}"),
+            ))
+        };
+        let holder = text(0).ok_or_else(unexpected)?;
+        let epoch = text(1).and_then(|e| e.parse().ok()).ok_or_else(unexpected)?;
+        // The record is the current term's only if it names this holder.
+        let value = text(2).and_then(|record| {
+            record
+                .split_once('\n')
+                .filter(|(by, _)| *by == holder)
+                .map(|(_, value)| value.to_owned())
+        });
+        Ok(Some(LeaderRecord { holder, epoch, value }))
     }
 
     /// `release.lua` announces with PUBLISH on one node, SPUBLISH (to the

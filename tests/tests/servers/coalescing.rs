@@ -225,7 +225,7 @@ async fn a_stale_release_in_a_coalesced_call_leaves_the_other_holders_lock() {
                 "the other client's lock was changed"
             );
             let coalesced = redis::Script::new(include_str!(
-                "../../lock-runtime/src/backend/redis/scripts/coalesced.lua"
+                "../../../lock-runtime/src/backend/redis/scripts/coalesced.lua"
             ));
             let in_a_coalesced_call = server.commands_logged().iter().any(|args| {
                 args.get(1).is_some_and(|sha| sha == coalesced.get_hash())

@@ -328,6 +328,33 @@ async fn a_guard_never_waits_on_itself() {
     .await
 }
 
+/// A dropped guard releases in the background, and from the drop on its
+/// task no longer holds it: a call for the same key right after, in the same
+/// task, waits for that release and gets the lock, rather than fail with
+/// `WouldDeadlock` as if the guard were still held. On one thread, so that
+/// the release task cannot run before the call looks.
+#[tokio::test]
+async fn a_dropped_guard_is_no_longer_held_by_its_task() {
+    lock_tests::bounded("a_dropped_guard_is_no_longer_held_by_its_task", async move {
+        let (clients, _server) = clients().await;
+        for (backend, locks) in clients {
+            for round in 0..3 {
+                // The last round's guard was dropped too: waited for.
+                let guard = locks
+                    .lock("dropped")
+                    .wait(Duration::from_secs(5))
+                    .acquire()
+                    .await
+                    .expect("guard");
+                drop(guard);
+                let again = locks.lock("dropped").wait(Duration::from_secs(5)).acquire().await;
+                assert!(again.is_ok(), "{backend}, round {round}: {again:?}");
+            }
+        }
+    })
+    .await
+}
+
 /// Any `Duration` for any option, from zero to `Duration::MAX`: never a
 /// panic; a call's ttl outside 8ms..=24h is refused before any I/O with an
 /// error that names the call; a `wait` of `Duration::MAX` waits until free.

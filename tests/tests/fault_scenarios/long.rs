@@ -2,7 +2,8 @@
 //! long for every change, the negative controls that need several masters
 //! or a replica, and the X1/X2 campaigns. Every test here is `#[ignore]`d;
 //! `LOCK_FAULTS_TIER2=1 .ci/run` runs them one at a time, as does
-//! `cargo test -p lock-tests --test fault_scenarios_long -- --ignored --test-threads=1`.
+//! `cargo test -p lock-tests --test fault_scenarios -- --ignored --test-threads=1`
+//! (the ignored tests of this binary are these).
 //! `LOCK_FAULTS_CAMPAIGN_SECS` sets the campaigns' length (default 600 s) and
 //! `LOCK_FAULTS_SEED` their seed (default: random, reported). X3 runs
 //! `LOCK_FAULTS_CAMPAIGN_SECS` on each of its three backends.
