@@ -102,9 +102,10 @@ if [ "${1:-}" = "--install-only" ]; then
   exit 0
 fi
 
-# One backend's tests: a filter on the names of the test binaries and of
-# the tests (the kinds suite names its modules after the backends, the
-# fault scenarios end their ids in my, pg, zk or etcd).
+# One backend's tests: a filter on the names of the tests (most are modules
+# of the `servers` binary named after their backend, or, as in the kinds
+# suite, with a module per backend; the fault scenarios end their ids in
+# my, pg, zk or etcd) and of the attribute's binaries.
 # Redis's tests are the rest (its Sentinel, Cluster and Redlock included),
 # less the attribute's compile-fail suite.
 mysql_tests='test(/mysql|mariadb/) | binary(/^mysql/) | test(/::s[0-9]+[a-z]*my_/)'

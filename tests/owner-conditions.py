@@ -30,7 +30,7 @@ MYSQL_FAIR = "lock-runtime/src/backend/mysql/fair.rs"
 POSTGRES = "lock-runtime/src/backend/postgres/sql.rs"
 
 # (id, file, the condition as written, the same line without it,
-#  test binary, test name)
+#  test module of the `servers` binary, test name)
 MUTANTS = [
     ("R1", f"{SCRIPTS}/hand_over.lua",
      "if current == ARGV[1] then", "if true then",
@@ -196,7 +196,9 @@ MUTANTS = [
 
 
 def run(mutant):
-    ident, path, condition, removed, binary, test = mutant
+    ident, path, condition, removed, module, test = mutant
+    # The tests are modules of one binary (tests/tests/servers/).
+    name = f"{module}::{test}"
     file = ROOT / path
     original = file.read_text()
     if original.count(condition) != 1:
@@ -204,16 +206,16 @@ def run(mutant):
     file.write_text(original.replace(condition, removed))
     try:
         result = subprocess.run(
-            ["cargo", "test", "-q", "-p", "lock-tests", "--test", binary, "--", "--exact", test],
+            ["cargo", "test", "-q", "-p", "lock-tests", "--test", "servers", "--", "--exact", name],
             cwd=ROOT, capture_output=True, text=True, timeout=900,
         )
     finally:
         file.write_text(original)
     output = result.stdout + result.stderr
     if "running 0 tests" in output or " 0 passed; 0 failed" in output:
-        return f"{ident}: no test named {binary}::{test}: update this list"
+        return f"{ident}: no test named {name}: update this list"
     if result.returncode == 0:
-        return f"{ident}: NOT CAUGHT: {path}: `{condition.strip()}` removed, {binary}::{test} passed"
+        return f"{ident}: NOT CAUGHT: {path}: `{condition.strip()}` removed, {name} passed"
     if "test result: FAILED" not in output:
         return f"{ident}: the mutant did not build or run: {path}\n{output[-2000:]}"
     return None
@@ -228,8 +230,8 @@ def main():
             problems += 1
             print(problem, flush=True)
         else:
-            ident, path, condition, _, binary, test = mutant
-            print(f"{ident}: caught: {path}: `{condition.strip().splitlines()[0]}` -> {binary}::{test}", flush=True)
+            ident, path, condition, _, module, test = mutant
+            print(f"{ident}: caught: {path}: `{condition.strip().splitlines()[0]}` -> {module}::{test}", flush=True)
     print(f"{len(chosen) - problems} caught, {problems} not", flush=True)
     return 1 if problems else 0
 

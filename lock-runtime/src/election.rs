@@ -13,7 +13,9 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -25,7 +27,6 @@ use crate::lease::Lease;
 use crate::lease_state::LeaseState;
 use crate::shared::ClientInner;
 use crate::spec::LockSpec;
-use crate::with_lock::guarded;
 
 /// The longest value a leader may proclaim: an address or a small document,
 /// read by every follower on every look.
@@ -83,8 +84,11 @@ impl Election {
     }
 
     /// The leader's lease (the client's `default_ttl` if not set): renewed
-    /// while it leads; a leader that stops renewing (a crash, a cut link)
-    /// is succeeded within about this long.
+    /// while it leads. A leader that stops renewing (a crash, a cut link)
+    /// is succeeded within about this long on Redis, the SQL stores and in
+    /// process; on ZooKeeper within the session timeout, on etcd within
+    /// the client's etcd lease (a term's lease is capped by them, as a
+    /// lock's is).
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
@@ -231,15 +235,60 @@ impl Election {
             let state = Arc::clone(leadership.lease.state());
             let epoch = leadership.epoch();
             let term = std::pin::pin!(lead(leadership));
-            let lost = std::pin::pin!(async { (state.lost().await, 0) });
-            match guarded(term, std::slice::from_ref(&state), lost).await {
+            let lost = std::pin::pin!(state.lost());
+            match while_leading(term, &state, lost).await {
                 Ok(()) => tracing::debug!(election = %self.name, epoch, "term ended by its leader"),
-                Err((reason, _)) => {
+                Err(reason) => {
                     tracing::warn!(election = %self.name, epoch, %reason, "leadership lost; its work dropped");
                 }
             }
+            // A future that handed its term to another task and returned:
+            // the term is that task's until it ends, and a campaign from
+            // here would wait for it (or, from the task that took it, fail
+            // with `WouldDeadlock`).
+            while state.is_live() {
+                tokio::select! {
+                    biased;
+                    _ = state.lost() => {}
+                    () = tokio::time::sleep(TERM_LOOK) => {}
+                }
+            }
+            // A pause between terms, so that a future that returns at once
+            // does not cycle through terms as fast as the store answers.
+            tokio::time::sleep(self.client.entropy.jitter(self.client.config.retry_min)).await;
         }
     }
+}
+
+/// How often `run` looks whether a term it handed on has ended.
+const TERM_LOOK: Duration = Duration::from_millis(50);
+
+/// Polls a term's future while the term holds: `Ok` when the future
+/// returns, or when it let its term go (dropped or resigned the
+/// `Leadership`) and would run on without it; `Err` when the lease is lost.
+/// The lease is looked at before and after each poll of the future, so a
+/// lost or given-up term never gets one more step of it.
+fn while_leading<'a, F, L>(
+    mut term: Pin<&'a mut F>,
+    state: &'a LeaseState,
+    mut lost: Pin<&'a mut L>,
+) -> impl Future<Output = Result<(), LostReason>> + 'a
+where
+    F: Future<Output = ()>,
+    L: Future<Output = LostReason>,
+{
+    std::future::poll_fn(move |cx| {
+        if let Some(reason) = state.lost_now() {
+            return Poll::Ready(Err(reason));
+        }
+        if let Poll::Ready(reason) = lost.as_mut().poll(cx) {
+            return Poll::Ready(Err(reason));
+        }
+        if !state.is_live() || term.as_mut().poll(cx).is_ready() || !state.is_live() {
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
+    })
 }
 
 /// Errors a new campaign would meet again.
@@ -250,6 +299,7 @@ fn cannot_mend(error: &LockError) -> bool {
             | LockError::InvalidKey { .. }
             | LockError::InvalidRequest { .. }
             | LockError::InvalidConfig { .. }
+            | LockError::KeyConflict { .. }
             | LockError::NotInitialized
     )
 }
@@ -337,12 +387,21 @@ impl Leadership {
             .proclaim(&state.key, &state.holder, &value)
             .await
             .map_err(|f| f.error);
-        self.value = value;
-        match written? {
-            true => Ok(()),
-            false => Err(LockError::NotHeld {
+        match written {
+            Ok(true) => {
+                self.value = value;
+                Ok(())
+            }
+            Ok(false) => Err(LockError::NotHeld {
                 key: state.key.name.clone(),
             }),
+            Err(error) => {
+                // No record here: the value is this term's alone.
+                if matches!(error, LockError::Unsupported { .. }) {
+                    self.value = value;
+                }
+                Err(error)
+            }
         }
     }
 

@@ -134,7 +134,7 @@ pub(crate) async fn run_with_all<F: Future>(
 /// Takes the futures pinned by the caller rather than owning them: nested
 /// locked calls nest these futures, and a copy of the body in each level's
 /// state would double its size per level.
-pub(crate) fn guarded<'a, F: Future, L: Future<Output = (LostReason, usize)>>(
+fn guarded<'a, F: Future, L: Future<Output = (LostReason, usize)>>(
     mut body: Pin<&'a mut F>,
     leases: &'a [Arc<LeaseState>],
     mut lost: Pin<&'a mut L>,

@@ -425,7 +425,7 @@ impl AnyBackend {
     }
 
     /// Records `value` as what `holder`, the leader of the election `key`,
-    /// leads with, and tells observers. `Ok(false)`: it no longer leads.
+    /// leads with. `Ok(false)`: it no longer leads.
     pub(crate) async fn proclaim(&self, key: &LockKey, holder: &str, value: &str) -> Result<bool, Failure> {
         match self {
             AnyBackend::Redis(b) => b.proclaim(key, holder, value).await,

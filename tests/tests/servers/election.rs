@@ -375,3 +375,104 @@ impl Drop for Recorder {
             .push(("first dropped", Instant::now(), self.1));
     }
 }
+
+/// A term's future that lets its term go (drops or resigns its
+/// `Leadership`) and would run on is dropped with it: it no longer leads,
+/// and another candidate can be elected at once. `run` then campaigns
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_future_that_lets_its_term_go_is_dropped_with_it() {
+    lock_tests::bounded("a_future_that_lets_its_term_go_is_dropped_with_it", async move {
+        let locks = LockClient::in_memory();
+        let events: Events = Arc::default();
+        let run = {
+            let events = Arc::clone(&events);
+            let election = locks.election("let-go");
+            async move {
+                election
+                    .run("me", move |term| {
+                        let events = Arc::clone(&events);
+                        async move {
+                            let epoch = term.epoch();
+                            events
+                                .lock()
+                                .expect("events")
+                                .push(("elected", Instant::now(), epoch));
+                            let _dropped = Recorder(Arc::clone(&events), epoch);
+                            if epoch % 2 == 0 {
+                                term.resign().await.expect("resign");
+                            } else {
+                                drop(term);
+                            }
+                            std::future::pending::<()>().await;
+                        }
+                    })
+                    .await
+            }
+        };
+        tokio::select! {
+            ran = run => panic!("run returned: {ran:?}"),
+            seen = eventually(Duration::from_secs(10), || {
+                events.lock().expect("events").iter().filter(|e| e.0 == "elected").count() >= 4
+            }) => {
+                seen.expect("four terms: each future was dropped when it let its term go");
+            }
+        }
+        let events = events.lock().expect("events").clone();
+        // Each term's future is dropped before the next term begins.
+        for pair in events.windows(2) {
+            if pair[1].0 == "elected" {
+                assert_eq!(pair[0].0, "first dropped", "{events:?}");
+            }
+        }
+    })
+    .await
+}
+
+/// A leader whose term ended while it was away (its lock expired; here
+/// deleted, as the expiry would) cannot write the record any more: its
+/// proclamation is refused, and followers read the successor's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_leader_cannot_proclaim() {
+    lock_tests::bounded("a_stale_leader_cannot_proclaim", async move {
+        let server = RedisServer::start();
+        let old = LockClient::connect(&server.url()).await.expect("connect");
+        let new = LockClient::connect(&server.url()).await.expect("connect");
+        let mut stale = old.election("stale").campaign("old").await.expect("elected");
+        let _: i64 = server.query(redis::cmd("DEL").arg("lock:{stale}:leader"));
+        let successor = new
+            .election("stale")
+            .wait(Duration::from_secs(5))
+            .campaign("new")
+            .await
+            .expect("elected after the expiry");
+        let refused = stale.proclaim("old again").await;
+        assert!(matches!(refused, Err(LockError::NotHeld { .. })), "{refused:?}");
+        assert_eq!(stale.value(), "old", "a refused value is not this term's");
+        let seen = old
+            .election("stale")
+            .leader()
+            .await
+            .expect("read")
+            .expect("somebody leads");
+        assert_eq!((seen.value.as_str(), seen.epoch), ("new", successor.epoch()));
+        // The old term's record is not read as the new leader's.
+        let _: () = server.query(
+            redis::cmd("SET")
+                .arg("lock:{stale}:leader:value")
+                .arg("someone-else\nforged"),
+        );
+        let seen = old
+            .election("stale")
+            .leader()
+            .await
+            .expect("read")
+            .expect("somebody leads");
+        assert_eq!(
+            seen.value, "",
+            "a record of another holder is not the leader's value"
+        );
+        successor.resign().await.expect("resign");
+    })
+    .await
+}

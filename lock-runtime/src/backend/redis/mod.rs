@@ -501,16 +501,14 @@ impl<C: Connection> RedisBackend<C> {
         Ok(kept == 1)
     }
 
-    /// Writes the election record of `key`'s leader `holder` and tells
-    /// observers (`AnyBackend::proclaim`). `Ok(false)`: it no longer leads.
+    /// Writes the election record of `key`'s leader `holder`
+    /// (`AnyBackend::proclaim`). `Ok(false)`: it no longer leads.
     pub(crate) async fn proclaim(&self, key: &LockKey, holder: &str, value: &str) -> Result<bool, Failure> {
-        let written: i64 = ScriptCall::new(&PROCLAIM, 3, 6)
+        let written: i64 = ScriptCall::new(&PROCLAIM, 2, 4)
             .arg(&key.redis_key)
             .arg(key.record_key())
-            .arg(&key.channel)
             .arg(holder)
             .arg(value)
-            .arg(self.announce())
             .invoke(&mut self.conn.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
@@ -538,7 +536,8 @@ impl<C: Connection> RedisBackend<C> {
             Failure::permanent(LockError::backend(
                 &self.node,
                 Some(&key.name),
-                format!("unexpected reply to an election's read: {reply:?}"),
+                // Its shape only: the record holds the leader's value.
+                format!("unexpected reply to an election's read ({} items)", reply.len()),
             ))
         };
         let holder = text(0).ok_or_else(unexpected)?;

@@ -1,13 +1,12 @@
 -- An election's leader says what it leads with (`LockClient::election`):
 -- its record is written if, and only if, it still holds the election's
--- lock, and observers are told on the election's channel.
+-- lock. Nothing is published: the election's channel carries releases,
+-- and a message there would wake a waiting candidate for nothing.
 --
 -- KEYS[1]  the election's lock `P{K}:leader`
 -- KEYS[2]  its record `P{K}:leader:value`
--- KEYS[3]  its channel `P{K}:leader:released`
 -- ARGV[1]  the leader's holder id
 -- ARGV[2]  the value
--- ARGV[3]  'publish' on one node, 'spublish' on a cluster
 --
 -- Returns 1 written, 0 the lock is gone or held by someone else.
 --
@@ -16,13 +15,9 @@
 -- current leader's. It has no TTL (like the fence counter: one small key per
 -- election name); a stale record is never read as current.
 
-if ARGV[3] ~= 'publish' and ARGV[3] ~= 'spublish' then
-  return redis.error_reply('ERR bad announce command')
-end
 local current = redis.pcall('GET', KEYS[1])
 if current ~= ARGV[1] and current ~= ARGV[1] .. '+w' then
   return 0
 end
 redis.call('SET', KEYS[2], ARGV[1] .. '\n' .. ARGV[2])
-redis.call(ARGV[3], KEYS[3], 'proclaimed')
 return 1
