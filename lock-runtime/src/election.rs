@@ -129,12 +129,12 @@ impl Election {
         let value = value.into();
         let key = self.key()?;
         self.refuse(&key, &value)?;
-        let lease = match entry::enter_key(&self.client, Ok(key.clone()), &self.spec()).await? {
+        let lease = match entry::enter_key(&self.client, key, &self.spec()).await? {
             Entered::Acquired(lease) => lease,
             // Unreachable: no body is ever scoped to an election's key.
-            Entered::Reentered(_) => {
+            Entered::Reentered(held) => {
                 return Err(LockError::InvalidRequest {
-                    key: key.name,
+                    key: held.key.name.clone(),
                     reason: "this code already leads the election".into(),
                 });
             }
@@ -142,6 +142,7 @@ impl Election {
         self.client.guards.mark(lease.state());
         let leadership = Leadership {
             client: Arc::clone(&self.client),
+            election: self.name.clone(),
             value: String::new(),
             lease,
         };
@@ -323,6 +324,7 @@ fn check_value(key: &LockKey, value: &str) -> Result<(), LockError> {
 #[must_use = "dropping the leadership resigns at once"]
 pub struct Leadership {
     client: Arc<ClientInner>,
+    election: String,
     value: String,
     lease: Lease,
 }
@@ -348,11 +350,7 @@ impl Leadership {
 
     /// The election this term is of.
     pub fn election(&self) -> &str {
-        self.state()
-            .key
-            .name
-            .strip_suffix(" (election)")
-            .unwrap_or(&self.state().key.name)
+        &self.election
     }
 
     /// Whether the term still holds by the local clock: not resigned and

@@ -32,22 +32,23 @@ pub(crate) async fn enter(
     name: String,
     spec: &LockSpec,
 ) -> Result<Entered, LockError> {
-    let key = LockKey::new(&client.config.prefix, name);
-    enter_key(client, key, spec).await
+    match LockKey::new(&client.config.prefix, name) {
+        Ok(key) => enter_key(client, key, spec).await,
+        Err(error) => {
+            telemetry::entered(spec.metric_name(), Entry::Error, Duration::ZERO);
+            Err(error)
+        }
+    }
 }
 
 /// [`enter`] for a key the caller built: an election's
-/// (`LockKey::election`), which no lock name renders to. A key that failed
-/// its checks is counted as the failed entry it is.
+/// (`LockKey::election`), which no lock name renders to.
 pub(crate) async fn enter_key(
     client: &Arc<ClientInner>,
-    key: Result<LockKey, LockError>,
+    key: LockKey,
     spec: &LockSpec,
 ) -> Result<Entered, LockError> {
-    let entered = match key {
-        Ok(key) => enter_one(client, key, spec).await,
-        Err(error) => Err(error),
-    };
+    let entered = enter_one(client, key, spec).await;
     // The wait comes from the acquisition, which already read the clock:
     // an entry adds no clock read of its own.
     let (outcome, waited) = match &entered {
