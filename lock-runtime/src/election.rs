@@ -15,11 +15,14 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::backend::LeaderRecord;
 use crate::entry::{self, Entered};
 use crate::error::{LockError, LostReason};
 use crate::key::LockKey;
@@ -54,6 +57,9 @@ pub struct Election {
     name: String,
     ttl: Option<Duration>,
     wait: Option<Duration>,
+    /// Whether the last read of this election's observers reached the
+    /// store (`is_observing`); shared by its clones.
+    observing: Arc<AtomicBool>,
 }
 
 /// Who leads an election, as its store has it ([`Election::leader`]).
@@ -75,6 +81,7 @@ impl Election {
             name,
             ttl: None,
             wait: None,
+            observing: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -183,18 +190,56 @@ impl Election {
     /// (resigned, expired, never elected).
     pub async fn leader(&self) -> Result<Option<Leader>, LockError> {
         let key = self.key()?;
-        if let Some(feature) = self.client.backend.cannot_elect() {
-            return Err(LockError::Unsupported {
-                key: key.name,
-                feature: feature.to_owned(),
-            });
-        }
-        let found = self.client.backend.leader(&key).await.map_err(|f| f.error)?;
-        Ok(found.map(|record| Leader {
-            id: record.holder,
-            value: record.value.unwrap_or_default(),
-            epoch: record.epoch,
-        }))
+        Ok(read(&self.client, &key).await?.map(Leader::from))
+    }
+
+    /// Follows who leads: the receiver holds the latest [`leader`](Self::leader)
+    /// and changes when it does. Returns after its first read (its error,
+    /// if that fails); the following reads run in a task of their own
+    /// until every receiver is dropped.
+    ///
+    /// - The value never goes back to an older term: a read that finds a
+    ///   lower epoch than one already seen is not passed on.
+    /// - `None` only when the store says nobody leads (resigned, crashed,
+    ///   expired). An observer that cannot reach the store keeps its last
+    ///   value, and [`is_observing`](Self::is_observing) turns false until a
+    ///   read succeeds again.
+    /// - A release announced by the store (the same announcement that wakes
+    ///   waiting candidates: Redis pub/sub, PostgreSQL `LISTEN`) wakes it,
+    ///   as does a reconnection of the connection that hears them. An expiry
+    ///   announces nothing: it reads again when the lease it last read runs
+    ///   out. Otherwise it reads at least once a second, which is how a new
+    ///   leader and a proclaimed value reach it (neither is announced), and
+    ///   anything announced while it was disconnected.
+    pub async fn observe(&self) -> Result<watch::Receiver<Option<Leader>>, LockError> {
+        let key = self.key()?;
+        // Registered before the first read, so that nothing announced
+        // after it is missed.
+        let watching = self
+            .client
+            .notifier
+            .observe(&key.channel, crate::waiter::POLL)
+            .await;
+        let first = read(&self.client, &key).await?;
+        self.observing.store(true, Ordering::Release);
+        let (tx, rx) = watch::channel(first.clone().map(Leader::from));
+        let observer = Observer {
+            client: Arc::clone(&self.client),
+            observing: Arc::clone(&self.observing),
+            highest: first.as_ref().map_or(0, |r| r.epoch),
+            key,
+            tx,
+        };
+        tokio::spawn(observer.run(watching, first));
+        Ok(rx)
+    }
+
+    /// Whether this election's observers ([`observe`](Self::observe)) reach
+    /// the store: false before the first observation and from a failed read
+    /// until the next one succeeds. Their receivers meanwhile hold the last
+    /// value read, which may be out of date.
+    pub fn is_observing(&self) -> bool {
+        self.observing.load(Ordering::Acquire)
     }
 
     /// Campaigns, runs `lead`'s future while leading, and campaigns again,
@@ -259,6 +304,130 @@ impl Election {
             tokio::time::sleep(self.client.entropy.jitter(self.client.config.retry_min)).await;
         }
     }
+}
+
+/// Who leads the election `key`, if anyone: a Redlock refuses.
+async fn read(client: &ClientInner, key: &LockKey) -> Result<Option<LeaderRecord>, LockError> {
+    if let Some(feature) = client.backend.cannot_elect() {
+        return Err(LockError::Unsupported {
+            key: key.name.clone(),
+            feature: feature.to_owned(),
+        });
+    }
+    client.backend.leader(key).await.map_err(|f| f.error)
+}
+
+impl From<LeaderRecord> for Leader {
+    fn from(record: LeaderRecord) -> Self {
+        Leader {
+            id: record.holder,
+            value: record.value.unwrap_or_default(),
+            epoch: record.epoch,
+        }
+    }
+}
+
+/// The longest an observer goes without reading (`Election::observe`).
+const OBSERVE_EVERY: Duration = Duration::from_secs(1);
+
+/// The first pause before an observer reads again after finding nobody
+/// leading, or after a failed read; it doubles up to [`OBSERVE_EVERY`]. A
+/// release wakes observers at once, often before the next candidate has
+/// been granted the lock: the quick second look sees it.
+const OBSERVE_SOON: Duration = Duration::from_millis(5);
+
+/// What the store says is left of a lease is rounded down to the
+/// millisecond: read a little after it, when the key is surely gone.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(2);
+
+/// An election's observer task (`Election::observe`).
+struct Observer {
+    client: Arc<ClientInner>,
+    observing: Arc<AtomicBool>,
+    key: LockKey,
+    /// The highest epoch passed on: an older term is never shown again.
+    highest: u64,
+    tx: watch::Sender<Option<Leader>>,
+}
+
+impl Observer {
+    async fn run(mut self, watching: crate::waiter::Watch, first: Option<LeaderRecord>) {
+        let mut soon = OBSERVE_SOON;
+        let mut first = Some(first);
+        loop {
+            // Enabled before the read: `notify_waiters` wakes only those
+            // already waiting, and an announcement during the read must
+            // still end the pause after it.
+            let woken = watching.notify.notified();
+            let mut woken = std::pin::pin!(woken);
+            woken.as_mut().enable();
+            let found = match first.take() {
+                Some(found) => Ok(found),
+                None => read(&self.client, &self.key).await,
+            };
+            let pause = match found {
+                Ok(found) => {
+                    self.observing.store(true, Ordering::Release);
+                    let pause = self.pause_after(found.as_ref(), &mut soon);
+                    self.pass_on(found);
+                    pause
+                }
+                Err(error) => {
+                    if self.observing.swap(false, Ordering::AcqRel) {
+                        tracing::warn!(election = %self.key.name, %error, "an election's observer cannot read who leads; keeping the last value");
+                    }
+                    grow(&mut soon)
+                }
+            };
+            tokio::select! {
+                biased;
+                () = self.tx.closed() => return,
+                () = woken => soon = OBSERVE_SOON,
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
+    /// How long to wait for an announcement before reading again, after
+    /// reading `found`.
+    fn pause_after(&self, found: Option<&LeaderRecord>, soon: &mut Duration) -> Duration {
+        match found {
+            // Nobody leads: a candidate may be about to be elected.
+            None => grow(soon),
+            Some(record) => {
+                *soon = OBSERVE_SOON;
+                record
+                    .left
+                    .map_or(OBSERVE_EVERY, |left| (left + EXPIRY_MARGIN).min(OBSERVE_EVERY))
+            }
+        }
+    }
+
+    /// Shows `found` to the receivers, unless it is an older term than one
+    /// shown already (a read from a store that lags, such as a replica
+    /// promoted without the latest writes) or nothing changed.
+    fn pass_on(&mut self, found: Option<LeaderRecord>) {
+        if let Some(record) = &found {
+            if record.epoch < self.highest {
+                return;
+            }
+            self.highest = record.epoch;
+        }
+        let next = found.map(Leader::from);
+        self.tx.send_if_modified(|shown| {
+            let changed = *shown != next;
+            *shown = next;
+            changed
+        });
+    }
+}
+
+/// The pause `soon`, which doubles for the next time up to
+/// [`OBSERVE_EVERY`].
+fn grow(soon: &mut Duration) -> Duration {
+    let pause = *soon;
+    *soon = (*soon * 2).min(OBSERVE_EVERY);
+    pause
 }
 
 /// How often `run` looks whether a term it handed on has ended.

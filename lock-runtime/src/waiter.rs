@@ -68,6 +68,10 @@ struct Channel {
     /// Ordered: a fair lock's release wakes its line in this order, the
     /// same every run (a simulation's seed must replay it).
     named: BTreeMap<String, Arc<Notify>>,
+    /// Election observers (`Election::observe`), woken by every
+    /// announcement on the channel, and after a reconnection, without
+    /// taking a waiter's wake-up: they only read, they never take the lock.
+    observers: Arc<Notify>,
     /// Waiters here ready to be handed the lock, first come first served
     /// (withdrawn ones are skipped when reached).
     offers: VecDeque<Arc<Offer>>,
@@ -92,6 +96,15 @@ struct Leave {
     channel: String,
     /// A fair waiter's name.
     name: Option<String>,
+}
+
+/// Who a watch wakes for: any waiter, a fair waiter by its name, or an
+/// observer.
+#[derive(Debug, Clone, Copy)]
+enum Interest<'a> {
+    Any,
+    Named(&'a str),
+    Observer,
 }
 
 impl Cleanup for Leave {
@@ -207,6 +220,7 @@ impl Notifier {
         let Some(c) = channels.get(channel) else {
             return;
         };
+        c.observers.notify_waiters();
         if let Some(waiter) = c.named.get(named) {
             waiter.notify_one();
         } else if named.starts_with("w:") {
@@ -254,9 +268,18 @@ impl Notifier {
     pub(crate) fn wake_line(&self, channel: &str) {
         let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(c) = channels.get(channel) {
+            c.observers.notify_waiters();
             for waiter in c.named.values() {
                 waiter.notify_one();
             }
+        }
+    }
+
+    /// Every election observer here reads again.
+    fn wake_observers(&self) {
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        for c in channels.values() {
+            c.observers.notify_waiters();
         }
     }
 
@@ -267,6 +290,7 @@ impl Notifier {
         let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         for c in channels.values() {
             c.notify.notify_waiters();
+            c.observers.notify_waiters();
             for waiter in c.named.values() {
                 waiter.notify_one();
             }
@@ -278,28 +302,37 @@ impl Notifier {
     /// `patience` (at most [`POLL`]) has passed: see
     /// [`Self::confirm_subscription`].
     pub(crate) async fn watch(self: &Arc<Self>, channel: &str, patience: Duration) -> Watch {
-        self.watch_named(channel, None, patience).await
+        self.watch_for(channel, Interest::Any, patience).await
     }
 
     /// Registers a fair waiter, woken only when an announcement names it.
     pub(crate) async fn watch_as(self: &Arc<Self>, channel: &str, name: &str, patience: Duration) -> Watch {
-        self.watch_named(channel, Some(name), patience).await
+        self.watch_for(channel, Interest::Named(name), patience).await
     }
 
-    async fn watch_named(self: &Arc<Self>, channel: &str, name: Option<&str>, patience: Duration) -> Watch {
+    /// Registers an election's observer, woken by every announcement on
+    /// `channel` (`notify_waiters`: only while it awaits one, so it
+    /// enables its wake-up before each read) and by a reconnection.
+    pub(crate) async fn observe(self: &Arc<Self>, channel: &str, patience: Duration) -> Watch {
+        self.watch_for(channel, Interest::Observer, patience).await
+    }
+
+    async fn watch_for(self: &Arc<Self>, channel: &str, interest: Interest<'_>, patience: Duration) -> Watch {
         let (notify, first) = {
             let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
             let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
                 waiters: 0,
                 notify: Arc::new(Notify::new()),
                 named: BTreeMap::new(),
+                observers: Arc::new(Notify::new()),
                 offers: VecDeque::new(),
                 copy_heard: None,
             });
             entry.waiters += 1;
-            let notify = match name {
-                Some(name) => Arc::clone(entry.named.entry(name.to_owned()).or_default()),
-                None => Arc::clone(&entry.notify),
+            let notify = match interest {
+                Interest::Named(name) => Arc::clone(entry.named.entry(name.to_owned()).or_default()),
+                Interest::Any => Arc::clone(&entry.notify),
+                Interest::Observer => Arc::clone(&entry.observers),
             };
             (notify, entry.waiters == 1)
         };
@@ -310,7 +343,10 @@ impl Notifier {
             _leave: DropGuard::new(Leave {
                 notifier: Arc::clone(self),
                 channel: channel.to_owned(),
-                name: name.map(str::to_owned),
+                name: match interest {
+                    Interest::Named(name) => Some(name.to_owned()),
+                    Interest::Any | Interest::Observer => None,
+                },
             }),
         };
         if first {
@@ -442,6 +478,9 @@ async fn read_notifications(notifier: Weak<Notifier>, mut stream: Messages) {
                 return;
             }
             if let Some(stream) = strong.connect(&mut slot).await {
+                // What was announced while disconnected is lost: observers
+                // read again (waiters poll anyway).
+                strong.wake_observers();
                 break stream;
             }
             drop(slot);

@@ -124,12 +124,16 @@ pub(crate) enum HandOver {
 /// Who leads an election, as its store has it (`AnyBackend::leader`): the
 /// holder of the election's lock, the epoch of its term (the lock's fencing
 /// token) and the value it proclaimed; `value` is `None` between its
-/// election and its first proclamation landing (one round trip).
+/// election and its first proclamation landing (one round trip). `left` is
+/// what the store says is left of the term's lease when it answered, if it
+/// says (an observer reads again when it runs out: an expiry announces
+/// nothing).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LeaderRecord {
     pub(crate) holder: String,
     pub(crate) epoch: u64,
     pub(crate) value: Option<String>,
+    pub(crate) left: Option<Duration>,
 }
 
 /// A backend failure, classified for the retry loop.

@@ -415,13 +415,14 @@ impl AnyBackend {
 
     /// Whether this backend keeps elections' records (who leads, with what
     /// value: [`proclaim`](Self::proclaim), [`leader`](Self::leader)).
-    /// Elsewhere a leader is elected, with its epoch, and only the record
-    /// is missing (not yet written for the SQL stores, ZooKeeper and etcd).
+    /// Every backend that can hold an election does (a Redlock cannot),
+    /// but the simulated server (not yet).
     pub(crate) fn keeps_leaders(&self) -> bool {
-        matches!(
-            self,
-            AnyBackend::Redis(_) | AnyBackend::Cluster(_) | AnyBackend::Sentinel(_) | AnyBackend::Memory(_)
-        )
+        #[cfg(feature = "testing")]
+        if let AnyBackend::Sim(_) = self {
+            return false;
+        }
+        self.cannot_elect().is_none()
     }
 
     /// Records `value` as what `holder`, the leader of the election `key`,
@@ -432,6 +433,14 @@ impl AnyBackend {
             AnyBackend::Cluster(b) => b.proclaim(key, holder, value).await,
             AnyBackend::Sentinel(b) => b.proclaim(key, holder, value).await,
             AnyBackend::Memory(b) => Ok(b.proclaim(key, holder, value)),
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(b) => b.proclaim(key, holder, value).await,
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(b) => b.proclaim(key, holder, value).await,
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(b) => b.proclaim(key, holder, value).await,
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(b) => b.proclaim(key, holder, value).await,
             _ => Err(Failure::permanent(self.no_election(key))),
         }
     }
@@ -443,6 +452,14 @@ impl AnyBackend {
             AnyBackend::Cluster(b) => b.leader(key).await,
             AnyBackend::Sentinel(b) => b.leader(key).await,
             AnyBackend::Memory(b) => Ok(b.leader(key)),
+            #[cfg(feature = "mysql")]
+            AnyBackend::Mysql(b) => b.leader(key).await,
+            #[cfg(feature = "postgres")]
+            AnyBackend::Postgres(b) => b.leader(key).await,
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(b) => b.leader(key).await,
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(b) => b.leader(key).await,
             _ => Err(Failure::permanent(self.no_election(key))),
         }
     }
@@ -452,7 +469,9 @@ impl AnyBackend {
             key: key.name.clone(),
             feature: self
                 .cannot_elect()
-                .unwrap_or("an election's record (who leads, with what value; not yet on this backend: Redis and in-process keep one)")
+                .unwrap_or(
+                    "an election's record (who leads, with what value; not yet on the simulated server)",
+                )
                 .to_owned(),
         }
     }

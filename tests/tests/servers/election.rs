@@ -1,12 +1,12 @@
 //! Leader election (`LockClient::election`, DESIGN §15): one leader at a
 //! time with a growing epoch, on every backend that can fence; who leads,
-//! with what value, where the backend keeps the record (Redis, in process);
-//! `Election::run`'s terms, against real servers the tests start.
+//! with what value, read and observed by followers; `Election::run`'s
+//! terms, against real servers the tests start.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockError};
+use lock_runtime::{Leader, LockClient, LockError};
 use lock_tests::monitor::{self, Watch};
 use lock_tests::{Etcd, MariaDb, Postgres, Proxy, RedisServer, ZooKeeper, eventually};
 
@@ -14,7 +14,6 @@ use lock_tests::{Etcd, MariaDb, Postgres, Proxy, RedisServer, ZooKeeper, eventua
 struct Replicas {
     a: LockClient,
     b: LockClient,
-    keeps_leaders: bool,
     _server: Box<dyn std::any::Any + Send>,
 }
 
@@ -23,7 +22,6 @@ async fn in_memory() -> Replicas {
     Replicas {
         a: locks.clone(),
         b: locks,
-        keeps_leaders: true,
         _server: Box::new(()),
     }
 }
@@ -33,7 +31,6 @@ async fn redis() -> Replicas {
     Replicas {
         a: LockClient::connect(&server.url()).await.expect("connect"),
         b: LockClient::connect(&server.url()).await.expect("connect"),
-        keeps_leaders: true,
         _server: Box::new(server),
     }
 }
@@ -43,7 +40,6 @@ async fn mysql() -> Replicas {
     Replicas {
         a: LockClient::mysql(&server.url()).await.expect("connect"),
         b: LockClient::mysql(&server.url()).await.expect("connect"),
-        keeps_leaders: false,
         _server: Box::new(server),
     }
 }
@@ -53,7 +49,6 @@ async fn postgres() -> Replicas {
     Replicas {
         a: LockClient::postgres(&server.url()).await.expect("connect"),
         b: LockClient::postgres(&server.url()).await.expect("connect"),
-        keeps_leaders: false,
         _server: Box::new(server),
     }
 }
@@ -67,7 +62,6 @@ async fn zookeeper() -> Replicas {
         b: LockClient::zookeeper(&server.connect_string())
             .await
             .expect("connect"),
-        keeps_leaders: false,
         _server: Box::new(server),
     }
 }
@@ -77,7 +71,6 @@ async fn etcd() -> Replicas {
     Replicas {
         a: lock_tests::etcd::client(&server).await,
         b: lock_tests::etcd::client(&server).await,
-        keeps_leaders: false,
         _server: Box::new(server),
     }
 }
@@ -87,9 +80,7 @@ async fn etcd() -> Replicas {
 /// keeps the record, followers read who leads, with what value, and nobody
 /// once the leader resigned. A lock of the election's name is another key.
 async fn one_leader_at_a_time(replicas: Replicas) {
-    let Replicas {
-        a, b, keeps_leaders, ..
-    } = replicas;
+    let Replicas { a, b, .. } = replicas;
     let (ours, theirs) = (a.election("scheduler"), b.election("scheduler"));
 
     let mut first = ours.campaign("10.0.0.1:80").await.expect("elected");
@@ -116,31 +107,23 @@ async fn one_leader_at_a_time(replicas: Replicas) {
         .expect("a lock named like an election is free");
     lock.release().await.expect("release");
 
-    if keeps_leaders {
-        let seen = theirs.leader().await.expect("read").expect("somebody leads");
-        assert_eq!((seen.value.as_str(), seen.epoch), ("10.0.0.1:80", first.epoch()));
-        first.proclaim("10.0.0.1:81").await.expect("proclaim");
-        let seen = theirs.leader().await.expect("read").expect("somebody leads");
-        assert_eq!(seen.value, "10.0.0.1:81");
-    } else {
-        let read = theirs.leader().await;
-        assert!(matches!(read, Err(LockError::Unsupported { .. })), "{read:?}");
-    }
+    let seen = theirs.leader().await.expect("read").expect("somebody leads");
+    assert_eq!((seen.value.as_str(), seen.epoch), ("10.0.0.1:80", first.epoch()));
+    first.proclaim("10.0.0.1:81").await.expect("proclaim");
+    let seen = theirs.leader().await.expect("read").expect("somebody leads");
+    assert_eq!(seen.value, "10.0.0.1:81");
+    // The same value again is still a proclamation of the leader's (a SQL
+    // update that changes nothing counts no row).
+    first.proclaim("10.0.0.1:81").await.expect("the same value again");
 
     let first_epoch = first.epoch();
-    let first_id = if keeps_leaders {
-        Some(theirs.leader().await.expect("read").expect("somebody leads").id)
-    } else {
-        None
-    };
+    let first_id = theirs.leader().await.expect("read").expect("somebody leads").id;
     first.resign().await.expect("resign");
-    if keeps_leaders {
-        assert_eq!(
-            theirs.leader().await.expect("read"),
-            None,
-            "nobody leads after a resignation"
-        );
-    }
+    assert_eq!(
+        theirs.leader().await.expect("read"),
+        None,
+        "nobody leads after a resignation"
+    );
 
     let second = theirs
         .clone()
@@ -153,11 +136,9 @@ async fn one_leader_at_a_time(replicas: Replicas) {
         "epoch {} after {first_epoch}",
         second.epoch()
     );
-    if keeps_leaders {
-        let seen = ours.leader().await.expect("read").expect("somebody leads");
-        assert_eq!((seen.value.as_str(), seen.epoch), ("10.0.0.2:80", second.epoch()));
-        assert_ne!(Some(seen.id), first_id, "a new term has a new id");
-    }
+    let seen = ours.leader().await.expect("read").expect("somebody leads");
+    assert_eq!((seen.value.as_str(), seen.epoch), ("10.0.0.2:80", second.epoch()));
+    assert_ne!(seen.id, first_id, "a new term has a new id");
 
     // Dropping a term resigns it: the next candidate gets in.
     let second_epoch = second.epoch();
@@ -190,6 +171,135 @@ macro_rules! on_backends {
 
 mod one_leader {
     on_backends!(one_leader_at_a_time: in_memory, redis, mysql, postgres, zookeeper, etcd);
+}
+
+/// Waits (at most 10 s) until the observed leader satisfies `wanted`.
+async fn until(
+    seen: &mut tokio::sync::watch::Receiver<Option<Leader>>,
+    what: &str,
+    wanted: impl FnMut(&Option<Leader>) -> bool,
+) {
+    let waited = tokio::time::timeout(Duration::from_secs(10), seen.wait_for(wanted))
+        .await
+        .map(|found| found.is_ok());
+    match waited {
+        Ok(true) => {}
+        Ok(false) => panic!("the observer ended before {what}"),
+        Err(_) => panic!(
+            "not observed within 10 s: {what} (last seen {:?})",
+            *seen.borrow()
+        ),
+    }
+}
+
+/// A follower that observes sees each term with its value and epoch, a
+/// new proclamation, nobody after a resignation, and never an older term
+/// after a newer one.
+async fn followers_observe_who_leads(replicas: Replicas) {
+    let Replicas { a, b, .. } = replicas;
+    let (ours, follower) = (a.election("observed"), b.election("observed"));
+    assert!(!follower.is_observing(), "observing before any observation");
+    let mut seen = follower.observe().await.expect("observe");
+    assert!(follower.is_observing());
+    assert_eq!(*seen.borrow(), None, "nobody leads yet");
+    // Every state the observer shows, in order.
+    let shown: Arc<Mutex<Vec<Option<Leader>>>> = Arc::default();
+    let recorder = {
+        let (mut seen, shown) = (seen.clone(), Arc::clone(&shown));
+        tokio::spawn(async move {
+            while seen.changed().await.is_ok() {
+                shown
+                    .lock()
+                    .expect("shown")
+                    .push(seen.borrow_and_update().clone());
+            }
+        })
+    };
+
+    let mut first = ours.campaign("one").await.expect("elected");
+    let epoch = first.epoch();
+    until(&mut seen, "the first leader", |l| {
+        l.as_ref().is_some_and(|l| l.epoch == epoch && l.value == "one")
+    })
+    .await;
+    first.proclaim("two").await.expect("proclaim");
+    until(&mut seen, "the new value", |l| {
+        l.as_ref().is_some_and(|l| l.value == "two")
+    })
+    .await;
+    first.resign().await.expect("resign");
+    until(&mut seen, "nobody leading after the resignation", Option::is_none).await;
+
+    let second = ours.campaign("three").await.expect("elected again");
+    assert!(second.epoch() > epoch);
+    let epoch = second.epoch();
+    until(&mut seen, "the second leader", |l| {
+        l.as_ref().is_some_and(|l| l.epoch == epoch && l.value == "three")
+    })
+    .await;
+    assert!(follower.is_observing());
+    second.resign().await.expect("resign");
+    until(&mut seen, "nobody leading at the end", Option::is_none).await;
+
+    drop(seen);
+    recorder.abort();
+    let shown = shown.lock().expect("shown").clone();
+    let epochs: Vec<u64> = shown.iter().flatten().map(|l| l.epoch).collect();
+    assert!(
+        epochs.windows(2).all(|w| w[0] <= w[1]),
+        "an older term shown after a newer one: {shown:?}"
+    );
+}
+
+mod observers {
+    on_backends!(followers_observe_who_leads: in_memory, redis, mysql, postgres, zookeeper, etcd);
+}
+
+/// An observer cut off from its store keeps the last leader it read and
+/// says it is cut off (never `None`); reconnected, it reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_cut_off_keeps_its_last_value_and_says_so() {
+    lock_tests::bounded(
+        "an_observer_cut_off_keeps_its_last_value_and_says_so",
+        async move {
+            let server = RedisServer::start();
+            let proxy = Proxy::start(server.port()).await;
+            let leader = LockClient::connect(&server.url()).await.expect("connect");
+            let follower = LockClient::builder()
+                .command_timeout(Duration::from_millis(200))
+                .connect(&proxy.url())
+                .await
+                .expect("connect");
+            let term = leader.election("far").campaign("here").await.expect("elected");
+            let observed = follower.election("far");
+            let mut seen = observed.observe().await.expect("observe");
+            assert_eq!(seen.borrow().as_ref().map(|l| l.epoch), Some(term.epoch()));
+
+            proxy.blackhole();
+            let cut_off = eventually(Duration::from_secs(10), || !observed.is_observing()).await;
+            assert!(cut_off.is_some(), "a cut-off observer still says it observes");
+            assert_eq!(
+                seen.borrow_and_update()
+                    .as_ref()
+                    .map(|l| (l.epoch, l.value.clone())),
+                Some((term.epoch(), "here".to_owned())),
+                "a cut-off observer keeps the last leader it read"
+            );
+
+            // While it is cut off the term ends; once the link is back, it
+            // reads again and shows nobody leading.
+            term.resign().await.expect("resign");
+            proxy.pass();
+            until(
+                &mut seen,
+                "nobody leading after the link came back",
+                Option::is_none,
+            )
+            .await;
+            assert!(observed.is_observing());
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -726,9 +726,10 @@ async fn the_rows_of_past_ticks_are_swept() {
     .await
 }
 
-/// A members table made by an earlier version, before fair locks (no
-/// `queued_at` column), is migrated when a client connects: fair locks
-/// then work on it.
+/// Tables made by an earlier version, the members table before fair locks
+/// (no `queued_at` column) and the lock table before elections (no
+/// `record`), are migrated when a client connects: fair locks and
+/// elections then work on them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_made_by_an_earlier_version_is_migrated() {
     lock_tests::bounded("a_table_made_by_an_earlier_version_is_migrated", async move {
@@ -740,16 +741,38 @@ async fn a_table_made_by_an_earlier_version_is_migrated() {
                  PRIMARY KEY (name, member)) ENGINE=InnoDB",
             )
             .await;
+        server
+            .sql(
+                "CREATE TABLE distributed_locks (name VARBINARY(2048) NOT NULL PRIMARY KEY, \
+                 holder VARBINARY(255) NOT NULL, expires_at DATETIME(6) NOT NULL, \
+                 fence BIGINT UNSIGNED NOT NULL DEFAULT 0) ENGINE=InnoDB",
+            )
+            .await;
         let locks = LockClient::mysql(&server.url())
             .await
             .expect("connect and migrate");
-        let column = "SELECT COUNT(*) FROM information_schema.COLUMNS \
-                      WHERE TABLE_NAME = 'distributed_locks_members' AND COLUMN_NAME = 'queued_at'";
+        for (table, added) in [
+            ("distributed_locks_members", "queued_at"),
+            ("distributed_locks", "record"),
+        ] {
+            let column = format!(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS \
+                 WHERE TABLE_NAME = '{table}' AND COLUMN_NAME = '{added}'"
+            );
+            assert_eq!(
+                server.value(&column).await.as_deref(),
+                Some("1"),
+                "the column `{added}` was added"
+            );
+        }
+        // Elections keep their record in the added column.
+        let term = locks.election("old").campaign("here").await.expect("elected");
+        let seen = locks.election("old").leader().await.expect("read");
         assert_eq!(
-            server.value(column).await.as_deref(),
-            Some("1"),
-            "the column was added"
+            seen.map(|l| (l.value, l.epoch)),
+            Some(("here".to_owned(), term.epoch()))
         );
+        term.resign().await.expect("resign");
         let guard = locks.lock("fair").fair(true).acquire().await.expect("free");
         let waiter = tokio::spawn({
             let locks = locks.clone();

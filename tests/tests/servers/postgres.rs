@@ -1024,7 +1024,8 @@ async fn the_rows_of_past_ticks_are_swept() {
 }
 
 /// A table made by an earlier version, before releases were announced only
-/// to waiters (no `waiting` column), is migrated when a client connects:
+/// to waiters and before elections (no `waiting`, no `record` column), is
+/// migrated when a client connects:
 /// its rows stay (a fenced key's counter goes on from where it was), and a
 /// waiter is woken by the release it waits for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1039,9 +1040,21 @@ async fn a_table_made_by_an_earlier_version_is_migrated() {
         let locks = LockClient::postgres(&server.url())
             .await
             .expect("connect and migrate");
-        let column = "SELECT count(*) FROM information_schema.columns \
-                      WHERE table_name = 'distributed_locks' AND column_name = 'waiting'";
-        assert_eq!(server.sql(column), ["1"], "the column was added");
+        for added in ["waiting", "record"] {
+            let column = format!(
+                "SELECT count(*) FROM information_schema.columns \
+                 WHERE table_name = 'distributed_locks' AND column_name = '{added}'"
+            );
+            assert_eq!(server.sql(&column), ["1"], "the column `{added}` was added");
+        }
+        // Elections keep their record in the added column.
+        let term = locks.election("old").campaign("here").await.expect("elected");
+        let seen = locks.election("old").leader().await.expect("read");
+        assert_eq!(
+            seen.map(|l| (l.value, l.epoch)),
+            Some(("here".to_owned(), term.epoch()))
+        );
+        term.resign().await.expect("resign");
         let token = locks
             .lock("old")
             .fencing(true)

@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use etcd_client as etcd;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal};
 use super::queue::{InTheWay, in_the_way};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -56,6 +56,11 @@ const ESCAPED: &AsciiSet = &CONTROLS.add(b'/').add(b'%');
 /// (`<root>/<lock>%gone/<key>`): `%g` is no escape, so no lock's line is
 /// named so, and the range is in no lock's line.
 const TOMBSTONES: &str = "%gone";
+
+/// The suffix that turns an election's line (`<root>/<lock>`) into the key
+/// of its record (`<root>/<lock>%leader`): like [`TOMBSTONES`], no escape,
+/// so in no lock's line and no lock's name.
+const LEADER_RECORD: &str = "%leader";
 
 /// How long a tombstone stays. etcd answers or drops a request within its
 /// deadline (the command timeout) and an election or two: a put not
@@ -606,6 +611,89 @@ impl EtcdBackend {
         let mut keys = Vec::new();
         collect_line(&reply.op_responses(), queue, &mut keys);
         Ok(Line { keys, revision })
+    }
+
+    /// `<root>/<election>%leader`: the record of who leads the election
+    /// `key`, `<holder id>\n<value>`.
+    fn record_of(&self, key: &LockKey) -> String {
+        let queue = self.queue(key);
+        format!("{}{LEADER_RECORD}", queue.trim_end_matches('/'))
+    }
+
+    /// Writes the election record of `key`'s leader `holder`
+    /// (`AnyBackend::proclaim`), in a transaction that finds the leader's
+    /// key still there with its holder id (a key of the line that exists
+    /// heads it: the holder's). The record is on this client's lease, so
+    /// it ends with it; it names its term, so a record an earlier term left
+    /// is never read as the current leader's. `Ok(false)`: it no longer
+    /// leads.
+    pub(crate) async fn proclaim(&self, key: &LockKey, holder: &str, value: &str) -> Result<bool, Failure> {
+        let (Some(path), Some(lease)) = (
+            self.with_entry(key, holder, |e| e.path.clone()),
+            self.current_lease().map(|lease| lease.id),
+        ) else {
+            return Ok(false);
+        };
+        let mut client = self.client().await?;
+        let ours = etcd::Compare::value(path, etcd::CompareOp::Equal, holder);
+        let put = etcd::TxnOp::put(
+            self.record_of(key),
+            format!("{holder}\n{value}"),
+            Some(etcd::PutOptions::new().with_lease(lease)),
+        );
+        let txn = etcd::Txn::new().when([ours]).and_then([put]);
+        self.bounded(key, "a proclamation", async {
+            match client.txn(txn).await {
+                Ok(reply) => Ok(reply.succeeded()),
+                Err(e) => Err(self.failure(Some(key), &e)),
+            }
+        })
+        .await
+    }
+
+    /// Who leads the election `key` (`AnyBackend::leader`): the head of its
+    /// line (its value the holder id, its create revision the term's
+    /// fencing token) and the record, read in one transaction. No lease is
+    /// read: the head lives as long as its client's etcd lease.
+    pub(crate) async fn leader(&self, key: &LockKey) -> Result<Option<LeaderRecord>, Failure> {
+        let mut client = self.client().await?;
+        let head = etcd::TxnOp::get(
+            self.queue(key),
+            Some(
+                etcd::GetOptions::new()
+                    .with_prefix()
+                    .with_sort(etcd::SortTarget::Create, etcd::SortOrder::Ascend)
+                    .with_limit(1),
+            ),
+        );
+        let record = etcd::TxnOp::get(self.record_of(key), None);
+        let txn = etcd::Txn::new().and_then([head, record]);
+        let reply = self
+            .bounded(key, "a read of who leads", async {
+                client.txn(txn).await.map_err(|e| self.failure(Some(key), &e))
+            })
+            .await?;
+        let found = |i: usize| match reply.op_responses().get(i) {
+            Some(etcd::TxnOpResponse::Get(got)) => got.kvs().first().cloned(),
+            _ => None,
+        };
+        let Some(head) = found(0) else {
+            return Ok(None);
+        };
+        let holder = String::from_utf8_lossy(head.value()).into_owned();
+        let value = found(1).and_then(|record| {
+            let record = String::from_utf8_lossy(record.value()).into_owned();
+            record
+                .split_once('\n')
+                .filter(|(by, _)| *by == holder)
+                .map(|(_, value)| value.to_owned())
+        });
+        Ok(Some(LeaderRecord {
+            epoch: head.create_revision().unsigned_abs(),
+            holder,
+            value,
+            left: None,
+        }))
     }
 
     /// A watch on `key` (or every key under it, with `prefix`) from

@@ -507,8 +507,8 @@ impl State {
 
     /// Who leads the election `key` now, if anyone.
     pub(crate) fn leader(&mut self, key: &LockKey, now: Instant) -> Option<LeaderRecord> {
-        let holder = match self.live(&key.redis_key, now)? {
-            Entry::Exclusive(lease) => lease.holder.clone(),
+        let (holder, left) = match self.live(&key.redis_key, now)? {
+            Entry::Exclusive(lease) => (lease.holder.clone(), lease.expires - now),
             Entry::Shared(_) => return None,
         };
         let epoch = self.fences.get(&key.fence_key()).copied().unwrap_or(0);
@@ -517,7 +517,12 @@ impl State {
             .get(&key.redis_key)
             .filter(|(by, _)| *by == holder)
             .map(|(_, value)| value.clone());
-        Some(LeaderRecord { holder, epoch, value })
+        Some(LeaderRecord {
+            holder,
+            epoch,
+            value,
+            left: Some(left),
+        })
     }
 
     /// When `holder`'s lease at `redis_key` ends, if it holds one now.

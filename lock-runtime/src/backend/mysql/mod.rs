@@ -33,7 +33,8 @@ use self::shared::is_member;
 use self::sql::GATE_LEFT;
 pub(crate) use self::table::MysqlBackend;
 use self::table::{as_micros, conflict, held, micros};
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal};
+use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
 
@@ -288,6 +289,61 @@ enum Taken {
     Ours(u64),
     /// Another holder's, with this much of its lease left.
     Held(Duration),
+}
+
+impl MysqlBackend {
+    /// Writes the election record of `key`'s leader `holder`
+    /// (`AnyBackend::proclaim`). `Ok(false)`: it no longer leads.
+    pub(crate) async fn proclaim(&self, key: &LockKey, holder: &str, value: &str) -> Result<bool, Failure> {
+        let name = key.redis_key.as_str();
+        self.run(key, "proclaim", || async {
+            let conn = &mut self.pool.get_conn().await?;
+            conn.exec_drop(&self.sql.proclaim, (holder, value, name, holder))
+                .await?;
+            if conn.affected_rows() > 0 {
+                return Ok(true);
+            }
+            // The same record again changes nothing: still the leader?
+            let held: Option<i64> = conn.exec_first(&self.sql.still_held, (name, holder)).await?;
+            Ok(held.is_some())
+        })
+        .await
+    }
+
+    /// Who leads the election `key` (`AnyBackend::leader`).
+    pub(crate) async fn leader(&self, key: &LockKey) -> Result<Option<LeaderRecord>, Failure> {
+        let name = key.redis_key.as_str();
+        type Row = (Vec<u8>, u64, Option<Vec<u8>>, i64);
+        let row: Option<Row> = self
+            .run(key, "leader", || async {
+                let conn = &mut self.pool.get_conn().await?;
+                conn.exec_first(&self.sql.leader, (name,)).await
+            })
+            .await?;
+        let Some((holder, epoch, record, left)) = row else {
+            return Ok(None);
+        };
+        let Ok(holder) = String::from_utf8(holder) else {
+            return Err(Failure::permanent(LockError::backend(
+                &self.node,
+                Some(&key.name),
+                "an election's lock is held by a holder id that is not UTF-8",
+            )));
+        };
+        let value = record.and_then(|record| {
+            let record = String::from_utf8(record).ok()?;
+            record
+                .split_once('\n')
+                .filter(|(by, _)| *by == holder)
+                .map(|(_, value)| value.to_owned())
+        });
+        Ok(Some(LeaderRecord {
+            holder,
+            epoch,
+            value,
+            left: u64::try_from(left).ok().map(micros),
+        }))
+    }
 }
 
 impl Backend for MysqlBackend {

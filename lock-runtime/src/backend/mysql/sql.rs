@@ -42,6 +42,11 @@ pub(super) struct Statements {
     pub(super) keep: String,
     pub(super) sweepable: String,
     pub(super) sweep: String,
+    /// Fails with "unknown column" on a table made before elections.
+    pub(super) has_record: String,
+    pub(super) add_record: String,
+    pub(super) proclaim: String,
+    pub(super) leader: String,
 }
 
 impl Statements {
@@ -53,7 +58,8 @@ impl Statements {
                  name VARBINARY({MAX_NAME_BYTES}) NOT NULL PRIMARY KEY, \
                  holder VARBINARY(255) NOT NULL, \
                  expires_at DATETIME(6) NOT NULL, \
-                 fence BIGINT UNSIGNED NOT NULL DEFAULT 0\
+                 fence BIGINT UNSIGNED NOT NULL DEFAULT 0, \
+                 record MEDIUMBLOB NULL\
                  ) ENGINE=InnoDB"
             ),
             // Parameters: name, holder, ttl µs, fence step (0 or 1), then
@@ -117,6 +123,26 @@ impl Statements {
             // and gates, which expire in the year 9999).
             sweepable: format!("SELECT name FROM {t} WHERE {} LIMIT 16", swept()),
             sweep: format!("DELETE FROM {t} WHERE name = ? AND {}", swept()),
+            has_record: format!("SELECT record FROM {t} LIMIT 0"),
+            add_record: format!("ALTER TABLE {t} ADD COLUMN record MEDIUMBLOB NULL"),
+            // Parameters: holder, value, name, holder. An election's leader
+            // says what it leads with, on its lock's row, if it still holds
+            // it. The record is `<holder>\n<value>`: it names its term, so a
+            // value an earlier term left on the row (a takeover keeps the
+            // column) is never read as the current leader's. Rewriting the
+            // same record changes no row: `still_held` then tells.
+            proclaim: format!(
+                "UPDATE {t} SET record = CONCAT(?, CHAR(10), ?) \
+                 WHERE name = ? AND holder = ? AND expires_at > NOW(6)"
+            ),
+            // Parameters: name. Who leads an election: its lock's holder,
+            // fence counter (every grant of an election's lock is fenced,
+            // so it is the term's epoch), record and the µs left of its
+            // lease; no row when nobody does.
+            leader: format!(
+                "SELECT holder, fence, record, TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) \
+                 FROM {t} WHERE name = ? AND expires_at > NOW(6)"
+            ),
         }
     }
 }

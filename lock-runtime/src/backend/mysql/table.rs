@@ -251,26 +251,51 @@ impl MysqlBackend {
     }
 
     /// The lock table and the shared locks' members table, if missing, and
-    /// the column an earlier version's members table lacks.
+    /// the columns an earlier version's tables lack.
     pub(super) async fn create_tables(&self, conn: &mut mysql_async::Conn) -> Result<(), mysql_async::Error> {
         conn.query_drop(&self.sql.create).await?;
         conn.query_drop(&self.shared.create).await?;
         // A members table made before fair locks (before 2026-11-24) has no
         // `queued_at`. Looked for first: ALTER TABLE needs the ALTER grant
         // and rebuilds the table, even when there is nothing to add.
-        match conn.query_drop(&self.shared.has_queued_at).await {
-            Err(mysql_async::Error::Server(s)) if s.code == 1054 => {
-                tracing::info!(
-                    "adding the `queued_at` column to a lock members table made by an earlier version"
-                );
-                match conn.query_drop(&self.shared.add_queued_at).await {
-                    // Another client added it meanwhile.
-                    Err(mysql_async::Error::Server(s)) if s.code == 1060 => Ok(()),
-                    other => other,
+        // Likewise a lock table made before elections (before 2026-11-29)
+        // has no `record`. Only elections use it: a client without the
+        // ALTER grant still starts, and an election's statement then fails
+        // with the server's "unknown column" until the column is added
+        // (docs/api.md gives the statement).
+        let columns = [
+            (
+                "queued_at",
+                &self.shared.has_queued_at,
+                &self.shared.add_queued_at,
+                true,
+            ),
+            ("record", &self.sql.has_record, &self.sql.add_record, false),
+        ];
+        for (column, has, add, needed) in columns {
+            let added = match conn.query_drop(has).await {
+                Err(mysql_async::Error::Server(s)) if s.code == 1054 => {
+                    tracing::info!(
+                        column,
+                        "adding a column to a lock table made by an earlier version"
+                    );
+                    match conn.query_drop(add).await {
+                        // Another client added it meanwhile.
+                        Err(mysql_async::Error::Server(s)) if s.code == 1060 => Ok(()),
+                        other => other,
+                    }
                 }
+                other => other,
+            };
+            match added {
+                // 1142: the ALTER command denied to this user.
+                Err(mysql_async::Error::Server(s)) if !needed && s.code == 1142 => {
+                    tracing::warn!(column, error = %s.message, "cannot add the column elections need to a lock table made by an earlier version");
+                }
+                other => other?,
             }
-            other => other,
         }
+        Ok(())
     }
 
     pub(super) fn check_name(key: &LockKey, name: &str) -> Result<(), Failure> {

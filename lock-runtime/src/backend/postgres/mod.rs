@@ -39,7 +39,10 @@ use deadpool_postgres::{Object, PoolError};
 use self::shared::{gate_kind, is_member};
 pub(crate) use self::table::PostgresBackend;
 use self::table::{Connector, as_micros, conflict, held, micros};
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, HandOver, RenewItem, Renewal};
+use super::contract::{
+    AcquireReply, AcquireRequest, Backend, Failure, HandOver, LeaderRecord, RenewItem, Renewal,
+};
+use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
 
@@ -455,6 +458,67 @@ impl PostgresBackend {
             return self.leave_line(key, holder).await;
         }
         Ok(released)
+    }
+}
+
+impl PostgresBackend {
+    /// Writes the election record of `key`'s leader `holder`
+    /// (`AnyBackend::proclaim`). `Ok(false)`: it no longer leads.
+    pub(crate) async fn proclaim(&self, key: &LockKey, holder: &str, value: &str) -> Result<bool, Failure> {
+        if value.contains('\0') {
+            return Err(Failure::permanent(LockError::InvalidRequest {
+                key: key.name.clone(),
+                reason: "PostgreSQL text cannot hold a NUL character, so a leader's value on it cannot"
+                    .into(),
+            }));
+        }
+        let name = key.redis_key.as_str();
+        self.run(key, "proclaim", || async {
+            let client = self.pool.get().await?;
+            let statement = client.prepare_cached(&self.sql.proclaim).await?;
+            Ok(client
+                .query_opt(&statement, &[&name, &holder, &value])
+                .await?
+                .is_some())
+        })
+        .await
+    }
+
+    /// Who leads the election `key` (`AnyBackend::leader`).
+    pub(crate) async fn leader(&self, key: &LockKey) -> Result<Option<LeaderRecord>, Failure> {
+        let name = key.redis_key.as_str();
+        let row = self
+            .run(key, "leader", || async {
+                let client = self.pool.get().await?;
+                let statement = client.prepare_cached(&self.sql.leader).await?;
+                Ok(client.query_opt(&statement, &[&name]).await?)
+            })
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let read = || -> Result<LeaderRecord, tokio_postgres::Error> {
+            let holder: String = row.try_get(0)?;
+            let epoch: i64 = row.try_get(1)?;
+            let record: Option<String> = row.try_get(2)?;
+            let left: i64 = row.try_get(3)?;
+            let value = record.and_then(|record| {
+                record
+                    .split_once('\n')
+                    .filter(|(by, _)| *by == holder)
+                    .map(|(_, value)| value.to_owned())
+            });
+            Ok(LeaderRecord {
+                epoch: u64::try_from(epoch).unwrap_or(0),
+                value,
+                left: (left >= 0).then(|| micros(left)),
+                holder,
+            })
+        };
+        // Its shape only in the message: the record holds the leader's value.
+        read()
+            .map(Some)
+            .map_err(|e| self.failure(Some(key), PoolError::Backend(e)))
     }
 }
 

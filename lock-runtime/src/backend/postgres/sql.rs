@@ -38,6 +38,11 @@ pub(super) struct Statements {
     /// Fails with "undefined column" on a table made by an earlier version.
     pub(super) has_waiting: String,
     pub(super) add_waiting: String,
+    /// Fails with "undefined column" on a table made before elections.
+    pub(super) has_record: String,
+    pub(super) add_record: String,
+    pub(super) proclaim: String,
+    pub(super) leader: String,
     pub(super) acquire: String,
     pub(super) take_free: String,
     pub(super) renew_many: String,
@@ -65,11 +70,31 @@ impl Statements {
                  holder text NOT NULL, \
                  expires_at timestamptz NOT NULL, \
                  fence bigint NOT NULL DEFAULT 0, \
-                 waiting boolean NOT NULL DEFAULT false)"
+                 waiting boolean NOT NULL DEFAULT false, \
+                 record text)"
             ),
             has_waiting: format!("SELECT waiting FROM {t} LIMIT 0"),
             add_waiting: format!(
                 "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS waiting boolean NOT NULL DEFAULT false"
+            ),
+            has_record: format!("SELECT record FROM {t} LIMIT 0"),
+            add_record: format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS record text"),
+            // Parameters: name, holder, value. An election's leader says
+            // what it leads with, on its lock's row, if it still holds it.
+            // The record is `<holder>\n<value>`: it names its term, so a
+            // value left on the row by an earlier term (a takeover keeps
+            // the column) is never read as the current leader's.
+            proclaim: format!(
+                "UPDATE {t} SET record = $2 || chr(10) || $3 \
+                 WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp() RETURNING 1"
+            ),
+            // Parameters: name. Who leads an election: its lock's holder,
+            // fence counter (every grant of an election's lock is fenced,
+            // so it is the term's epoch), record and the µs left of its
+            // lease; no row when nobody does.
+            leader: format!(
+                "SELECT l.holder, l.fence, l.record, {LEFT_US} FROM {t} l \
+                 WHERE l.name = $1 AND l.expires_at > clock_timestamp()"
             ),
             // Parameters: name, holder, ttl µs, fence step (0 or 1).
             //

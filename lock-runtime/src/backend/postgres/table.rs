@@ -374,14 +374,32 @@ impl PostgresBackend {
         // (before 2026-11-27) has no `waiting` column. Looked for first:
         // ALTER TABLE needs the table's owner and locks out every lock
         // call while it runs, even when there is nothing to add.
-        match client.batch_execute(&self.sql.has_waiting).await {
-            Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN) => {
-                tracing::info!(table = %self.sql.channel, "adding the `waiting` column to a lock table made by an earlier version");
-                client.batch_execute(&self.sql.add_waiting).await
+        // Likewise a table made before elections (before 2026-11-29) has
+        // no `record` column. Only elections use it: a client whose role
+        // may not alter the table still starts, and an election's
+        // statement then fails with the server's "column does not exist"
+        // until the table's owner adds it (docs/api.md gives the
+        // statement).
+        let columns = [
+            ("waiting", &self.sql.has_waiting, &self.sql.add_waiting, true),
+            ("record", &self.sql.has_record, &self.sql.add_record, false),
+        ];
+        for (column, has, add, needed) in columns {
+            let added = match client.batch_execute(has).await {
+                Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN) => {
+                    tracing::info!(table = %self.sql.channel, column, "adding a column to a lock table made by an earlier version");
+                    client.batch_execute(add).await
+                }
+                other => other,
+            };
+            match added {
+                Err(e) if !needed && e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                    tracing::warn!(table = %self.sql.channel, column, error = %e, "cannot add the column elections need to a lock table made by an earlier version");
+                }
+                other => other.map_err(PoolError::Backend)?,
             }
-            other => other,
         }
-        .map_err(PoolError::Backend)
+        Ok(())
     }
 
     pub(super) fn check_name(key: &LockKey, name: &str) -> Result<(), Failure> {

@@ -549,7 +549,16 @@ impl<C: Connection> RedisBackend<C> {
                 .filter(|(by, _)| *by == holder)
                 .map(|(_, value)| value.to_owned())
         });
-        Ok(Some(LeaderRecord { holder, epoch, value }))
+        let left = match reply.get(3) {
+            Some(Value::Int(ms)) => u64::try_from(*ms).ok().map(Duration::from_millis),
+            _ => None,
+        };
+        Ok(Some(LeaderRecord {
+            holder,
+            epoch,
+            value,
+            left,
+        }))
     }
 
     /// `release.lua` announces with PUBLISH on one node, SPUBLISH (to the

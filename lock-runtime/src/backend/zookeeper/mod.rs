@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use zookeeper_client as zk;
 
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, RenewItem, Renewal};
+use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal};
 use super::queue::{InTheWay, in_the_way};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -890,6 +890,61 @@ impl ZooKeeperBackend {
                 };
         }
         Ok(any)
+    }
+
+    /// Writes what the leader `holder` of the election `key` leads with
+    /// (`AnyBackend::proclaim`) as its child's data: the child is the term
+    /// (it heads the line for as long as it lives), so no record of an
+    /// earlier term can be read as this one's. `Ok(false)`: the child is
+    /// gone, and the term with it.
+    pub(crate) async fn proclaim(&self, key: &LockKey, holder: &str, value: &str) -> Result<bool, Failure> {
+        let client = self.client().await?;
+        let Some((path, _)) = self.find(key, holder, client.session_id().0) else {
+            return Ok(false);
+        };
+        self.bounded(key, "a proclamation", async {
+            match client.set_data(&path, value.as_bytes(), None).await {
+                Ok(_) => Ok(true),
+                Err(zk::Error::NoNode) => Ok(false),
+                Err(e) => Err(self.failure(key, &e)),
+            }
+        })
+        .await
+    }
+
+    /// Who leads the election `key` (`AnyBackend::leader`): the head of its
+    /// line, with the head's creation zxid (the term's fencing token) and
+    /// data. No lease is read: a head lives as long as its session.
+    pub(crate) async fn leader(&self, key: &LockKey) -> Result<Option<LeaderRecord>, Failure> {
+        let client = self.client().await?;
+        let queue = self.queue(key);
+        self.bounded(key, "a read of who leads", async {
+            loop {
+                let line = self
+                    .line(&client, &queue)
+                    .await
+                    .map_err(|e| self.failure(key, &e))?;
+                let Some((_, name)) = line.first() else {
+                    return Ok(None);
+                };
+                match client.get_data(&format!("{queue}/{name}")).await {
+                    Ok((data, stat)) => {
+                        let holder = name.rsplit_once('_').map_or(name.as_str(), |(holder, _)| holder);
+                        return Ok(Some(LeaderRecord {
+                            holder: holder.to_owned(),
+                            epoch: stat.czxid.unsigned_abs(),
+                            value: (!data.is_empty()).then(|| String::from_utf8_lossy(&data).into_owned()),
+                            left: None,
+                        }));
+                    }
+                    // The head left between the listing and the read: the
+                    // next one is the leader now (bounded by the timeout).
+                    Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(self.failure(key, &e)),
+                }
+            }
+        })
+        .await
     }
 
     /// Resolves when the child before ours changes (or the session does):
