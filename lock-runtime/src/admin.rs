@@ -28,6 +28,9 @@ pub enum HeldKind {
     Permits,
     /// One segment (`key#i`) of a segmented lock (`segments`).
     Segment,
+    /// An election's term (`LockClient::election`): its holder is the
+    /// leader, its fence the term's epoch.
+    Election,
 }
 
 impl HeldKind {
@@ -39,6 +42,7 @@ impl HeldKind {
             HeldKind::ReadWrite => "read-write",
             HeldKind::Permits => "permits",
             HeldKind::Segment => "segment",
+            HeldKind::Election => "election",
         }
     }
 }
@@ -51,7 +55,7 @@ pub struct LockHolder {
     /// or fair lock: `r:`, `w:`, `p:`, `f:`). The same process has the same
     /// 32 hex digits in every id.
     pub id: String,
-    /// `holder`, `reader`, `writer` or `permit`.
+    /// `holder`, `reader`, `writer`, `permit`, or `leader` (an election's).
     pub role: &'static str,
     /// What is left of its lease by the server's clock; `None` when the key
     /// has no expiry (never written so by this library).
@@ -63,7 +67,7 @@ pub struct LockHolder {
 #[non_exhaustive]
 pub struct LockInfo {
     /// The lock's key as callers render it (`stock:42`, or `stock:42#3` for
-    /// a segment).
+    /// a segment; `scheduler (election)` for an election's term).
     pub key: String,
     /// The server that has it (a master's address on a cluster or a
     /// Redlock), passwords redacted.
@@ -84,6 +88,9 @@ pub struct LockInfo {
     /// How many wait in a fair lock's line (on etcd, where every lock is a
     /// line, how many wait behind the holders of any lock).
     pub in_line: u64,
+    /// An election's: the value its leader proclaimed (`None` for a lock,
+    /// or before the leader's first proclamation lands).
+    pub value: Option<String>,
 }
 
 /// An operator's handle on a client's locks: see [`LockClient::admin`](crate::LockClient::admin).
@@ -179,10 +186,26 @@ impl<'c> LockAdmin<'c> {
     /// only, when given).
     async fn read(&self, key: &LockKey, node: Option<&str>) -> Result<Vec<LockInfo>, LockError> {
         let found = self.client.backend.inspect(key, node).await?;
-        Ok(found
+        let mut infos: Vec<LockInfo> = found
             .into_iter()
             .filter_map(|(node, found)| describe(key, node, found))
-            .collect())
+            .collect();
+        if key.is_election() && !infos.is_empty() {
+            // The term's lock read as any lock's, and what the leader
+            // proclaimed from the election's record.
+            let record = self.client.backend.leader(key).await.map_err(|f| f.error)?;
+            for info in &mut infos {
+                info.kind = HeldKind::Election;
+                for holder in &mut info.holders {
+                    holder.role = "leader";
+                }
+                info.value = record
+                    .as_ref()
+                    .filter(|r| info.holders.iter().any(|h| h.id == r.holder))
+                    .and_then(|r| r.value.clone());
+            }
+        }
+        Ok(infos)
     }
 }
 
@@ -207,11 +230,15 @@ pub(crate) async fn holders_found(client: &Arc<ClientInner>, key: &str) -> Strin
     }
 }
 
-/// The lock a Redis key is, if it is one: `P{K}` or a segment `P{K}#i`,
-/// not a lock's fence counter, line or waiters' places.
+/// The lock a Redis key is, if it is one: `P{K}`, a segment `P{K}#i` or
+/// an election's term `P{K}:leader`, not a lock's fence counter, line or
+/// waiters' places, nor an election's record.
 fn lock_key(prefix: &str, redis_key: &str) -> Option<LockKey> {
     let tagged = redis_key.strip_prefix(prefix)?.strip_prefix('{')?;
     let (name, rest) = tagged.split_once('}')?;
+    if rest == ":leader" {
+        return LockKey::election(prefix, name).ok();
+    }
     let lock = LockKey::new(prefix, name.to_owned()).ok()?;
     if rest.is_empty() {
         return Some(lock);
@@ -236,7 +263,7 @@ fn escape_glob(text: &str) -> String {
 /// for a key that is no lock of this library's.
 fn describe(key: &LockKey, node: String, found: Found) -> Option<LockInfo> {
     let left = |ms: i64| u64::try_from(ms).ok().map(Duration::from_millis);
-    let segment = !key.redis_key.ends_with('}');
+    let segment = !key.redis_key.ends_with('}') && !key.is_election();
     let (kind, holders, waiters) = match found.redis_type.as_str() {
         "string" => {
             let value = found.value?;
@@ -300,6 +327,7 @@ fn describe(key: &LockKey, node: String, found: Found) -> Option<LockInfo> {
         fence: found.fence,
         waiters,
         in_line: found.in_line,
+        value: None,
     })
 }
 
@@ -312,8 +340,11 @@ mod tests {
         let name = |k: &str| lock_key("lock:", k).map(|k| k.name);
         assert_eq!(name("lock:{stock:1}").as_deref(), Some("stock:1"));
         assert_eq!(name("lock:{stock:1}#7").as_deref(), Some("stock:1#7"));
+        assert_eq!(name("lock:{jobs}:leader").as_deref(), Some("jobs (election)"));
         for aux in [
             "lock:{a}:fence",
+            "lock:{a}:leader:fence",
+            "lock:{a}:leader:value",
             "lock:{a}:line",
             "lock:{a}:alive",
             "lock:{a}#x",

@@ -84,6 +84,11 @@ impl LockKey {
         })
     }
 
+    /// Whether this is an election's term (`P{K}:leader`).
+    pub(crate) fn is_election(&self) -> bool {
+        self.redis_key.ends_with("}:leader")
+    }
+
     /// An election's record: `P{K}:leader:value`.
     pub(crate) fn record_key(&self) -> String {
         format!("{}:value", self.redis_key)

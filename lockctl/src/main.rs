@@ -289,7 +289,7 @@ impl Output {
                 rows.push([
                     lock.key.clone(),
                     lock.kind.as_str().to_owned(),
-                    holder_text(holder),
+                    holder_text(lock, holder),
                     time_left_text(holder.time_left),
                     fence.clone(),
                     waiters.clone(),
@@ -323,6 +323,9 @@ impl Output {
                     .map_or_else(|| "none issued".to_owned(), |f| f.to_string())
             );
             println!("waiters:  {}", waiters_text(lock));
+            if let Some(value) = &lock.value {
+                println!("value:    {value}");
+            }
             if lock.holders.is_empty() {
                 println!("holders:  none (a waiting writer's claim keeps the key)");
             }
@@ -409,13 +412,24 @@ fn lock_json(lock: &LockInfo) -> Value {
         "fence": lock.fence,
         "waiters": lock.waiters,
         "in_line": lock.in_line,
+        "value": lock.value,
     })
 }
 
-fn holder_text(holder: &LockHolder) -> String {
-    match holder.role {
-        "holder" => holder.id.clone(),
-        role => format!("{} ({role})", holder.id),
+fn holder_text(lock: &LockInfo, holder: &LockHolder) -> String {
+    match (holder.role, &lock.value) {
+        ("holder", _) => holder.id.clone(),
+        ("leader", Some(value)) => format!("{} (leader: {})", holder.id, shortened(value)),
+        (role, _) => format!("{} ({role})", holder.id),
+    }
+}
+
+/// A leader's value in a table's cell: its first 40 characters.
+fn shortened(value: &str) -> String {
+    const SHOWN: usize = 40;
+    match value.char_indices().nth(SHOWN) {
+        Some((end, _)) => format!("{}…", &value[..end]),
+        None => value.to_owned(),
     }
 }
 

@@ -239,3 +239,16 @@ async fn watch_prints_acquisitions_and_releases() {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_is_listed_with_its_leader_value_and_epoch() {
+    lock_tests::bounded(
+        "an_election_is_listed_with_its_leader_value_and_epoch",
+        async move {
+            let server = Etcd::start();
+            let locks = locks(&server).await;
+            common::an_election_is_listed_with_its_leader(&locks, |args| lockctl(&server, args)).await;
+        },
+    )
+    .await
+}

@@ -426,3 +426,22 @@ async fn through_sentinel_it_reads_the_master_the_sentinels_name() {
     )
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_is_listed_with_its_leader_value_and_epoch() {
+    lock_tests::bounded(
+        "an_election_is_listed_with_its_leader_value_and_epoch",
+        async move {
+            let server = RedisServer::start();
+            let url = server.url();
+            let locks = LockClient::connect(&url).await.expect("connect");
+            common::an_election_is_listed_with_its_leader(&locks, |args| {
+                let mut all = vec!["--url", url.as_str()];
+                all.extend_from_slice(args);
+                lockctl(&all)
+            })
+            .await;
+        },
+    )
+    .await
+}

@@ -194,3 +194,17 @@ async fn watch_prints_acquisitions_and_releases() {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_is_listed_with_its_leader_value_and_epoch() {
+    lock_tests::bounded(
+        "an_election_is_listed_with_its_leader_value_and_epoch",
+        async move {
+            let server = Postgres::start();
+            let url = server.url();
+            let locks = client(&server).await;
+            common::an_election_is_listed_with_its_leader(&locks, |args| lockctl(&url, args)).await;
+        },
+    )
+    .await
+}

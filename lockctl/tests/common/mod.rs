@@ -180,3 +180,36 @@ pub(crate) async fn watch_prints_the_lock_coming_and_going(
     assert_eq!(released["key"], "watched");
     child.kill().await.expect("stop watch");
 }
+
+/// An election's term as `lockctl list` shows it, on a backend it reads:
+/// the key `<name> (election)`, kind `election`, the leader's id (role
+/// `leader`), the value it proclaimed, its epoch as the fence; gone from
+/// the list once the leader resigns.
+pub(crate) async fn an_election_is_listed_with_its_leader(
+    locks: &LockClient,
+    lockctl: impl Fn(&[&str]) -> Output,
+) {
+    let election = locks.election("scheduler");
+    let term = election.campaign("10.0.0.7:8080").await.expect("elected");
+    let leader = election.leader().await.expect("read").expect("somebody leads");
+    let listed = json_lines(&lockctl(&["--json", "list"]));
+    let found = find(&listed, "scheduler (election)");
+    assert_eq!(found["kind"], "election", "{found}");
+    assert_eq!(found["value"], "10.0.0.7:8080", "{found}");
+    assert_eq!(found["fence"], term.epoch(), "{found}");
+    assert_eq!(found["holders"][0]["id"], leader.id.as_str(), "{found}");
+    assert_eq!(found["holders"][0]["role"], "leader", "{found}");
+    let narrowed = json_lines(&lockctl(&["--json", "list", "sched*"]));
+    assert_eq!(narrowed.len(), 1, "{narrowed:?}");
+    let table = stdout(&lockctl(&["list"]));
+    assert!(
+        table.contains("scheduler (election)") && table.contains("(leader: 10.0.0.7:8080)"),
+        "{table}"
+    );
+    term.resign().await.expect("resign");
+    let listed = json_lines(&lockctl(&["--json", "list"]));
+    assert!(
+        listed.iter().all(|l| l["key"] != "scheduler (election)"),
+        "a resigned term is still listed: {listed:?}"
+    );
+}

@@ -47,7 +47,7 @@ async fn the_table_holds_a_row_per_held_lock_and_a_fence_per_fenced_key() {
     let columns: Vec<String> = columns.into_iter().filter_map(|r| r[0].clone()).collect();
     assert_eq!(
         columns,
-        ["name", "holder", "expires_at", "fence"],
+        ["name", "holder", "expires_at", "fence", "record"],
         "the client created the table"
     );
 

@@ -110,7 +110,7 @@ async fn the_table_holds_a_row_per_held_lock_and_a_fence_per_fenced_key() {
             });
             assert_eq!(
                 columns,
-                ["name", "holder", "expires_at", "fence", "waiting"],
+                ["name", "holder", "expires_at", "fence", "waiting", "record"],
                 "the client created the table"
             );
 
