@@ -193,7 +193,14 @@ impl<'c> LockAdmin<'c> {
         if key.is_election() && !infos.is_empty() {
             // The term's lock read as any lock's, and what the leader
             // proclaimed from the election's record.
-            let record = self.client.backend.leader(key).await.map_err(|f| f.error)?;
+            let record = match self.client.backend.leader(key).await {
+                Ok(record) => record,
+                // The listing still shows the term, without its value.
+                Err(failure) => {
+                    tracing::debug!(key = %key.name, error = %failure.error, "reading an election's record failed");
+                    None
+                }
+            };
             for info in &mut infos {
                 info.kind = HeldKind::Election;
                 for holder in &mut info.holders {

@@ -15,7 +15,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -57,9 +57,9 @@ pub struct Election {
     name: String,
     ttl: Option<Duration>,
     wait: Option<Duration>,
-    /// Whether the last read of this election's observers reached the
-    /// store (`is_observing`); shared by its clones.
-    observing: Arc<AtomicBool>,
+    /// How this election's observers fare (`is_observing`); shared by its
+    /// clones.
+    observing: Arc<Observers>,
 }
 
 /// Who leads an election, as its store has it ([`Election::leader`]).
@@ -81,7 +81,7 @@ impl Election {
             name,
             ttl: None,
             wait: None,
-            observing: Arc::new(AtomicBool::new(false)),
+            observing: Arc::default(),
         }
     }
 
@@ -213,33 +213,38 @@ impl Election {
     ///   anything announced while it was disconnected.
     pub async fn observe(&self) -> Result<watch::Receiver<Option<Leader>>, LockError> {
         let key = self.key()?;
-        // Registered before the first read, so that nothing announced
-        // after it is missed.
         let watching = self
             .client
             .notifier
             .observe(&key.channel, crate::waiter::POLL)
             .await;
+        // Enabled before the first read: an announcement between it and the
+        // task's first wait must still end that wait.
+        let mut woken = Box::pin(Arc::clone(&watching.notify).notified_owned());
+        woken.as_mut().enable();
         let first = read(&self.client, &key).await?;
-        self.observing.store(true, Ordering::Release);
         let (tx, rx) = watch::channel(first.clone().map(Leader::from));
-        let observer = Observer {
+        let mut observer = Observer {
             client: Arc::clone(&self.client),
-            observing: Arc::clone(&self.observing),
-            highest: first.as_ref().map_or(0, |r| r.epoch),
+            health: Arc::clone(&self.observing),
+            cut_off: false,
+            shown: Shown::default(),
             key,
             tx,
         };
-        tokio::spawn(observer.run(watching, first));
+        observer.shown.judge(first.clone(), Instant::now());
+        self.observing.live.fetch_add(1, Ordering::AcqRel);
+        tokio::spawn(observer.run(watching, first, woken));
         Ok(rx)
     }
 
     /// Whether this election's observers ([`observe`](Self::observe)) reach
-    /// the store: false before the first observation and from a failed read
-    /// until the next one succeeds. Their receivers meanwhile hold the last
-    /// value read, which may be out of date.
+    /// the store: true while at least one observes and none of them failed
+    /// its last read. Their receivers meanwhile hold the last value read,
+    /// which may be out of date. False before the first observation and
+    /// once every receiver of every observation is dropped.
     pub fn is_observing(&self) -> bool {
-        self.observing.load(Ordering::Acquire)
+        self.observing.live.load(Ordering::Acquire) > 0 && self.observing.cut_off.load(Ordering::Acquire) == 0
     }
 
     /// Campaigns, runs `lead`'s future while leading, and campaigns again,
@@ -340,50 +345,90 @@ const OBSERVE_SOON: Duration = Duration::from_millis(5);
 /// millisecond: read a little after it, when the key is surely gone.
 const EXPIRY_MARGIN: Duration = Duration::from_millis(2);
 
+/// How an election's observers fare: how many run, and how many of them
+/// failed their last read (`Election::is_observing`).
+#[derive(Debug, Default)]
+struct Observers {
+    live: AtomicUsize,
+    cut_off: AtomicUsize,
+}
+
 /// An election's observer task (`Election::observe`).
 struct Observer {
     client: Arc<ClientInner>,
-    observing: Arc<AtomicBool>,
+    health: Arc<Observers>,
+    /// Whether this observer's last read failed (counted in `health`).
+    cut_off: bool,
+    shown: Shown,
     key: LockKey,
-    /// The highest epoch passed on: an older term is never shown again.
-    highest: u64,
     tx: watch::Sender<Option<Leader>>,
 }
 
 impl Observer {
-    async fn run(mut self, watching: crate::waiter::Watch, first: Option<LeaderRecord>) {
+    async fn run(
+        mut self,
+        watching: crate::waiter::Watch,
+        first: Option<LeaderRecord>,
+        mut woken: Pin<Box<tokio::sync::futures::OwnedNotified>>,
+    ) {
         let mut soon = OBSERVE_SOON;
-        let mut first = Some(first);
+        let mut pause = self.pause_after(first.as_ref(), &mut soon);
         loop {
+            tokio::select! {
+                biased;
+                () = self.tx.closed() => break,
+                () = &mut woken => soon = OBSERVE_SOON,
+                () = tokio::time::sleep(pause) => {}
+            }
             // Enabled before the read: `notify_waiters` wakes only those
             // already waiting, and an announcement during the read must
             // still end the pause after it.
-            let woken = watching.notify.notified();
-            let mut woken = std::pin::pin!(woken);
+            woken = Box::pin(Arc::clone(&watching.notify).notified_owned());
             woken.as_mut().enable();
-            let found = match first.take() {
-                Some(found) => Ok(found),
-                None => read(&self.client, &self.key).await,
-            };
-            let pause = match found {
+            pause = match read(&self.client, &self.key).await {
                 Ok(found) => {
-                    self.observing.store(true, Ordering::Release);
+                    self.reached(true);
                     let pause = self.pause_after(found.as_ref(), &mut soon);
-                    self.pass_on(found);
-                    pause
+                    match self.shown.judge(found, Instant::now()) {
+                        Judged::Show(next) => {
+                            self.tx.send_if_modified(|shown| {
+                                let changed = *shown != next;
+                                *shown = next;
+                                changed
+                            });
+                            pause
+                        }
+                        // An older term: look again soon, to tell a lagging
+                        // read from a counter that went back.
+                        Judged::Doubted => grow(&mut soon),
+                        Judged::WentBack(next) => {
+                            tracing::warn!(election = %self.key.name, "an election's epoch went back (its store lost its counter): showing the lower epoch it keeps reading");
+                            self.tx.send_replace(next);
+                            pause
+                        }
+                    }
                 }
                 Err(error) => {
-                    if self.observing.swap(false, Ordering::AcqRel) {
+                    if !self.cut_off {
                         tracing::warn!(election = %self.key.name, %error, "an election's observer cannot read who leads; keeping the last value");
                     }
+                    self.reached(false);
                     grow(&mut soon)
                 }
             };
-            tokio::select! {
-                biased;
-                () = self.tx.closed() => return,
-                () = woken => soon = OBSERVE_SOON,
-                () = tokio::time::sleep(pause) => {}
+        }
+        self.reached(true);
+        self.health.live.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Counts this observer in or out of those cut off from the store.
+    fn reached(&mut self, reached: bool) {
+        if self.cut_off == reached {
+            self.cut_off = !reached;
+            if reached {
+                self.health.cut_off.fetch_sub(1, Ordering::AcqRel);
+            } else {
+                self.health.cut_off.fetch_add(1, Ordering::AcqRel);
             }
         }
     }
@@ -402,23 +447,57 @@ impl Observer {
             }
         }
     }
+}
 
-    /// Shows `found` to the receivers, unless it is an older term than one
-    /// shown already (a read from a store that lags, such as a replica
-    /// promoted without the latest writes) or nothing changed.
-    fn pass_on(&mut self, found: Option<LeaderRecord>) {
-        if let Some(record) = &found {
-            if record.epoch < self.highest {
-                return;
-            }
+/// What an observer has shown, to judge the next read by.
+#[derive(Debug, Default)]
+struct Shown {
+    /// The highest epoch shown.
+    highest: u64,
+    /// A term older than `highest` read since, and when it was first read.
+    doubted: Option<(String, u64, Instant)>,
+}
+
+/// What to do with a read.
+#[derive(Debug, PartialEq)]
+enum Judged {
+    Show(Option<Leader>),
+    /// An older term than one shown: not shown (yet).
+    Doubted,
+    /// An older term read for [`OBSERVE_EVERY`] and more: the store's
+    /// counter went back (a Redis restarted without persistence, a replica
+    /// promoted before it had the counter), and the store's leader is shown
+    /// rather than hidden behind a term that is over.
+    WentBack(Option<Leader>),
+}
+
+impl Shown {
+    /// Judges a read made at `now`. A term older than one shown is a read
+    /// from a store that lags, or a store whose counter went back: shown
+    /// only once it has been read for [`OBSERVE_EVERY`].
+    fn judge(&mut self, found: Option<LeaderRecord>, now: Instant) -> Judged {
+        let Some(record) = found else {
+            return Judged::Show(None);
+        };
+        if record.epoch >= self.highest {
             self.highest = record.epoch;
+            self.doubted = None;
+            return Judged::Show(Some(Leader::from(record)));
         }
-        let next = found.map(Leader::from);
-        self.tx.send_if_modified(|shown| {
-            let changed = *shown != next;
-            *shown = next;
-            changed
-        });
+        match &self.doubted {
+            Some((holder, epoch, since))
+                if *holder == record.holder && *epoch == record.epoch && now - *since >= OBSERVE_EVERY =>
+            {
+                self.highest = record.epoch;
+                self.doubted = None;
+                Judged::WentBack(Some(Leader::from(record)))
+            }
+            Some((holder, epoch, _)) if *holder == record.holder && *epoch == record.epoch => Judged::Doubted,
+            _ => {
+                self.doubted = Some((record.holder, record.epoch, now));
+                Judged::Doubted
+            }
+        }
     }
 }
 
@@ -577,5 +656,80 @@ impl Leadership {
     /// already ended.
     pub async fn resign(self) -> Result<(), LockError> {
         self.lease.release().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn term(holder: &str, epoch: u64) -> Option<LeaderRecord> {
+        Some(LeaderRecord {
+            holder: holder.to_owned(),
+            epoch,
+            value: None,
+            left: None,
+        })
+    }
+
+    fn shown(judged: Judged) -> Option<u64> {
+        match judged {
+            Judged::Show(leader) | Judged::WentBack(leader) => leader.map(|l| l.epoch),
+            Judged::Doubted => panic!("not shown"),
+        }
+    }
+
+    /// On tokio's paused clock, an observer woken by the release shows it
+    /// with no time passed; one that missed it would show it at its next
+    /// read, a second later (the lease it read has a minute left).
+    #[cfg(feature = "testing")]
+    #[tokio::test(start_paused = true)]
+    async fn an_observer_is_woken_by_a_release_not_by_its_next_read() {
+        let locks = crate::LockClient::in_memory();
+        let election = locks.election("woken").ttl(Duration::from_secs(60));
+        let mut seen = election.observe().await.expect("observe");
+        let term = election.campaign("here").await.expect("elected");
+        seen.wait_for(Option::is_some).await.expect("observing");
+        let resigned = Instant::now();
+        term.resign().await.expect("resign");
+        seen.wait_for(Option::is_none).await.expect("observing");
+        assert!(
+            resigned.elapsed() < OBSERVE_EVERY,
+            "the release was seen {:?} after it, at a later read",
+            resigned.elapsed()
+        );
+    }
+
+    #[test]
+    fn an_observer_never_shows_an_older_term_unless_the_store_keeps_it() {
+        let start = Instant::now();
+        let mut seen = Shown::default();
+        assert_eq!(shown(seen.judge(term("a", 5), start)), Some(5));
+        // A lagging read of an older term: not shown.
+        assert_eq!(seen.judge(term("z", 3), start), Judged::Doubted);
+        assert_eq!(shown(seen.judge(term("b", 7), start)), Some(7));
+        assert_eq!(shown(seen.judge(None, start)), None);
+        // After nobody led, an older term is still not shown at once...
+        assert_eq!(seen.judge(term("c", 2), start), Judged::Doubted);
+        assert_eq!(
+            seen.judge(term("c", 2), start + OBSERVE_EVERY / 2),
+            Judged::Doubted
+        );
+        // ...nor another older one, which starts the doubt again...
+        assert_eq!(
+            seen.judge(term("d", 2), start + OBSERVE_EVERY / 2),
+            Judged::Doubted
+        );
+        assert_eq!(seen.judge(term("d", 2), start + OBSERVE_EVERY), Judged::Doubted);
+        // ...but a term the store keeps showing is its leader: the counter
+        // went back.
+        assert!(matches!(
+            seen.judge(term("d", 2), start + OBSERVE_EVERY * 2),
+            Judged::WentBack(Some(Leader { epoch: 2, .. }))
+        ));
+        assert_eq!(
+            shown(seen.judge(term("e", 3), start + OBSERVE_EVERY * 2)),
+            Some(3)
+        );
     }
 }

@@ -82,6 +82,7 @@ impl Cleanup for Release {
                 .take_offer(&state.key.channel, state.handed_in_row)
             && let Some(handed) = hand_over(client, state, taken).await
         {
+            client.notifier.wake_observers_of(&state.key.channel);
             return handed;
         }
         // A release that meets a broken connection is sent again now, once

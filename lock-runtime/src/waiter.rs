@@ -275,6 +275,15 @@ impl Notifier {
         }
     }
 
+    /// The election observers of `channel` here read again: its lock was
+    /// handed to a waiter here, which no store announces.
+    pub(crate) fn wake_observers_of(&self, channel: &str) {
+        let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = channels.get(channel) {
+            c.observers.notify_waiters();
+        }
+    }
+
     /// Every election observer here reads again.
     fn wake_observers(&self) {
         let channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);

@@ -324,7 +324,7 @@ impl Output {
             );
             println!("waiters:  {}", waiters_text(lock));
             if let Some(value) = &lock.value {
-                println!("value:    {value}");
+                println!("value:    {}", value.escape_debug());
             }
             if lock.holders.is_empty() {
                 println!("holders:  none (a waiting writer's claim keeps the key)");
@@ -424,13 +424,16 @@ fn holder_text(lock: &LockInfo, holder: &LockHolder) -> String {
     }
 }
 
-/// A leader's value in a table's cell: its first 40 characters.
+/// A leader's value in a table's cell: its first 40 characters, control
+/// characters escaped (a value is whatever the leader proclaimed, and must
+/// not break the table or reach the terminal as escape sequences).
 fn shortened(value: &str) -> String {
     const SHOWN: usize = 40;
-    match value.char_indices().nth(SHOWN) {
+    let shown = match value.char_indices().nth(SHOWN) {
         Some((end, _)) => format!("{}…", &value[..end]),
         None => value.to_owned(),
-    }
+    };
+    shown.escape_debug().to_string()
 }
 
 fn time_left_text(left: Option<Duration>) -> String {
