@@ -136,6 +136,17 @@ pub(crate) struct LeaderRecord {
     pub(crate) left: Option<Duration>,
 }
 
+/// The value in an election's stored record (`<holder id>\n<value>`, as
+/// Redis, the SQL stores and etcd keep it) if the record is `holder`'s: a
+/// record names its term, so one an earlier term left is never read as the
+/// current leader's.
+pub(crate) fn recorded_value(record: &str, holder: &str) -> Option<String> {
+    record
+        .split_once('\n')
+        .filter(|(by, _)| *by == holder)
+        .map(|(_, value)| value.to_owned())
+}
+
 /// A backend failure, classified for the retry loop.
 #[derive(Debug)]
 pub(crate) struct Failure {
@@ -222,4 +233,24 @@ pub(crate) struct RenewItem<'a> {
     pub(crate) key: &'a LockKey,
     pub(crate) holder: &'a str,
     pub(crate) ttl: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recorded_value;
+
+    #[test]
+    fn a_record_is_read_only_for_the_holder_it_names() {
+        assert_eq!(
+            recorded_value("a:1\n10.0.0.7:80", "a:1").as_deref(),
+            Some("10.0.0.7:80")
+        );
+        assert_eq!(
+            recorded_value("a:1\nline\nbreaks", "a:1").as_deref(),
+            Some("line\nbreaks")
+        );
+        assert_eq!(recorded_value("a:1\n", "a:1").as_deref(), Some(""));
+        assert_eq!(recorded_value("a:1\n10.0.0.7:80", "b:2"), None);
+        assert_eq!(recorded_value("no holder", "no holder"), None);
+    }
 }

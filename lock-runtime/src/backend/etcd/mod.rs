@@ -42,7 +42,9 @@ use tokio::time::Instant;
 use etcd_client as etcd;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal};
+use super::contract::{
+    AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal, recorded_value,
+};
 use super::queue::{InTheWay, in_the_way};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -681,13 +683,8 @@ impl EtcdBackend {
             return Ok(None);
         };
         let holder = String::from_utf8_lossy(head.value()).into_owned();
-        let value = found(1).and_then(|record| {
-            let record = String::from_utf8_lossy(record.value()).into_owned();
-            record
-                .split_once('\n')
-                .filter(|(by, _)| *by == holder)
-                .map(|(_, value)| value.to_owned())
-        });
+        let value =
+            found(1).and_then(|record| recorded_value(&String::from_utf8_lossy(record.value()), &holder));
         Ok(Some(LeaderRecord {
             epoch: head.create_revision().unsigned_abs(),
             holder,

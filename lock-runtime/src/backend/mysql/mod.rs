@@ -33,7 +33,9 @@ use self::shared::is_member;
 use self::sql::GATE_LEFT;
 pub(crate) use self::table::MysqlBackend;
 use self::table::{as_micros, conflict, held, micros};
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal};
+use super::contract::{
+    AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal, recorded_value,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
@@ -330,13 +332,7 @@ impl MysqlBackend {
                 "an election's lock is held by a holder id that is not UTF-8",
             )));
         };
-        let value = record.and_then(|record| {
-            let record = String::from_utf8(record).ok()?;
-            record
-                .split_once('\n')
-                .filter(|(by, _)| *by == holder)
-                .map(|(_, value)| value.to_owned())
-        });
+        let value = record.and_then(|record| recorded_value(std::str::from_utf8(&record).ok()?, &holder));
         Ok(Some(LeaderRecord {
             holder,
             epoch,

@@ -41,6 +41,7 @@ pub(crate) use self::table::PostgresBackend;
 use self::table::{Connector, as_micros, conflict, held, micros};
 use super::contract::{
     AcquireReply, AcquireRequest, Backend, Failure, HandOver, LeaderRecord, RenewItem, Renewal,
+    recorded_value,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -502,12 +503,7 @@ impl PostgresBackend {
             let epoch: i64 = row.try_get(1)?;
             let record: Option<String> = row.try_get(2)?;
             let left: i64 = row.try_get(3)?;
-            let value = record.and_then(|record| {
-                record
-                    .split_once('\n')
-                    .filter(|(by, _)| *by == holder)
-                    .map(|(_, value)| value.to_owned())
-            });
+            let value = record.and_then(|record| recorded_value(&record, &holder));
             Ok(LeaderRecord {
                 epoch: u64::try_from(epoch).unwrap_or(0),
                 value,

@@ -18,6 +18,7 @@ use self::cluster::ClusterLink;
 use self::sentinel::SentinelLink;
 use super::contract::{
     AcquireReply, AcquireRequest, Backend, Failure, HandOver, LeaderRecord, RenewItem, Renewal,
+    recorded_value,
 };
 use super::tls;
 use crate::config::{ClientConfig, ReplicaAcks};
@@ -542,13 +543,7 @@ impl<C: Connection> RedisBackend<C> {
         };
         let holder = text(0).ok_or_else(unexpected)?;
         let epoch = text(1).and_then(|e| e.parse().ok()).ok_or_else(unexpected)?;
-        // The record is the current term's only if it names this holder.
-        let value = text(2).and_then(|record| {
-            record
-                .split_once('\n')
-                .filter(|(by, _)| *by == holder)
-                .map(|(_, value)| value.to_owned())
-        });
+        let value = text(2).and_then(|record| recorded_value(&record, &holder));
         let left = match reply.get(3) {
             Some(Value::Int(ms)) => u64::try_from(*ms).ok().map(Duration::from_millis),
             _ => None,
