@@ -202,7 +202,16 @@ async fn after_its_session_expired_a_client_opens_a_new_one() {
 async fn a_waiter_that_gives_up_leaves_the_queue() {
     lock_tests::bounded("a_waiter_that_gives_up_leaves_the_queue", async move {
         let zk = ZooKeeper::start();
-        let locks = zookeeper::client(&zk).await;
+        // A session far longer than the test: nothing here is killed. With
+        // the suite's 1 s session the try-once call below once did not time
+        // out on a loaded machine (a .ci/run, two chains of scenarios
+        // beside it): a session that lapses takes the holder's node, and a
+        // connection lost for a moment fails the call.
+        let locks = lock_runtime::LockClient::builder()
+            .zookeeper_session_timeout(Duration::from_secs(20))
+            .zookeeper(&zk.connect_string())
+            .await
+            .expect("connect");
         let holder = lock_tests::guard_from_another_task(&locks, "given-up").await;
         assert_eq!(queue_len(&zk, "given-up").await, 1);
         let timed_out = locks
@@ -220,10 +229,8 @@ async fn a_waiter_that_gives_up_leaves_the_queue() {
         )
         .await;
         assert!(dropped.is_err(), "the lock is held");
-        assert!(matches!(
-            locks.lock("given-up").acquire().await,
-            Err(LockError::Timeout { .. })
-        ));
+        let tried = locks.lock("given-up").acquire().await;
+        assert!(matches!(tried, Err(LockError::Timeout { .. })), "{tried:?}");
         // The dropped one's child goes from a spawned task.
         let mut left = 0;
         for _ in 0..200 {
