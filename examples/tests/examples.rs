@@ -102,6 +102,49 @@ fn the_fencing_example_refuses_the_late_write() {
     assert!(out.contains("The document holds \"holder B\""), "{out}");
 }
 
+/// A leader's epoch refuses the write of a replica whose term ended, in
+/// process and on Redis; a follower reads who leads.
+#[test]
+fn the_leader_example_refuses_the_former_leaders_late_write() {
+    let server = RedisServer::start();
+    for url in [None, Some(server.url())] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_leader"));
+        command.env_remove("REDIS_URL");
+        if let Some(url) = &url {
+            command.env("REDIS_URL", url);
+        }
+        let output = lock_tests::output_within_limit(&mut command, "the leader example");
+        let out = String::from_utf8(output.stdout).expect("utf-8");
+        assert!(output.status.success(), "leader failed:\n{out}");
+        let epoch = |who: &str| -> u64 {
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(&format!("{who}: leads with epoch ")))
+                .unwrap_or_else(|| panic!("{who} never led:\n{out}"));
+            line.split_whitespace()
+                .nth(4)
+                .and_then(|e| e.trim_end_matches(',').parse().ok())
+                .unwrap_or_else(|| panic!("no epoch in {line:?}"))
+        };
+        let (a, b) = (epoch("replica-a"), epoch("replica-b"));
+        assert!(b > a, "epochs {a} then {b}:\n{out}");
+        assert!(
+            out.contains(&format!("replica-b: write with epoch {b} accepted")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!(
+                "replica-a: refused write with epoch {a}: storage has seen epoch {b}"
+            )),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("a follower asks: replica-b leads, epoch {b}")),
+            "{out}"
+        );
+    }
+}
+
 /// The segmented example sells exactly the stock at every segment count,
 /// in-process and on Redis.
 #[test]

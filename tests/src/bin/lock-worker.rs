@@ -49,13 +49,16 @@
 //!   each segment checked as its own exclusive lock), `library-transfer`
 //!   (two keys at once with `lock_all`), or `library-run` / `library-run-fixed` (the exclusive
 //!   lock, renewed or fixed, with each body run by `run()`, which must drop
-//!   it when the lease is lost); or a control that lies to the checker, which must catch
+//!   it when the lease is lost), or `library-election` (each task a
+//!   candidate in one of the `keys` as elections, with `Election::run`:
+//!   each term is a body, its epoch the fencing token); or a control that lies to the checker, which must catch
 //!   it: `library-rw-writers-read` (writers take the read lock),
 //!   `library-permits-N-checked-M` (N permits where the checker allows M),
 //!   `library-segments-N-unsplit` (segments reported as the one lock they
 //!   split), `library-transfer-first-only` (only the first of the two keys is
 //!   locked), `library-run-detached` (a `run()` body whose work goes on in
-//!   a task the runner cannot stop); or a deliberately broken lock the checker must catch: `del-release` (released by a plain DEL, no owner
+//!   a task the runner cannot stop), `library-election-detached` (the
+//!   same for a leader's term, see below); or a deliberately broken lock the checker must catch: `del-release` (released by a plain DEL, no owner
 //!   check), `no-deadline` (the body ignores its lease running out) or
 //!   `blind-renew` (renews with a plain SET, never noticing it lost the lock).
 //!   Prints one JSON line of counts, errors and the worst lateness of this
@@ -632,9 +635,10 @@ async fn witness(run: WitnessRun, witness_dir: &str, tasks: usize) -> Result<(),
             let (run, checker, locks, raw) = (run.clone(), checker.clone(), locks.clone(), raw.clone());
             tokio::spawn(async move {
                 match raw {
-                    None => match RunBody::parse(&run.lock) {
-                        Some(body) => run_body_task(task, run, checker, locks, body).await,
-                        None => library_task(task, run, checker, locks).await,
+                    None => match (RunBody::parse(&run.lock), Candidate::parse(&run.lock)) {
+                        (Some(body), _) => run_body_task(task, run, checker, locks, body).await,
+                        (None, Some(candidate)) => election_task(task, run, checker, locks, candidate).await,
+                        (None, None) => library_task(task, run, checker, locks).await,
                     },
                     Some(raw) => broken_task(task, run, checker, raw).await,
                 }
@@ -978,6 +982,128 @@ async fn run_body_task(
             }
         }
     }
+    Ok(tally)
+}
+
+/// How a candidate leads: as told (`library-election`), or with each
+/// term's work in a task the runner cannot stop (`library-election-detached`:
+/// a leader that is not told its term ended, the control).
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    detached: bool,
+}
+
+impl Candidate {
+    fn parse(lock: &str) -> Option<Candidate> {
+        match lock {
+            "library-election" => Some(Candidate { detached: false }),
+            "library-election-detached" => Some(Candidate { detached: true }),
+            _ => None,
+        }
+    }
+}
+
+/// One term as the checker sees it: entered when its future starts, left
+/// when its work ends or the future is dropped; a term dropped with its
+/// leadership no longer held was lost.
+struct Term {
+    _exit: ExitOnDrop,
+    leadership: lock_runtime::Leadership,
+    ended: bool,
+    counts: std::sync::Arc<TermCounts>,
+}
+
+#[derive(Default)]
+struct TermCounts {
+    ended: std::sync::atomic::AtomicU64,
+    lost: std::sync::atomic::AtomicU64,
+}
+
+impl Drop for Term {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.ended {
+            self.counts.ended.fetch_add(1, Ordering::Relaxed);
+        } else if !self.leadership.is_held() {
+            self.counts.lost.fetch_add(1, Ordering::Relaxed);
+        }
+        // `_exit` tells the checker the term ended when it drops, after this.
+    }
+}
+
+/// A candidate in the election `run.keys[task % keys]` until the run's
+/// time is up, through `Election::run` (which campaigns again after each
+/// term). Most terms work for up to `max_body` and are resigned; the
+/// share `LOCK_WORKER_LONG_BODY_PERCENT` works 0.5–2.5 s, renewed across
+/// faults. The control's terms work 6–8 s each, longer than any stop,
+/// so that a term lost in a stop is still working when its successor
+/// begins.
+async fn election_task(
+    task: usize,
+    run: WitnessRun,
+    checker: lock_tests::witness::Witness,
+    locks: LockClient,
+    candidate: Candidate,
+) -> Result<Tally, BoxError> {
+    let mut tally = Tally::default();
+    let key = run.keys[task % run.keys.len()].clone();
+    let long_percent: u32 = std::env::var("LOCK_WORKER_LONG_BODY_PERCENT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    let counts = std::sync::Arc::new(TermCounts::default());
+    let election = locks.election(key.as_str()).ttl(run.ttl).wait(call_wait());
+    let lead = |leadership: lock_runtime::Leadership| {
+        let (checker, key, counts) = (checker.clone(), key.clone(), std::sync::Arc::clone(&counts));
+        let holder = next_holder(task);
+        let length = if candidate.detached {
+            Duration::from_secs(6) + body_length(Duration::from_secs(2))
+        } else if rand::random_ratio(long_percent.min(100), 100) {
+            Duration::from_millis(500) + body_length(Duration::from_millis(2000))
+        } else {
+            body_length(run.max_body)
+        };
+        async move {
+            let epoch = leadership.epoch();
+            checker.enter_shared(&key, holder, epoch, Share::EXCLUSIVE);
+            let mut term = Term {
+                _exit: ExitOnDrop {
+                    checker: checker.clone(),
+                    key: key.clone(),
+                    holder,
+                    token: epoch,
+                },
+                leadership,
+                ended: false,
+                counts,
+            };
+            let work = async move {
+                checker.write(&key, epoch, true);
+                checker.bump(&key).await;
+                tokio::time::sleep(length).await;
+                term.ended = true;
+                drop(term);
+            };
+            if candidate.detached {
+                let _ = tokio::spawn(work).await;
+            } else {
+                work.await;
+            }
+        }
+    };
+    let value = format!("{}:{task}", std::process::id());
+    match tokio::time::timeout(run.duration, election.run(value, lead)).await {
+        // The run's time is up: the term in progress, if any, is dropped
+        // and resigned.
+        Err(_) => {}
+        Ok(Err(e)) => {
+            tally.errors += 1;
+            tally.first_error = Some(e.to_string());
+        }
+        Ok(Ok(never)) => match never {},
+    }
+    tally.taken = counts.ended.load(std::sync::atomic::Ordering::Relaxed);
+    tally.lost = counts.lost.load(std::sync::atomic::Ordering::Relaxed);
     Ok(tally)
 }
 

@@ -18,27 +18,28 @@ use lock_tests::zookeeper::{self, ZooKeeper};
 use lock_tests::{Etcd, MariaDb, Postgres, etcd};
 
 /// Each call's `wait` in these scenarios.
-const CALL_WAIT: Duration = Duration::from_secs(20);
+pub(crate) const CALL_WAIT: Duration = Duration::from_secs(20);
 
 /// One scenario: what to lock, and how often the fault strikes.
-struct Deaths {
-    id: &'static str,
-    name: &'static str,
+pub(crate) struct Deaths {
+    pub(crate) id: &'static str,
+    pub(crate) name: &'static str,
     /// `library` (exclusive, fenced), `library-fair` (fair, fenced),
     /// `library-transfer` (two keys at
     /// once), `library-rw` or `library-permits-N` (shared: checked on the
-    /// board only, since the logs' analysis knows exclusive locks alone).
-    lock: &'static str,
-    keys: &'static [&'static str],
+    /// board only, since the logs' analysis knows exclusive locks alone),
+    /// `library-election` (candidates: each term a fenced body).
+    pub(crate) lock: &'static str,
+    pub(crate) keys: &'static [&'static str],
     /// The witness log's name for the fault.
-    fault: &'static str,
-    faults: u32,
+    pub(crate) fault: &'static str,
+    pub(crate) faults: u32,
     /// Percent of bodies that last 0.5–2.5 s (renewed across the faults).
-    long_body_percent: u32,
+    pub(crate) long_body_percent: u32,
     /// Load before the first fault and between faults.
-    spacing: Duration,
+    pub(crate) spacing: Duration,
     /// How long the workers run: past the last fault by a few seconds.
-    seconds: u64,
+    pub(crate) seconds: u64,
 }
 
 /// The longest stretch in which the board's count of bodies on some keys
@@ -100,7 +101,7 @@ impl Stretches {
 
 /// Runs `d`'s load against `target`, calling `fault(round)` (which takes
 /// the server down and brings it back) `d.faults` times, and judges it.
-async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
+pub(crate) async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u32)) {
     let started = Instant::now();
     let bound = monitor::bound(T);
     let shared = d.lock.starts_with("library-rw") || d.lock.starts_with("library-permits");
@@ -374,17 +375,17 @@ async fn s3fpg_fair_locks_through_postgres_restarts() {
 
 /// A 3-member cluster of consensus servers: a ZooKeeper ensemble or an
 /// etcd cluster.
-enum Members {
+pub(crate) enum Members {
     ZooKeeper(ZooKeeper),
     Etcd(Etcd),
 }
 
 impl Members {
-    fn zookeeper() -> Members {
+    pub(crate) fn zookeeper() -> Members {
         Members::ZooKeeper(tokio::task::block_in_place(ZooKeeper::ensemble))
     }
 
-    fn etcd() -> Members {
+    pub(crate) fn etcd() -> Members {
         Members::Etcd(tokio::task::block_in_place(Etcd::cluster))
     }
 
@@ -424,7 +425,7 @@ impl Members {
 
 /// `lock` on `keys` while each member of a 3-member cluster is SIGKILLed
 /// and started again in turn: the followers, then the leader.
-async fn through_member_deaths(
+pub(crate) async fn through_member_deaths(
     mut members: Members,
     id: &'static str,
     name: &'static str,

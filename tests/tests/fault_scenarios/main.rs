@@ -19,6 +19,7 @@ use lock_tests::{Proxy, RedisServer, eventually};
 use serde_json::json;
 
 mod deaths;
+mod elections;
 mod etcd;
 mod holders;
 mod kinds;
@@ -72,6 +73,7 @@ macro_rules! database {
 }
 database!(lock_tests::MariaDb);
 database!(lock_tests::Postgres);
+database!(lock_tests::RedisServer);
 
 /// Stops `server` (SIGSTOP) for `how_long`, then resumes it.
 pub(crate) async fn stop_for(server: &impl Database, how_long: Duration) {
