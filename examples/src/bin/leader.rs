@@ -1,7 +1,9 @@
 //! A leader's epoch guarding a write. Replica A is elected, sends a write
 //! that is slow to arrive (a GC pause, a congested network), and its term
 //! ends before the write lands (here it resigns; a lost lease ends it the
-//! same way). Replica B is elected with a greater epoch and writes at once.
+//! same way). Replica B is elected with a greater epoch and writes at once;
+//! A's write arrives after it (here it waits for B's, so that the order
+//! does not depend on timing).
 //! Storage that refuses epochs older than the newest it has seen keeps B's
 //! write when A's arrives; a follower asks who leads.
 
@@ -51,10 +53,11 @@ async fn main() -> Result<(), LockError> {
     let a = election.campaign("replica-a").await?;
     let epoch_a = a.epoch();
     println!("replica-a: leads with epoch {epoch_a}, sends its write");
+    let (b_wrote, a_arrives) = tokio::sync::oneshot::channel::<()>();
     let slow_write = {
         let storage = Arc::clone(&storage);
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = a_arrives.await;
             match storage.write(epoch_a, "replica-a's plan") {
                 Ok(()) => println!("replica-a: write with epoch {epoch_a} accepted"),
                 Err(refusal) => println!("replica-a: {refusal}"),
@@ -70,6 +73,7 @@ async fn main() -> Result<(), LockError> {
         Ok(()) => println!("replica-b: write with epoch {epoch_b} accepted"),
         Err(refusal) => println!("replica-b: {refusal}"),
     }
+    let _ = b_wrote.send(());
     let _ = slow_write.await;
 
     if let Some(leader) = election.leader().await? {

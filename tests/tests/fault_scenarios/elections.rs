@@ -6,10 +6,12 @@
 //! sees as a holder of its election's name, its epoch the fencing token:
 //! no two terms of an election overlap (a leader whose lease went
 //! unrenewed is dropped before a successor can be elected), epochs rise in
-//! the order terms began, every term's write passes the epoch fence, and a
-//! leader is elected again after every fault. Most terms work up to 5 ms
-//! and are resigned; one in ten works 0.5–2.5 s, renewed, and is lost
-//! when a stop outlasts its lease.
+//! the order terms began (each term also writes through the fenced
+//! register), and a term begins after every fault. Most terms work up to
+//! 5 ms and are resigned; one in ten (one in a hundred in SEzk and SEetcd)
+//! works 0.5–2.5 s, renewed, and is lost when a stop outlasts its lease.
+//! Not asked yet: that some term was lost in each run (a stop can fall
+//! between terms), and a bound on re-election.
 //!
 //! The control is a leader not told that its term ended: its work goes on
 //! in a task `run` cannot stop. It must be caught overlapping its
@@ -127,11 +129,16 @@ async fn sectl_a_leader_not_told_its_term_ended_is_caught() {
         let trials = 2;
         let mut caught = 0;
         let mut terms = Vec::new();
-        for _ in 0..trials {
+        for trial in 0..trials {
+            // Elections of this trial's own: the last trial's detached
+            // terms leave leases behind (until their ttl), which would
+            // delay this trial's first leaders past the stop.
+            let names = [format!("ctl{trial}:a"), format!("ctl{trial}:b")];
+            let elections: Vec<&str> = names.iter().map(String::as_str).collect();
             let board = Board::new();
             let mut workload = broken_or_library(
                 &server.url(),
-                ELECTIONS,
+                &elections,
                 "library-election-detached",
                 Duration::from_secs(5),
             );
@@ -142,7 +149,7 @@ async fn sectl_a_leader_not_told_its_term_ended_is_caught() {
             stop_for(&server, T + Duration::from_millis(500)).await;
             board.witness.heal("server-sigstop");
             let tally = tokio::task::block_in_place(|| workers.finish());
-            let seen: Vec<_> = ELECTIONS.iter().map(|k| board.witness.seen(k)).collect();
+            let seen: Vec<_> = elections.iter().map(|k| board.witness.seen(k)).collect();
             terms.push(seen.iter().map(|s| s.entries).sum::<u64>());
             if seen.iter().any(|s| s.overlaps > 0) {
                 caught += 1;
