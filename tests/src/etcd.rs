@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::server::{free_port, spawn_owned};
+use crate::server::{free_ports, spawn_owned};
 
 /// How often a leader beats, and how long a follower waits for a beat
 /// before it calls an election (etcd's defaults are 100 ms and 1 s).
@@ -334,11 +334,12 @@ fn cluster_token(dir: &std::path::Path) -> String {
 
 fn member(dir: PathBuf, name: &str, token: &str) -> Member {
     std::fs::create_dir_all(&dir).expect("member dir");
+    let ports = free_ports(2);
     Member {
         child: None,
         name: name.to_owned(),
-        client_port: free_port(),
-        peer_port: free_port(),
+        client_port: ports[0],
+        peer_port: ports[1],
         token: token.to_owned(),
         dir,
         initial_cluster: String::new(),

@@ -396,6 +396,21 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral port")
 }
 
+/// `n` different free loopback ports. Each [`free_port`] is free when it
+/// returns and is released at once, so two calls can return the same port
+/// (a 3-member ZooKeeper ensemble once got one port as a member's client
+/// port and another's election port, and never formed); these are bound
+/// all at once, so the system gives `n` different ones.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("a bound port").port())
+        .collect()
+}
+
 /// `n` independent redis-server masters.
 pub fn start_masters(n: usize) -> Vec<RedisServer> {
     (0..n).map(|_| RedisServer::start()).collect()

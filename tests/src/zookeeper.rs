@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::server::{free_port, spawn_owned};
+use crate::server::{free_port, free_ports, spawn_owned};
 
 /// The server's tick: sessions are granted between 2 and 200 ticks.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -221,8 +221,9 @@ impl ZooKeeper {
     /// directory; returns once a leader serves and every member answers.
     pub fn ensemble() -> ZooKeeper {
         let dir = tempfile::tempdir().expect("temp dir for ZooKeeper");
-        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let peers: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let all = free_ports(9);
+        let ports: Vec<u16> = all[..3].to_vec();
+        let peers: Vec<(u16, u16)> = all[3..].chunks(2).map(|pair| (pair[0], pair[1])).collect();
         let mut members = Vec::new();
         for (i, port) in ports.iter().enumerate() {
             let member_dir = dir.path().join(format!("member-{}", i + 1));
