@@ -263,23 +263,37 @@ async fn the_watchdog_rides_out_a_stalled_minority_and_not_a_majority() {
                 .await;
             assert!(survived.is_ok(), "lost with a majority answering: {survived:?}");
 
-            let guard = locks
-                .lock("r8:majority")
-                .ttl(ttl)
-                .acquire()
-                .await
-                .expect("acquire");
-            proxies[0].blackhole();
-            proxies[1].blackhole();
-            let reason = guard.lost().await;
-            let lost_at = Instant::now();
-            assert_eq!(reason, LostReason::Expired);
-            assert!(
-                lost_at < guard.valid_until().into_std(),
-                "signalled after the deadline"
-            );
-            proxies[0].pass();
-            proxies[1].pass();
+            // A process starved past the drift allowance is told late: such a
+            // run says nothing and is run again, on a key of its own (CI, two
+            // chains of scenarios beside it: signalled after the deadline).
+            for run in 1..=3 {
+                let monitor = Monitor::start();
+                let guard = locks
+                    .lock(format!("r8:majority:{run}"))
+                    .ttl(ttl)
+                    .acquire()
+                    .await
+                    .expect("acquire");
+                proxies[0].blackhole();
+                proxies[1].blackhole();
+                let reason = guard.lost().await;
+                let lost_at = Instant::now();
+                proxies[0].pass();
+                proxies[1].pass();
+                assert_eq!(reason, LostReason::Expired);
+                let in_time = lost_at < guard.valid_until().into_std();
+                let starved = monitor.worst() > lock_tests::monitor::bound(ttl);
+                match (in_time, starved) {
+                    (true, _) => return,
+                    (false, true) if run < 3 => {
+                        eprintln!("run {run} INVALID: starved {:?}", monitor.worst());
+                    }
+                    (false, _) => panic!(
+                        "signalled after the deadline (starved at most {:?})",
+                        monitor.worst()
+                    ),
+                }
+            }
         },
     )
     .await
