@@ -2,18 +2,62 @@
 
 use lock_runtime::LockClient;
 
-/// Installs the global lock client: Redis at `REDIS_URL` when it is set,
-/// the in-process backend otherwise. Returns a line saying which.
-pub async fn install_client() -> Result<String, lock_runtime::LockError> {
+/// A lock client on Redis at `REDIS_URL` when it is set, in process
+/// otherwise, with a line saying which.
+pub async fn client() -> Result<(LockClient, String), lock_runtime::LockError> {
     match std::env::var("REDIS_URL") {
-        Ok(url) => {
-            lock_runtime::init(LockClient::connect(&url).await?)?;
-            Ok("locks on Redis (REDIS_URL)".to_owned())
+        Ok(url) => Ok((
+            LockClient::connect(&url).await?,
+            "locks on Redis (REDIS_URL)".to_owned(),
+        )),
+        Err(_) => Ok((
+            LockClient::in_memory(),
+            "locks in this process (set REDIS_URL to use Redis)".to_owned(),
+        )),
+    }
+}
+
+/// Installs [`client`] as the global lock client. Returns a line saying
+/// which backend it uses.
+pub async fn install_client() -> Result<String, lock_runtime::LockError> {
+    let (locks, which) = client().await?;
+    lock_runtime::init(locks)?;
+    Ok(which)
+}
+
+/// Storage that accepts a write only with a fence (a fencing token, a
+/// leader's epoch) at least the newest it has accepted.
+#[derive(Debug, Default)]
+pub struct FencedStore {
+    newest: std::sync::Mutex<u64>,
+    contents: std::sync::Mutex<String>,
+}
+
+impl FencedStore {
+    /// Writes `text` under `fence`; refused with the newest fence seen
+    /// when `fence` is older.
+    pub fn write(&self, fence: u64, text: &str) -> Result<(), u64> {
+        let mut newest = self
+            .newest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if fence < *newest {
+            return Err(*newest);
         }
-        Err(_) => {
-            lock_runtime::init(LockClient::in_memory())?;
-            Ok("locks in this process (set REDIS_URL to use Redis)".to_owned())
-        }
+        *newest = fence;
+        *self
+            .contents
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = text.to_owned();
+        Ok(())
+    }
+
+    /// What the last accepted write left.
+    pub fn contents(&self) -> String {
+        self.contents
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 

@@ -102,20 +102,36 @@ fn the_fencing_example_refuses_the_late_write() {
     assert!(out.contains("The document holds \"holder B\""), "{out}");
 }
 
+/// What the example `exe` printed, run in process (`REDIS_URL` unset), then
+/// on a Redis server of its own; each run must succeed.
+fn in_process_and_on_redis(exe: &str, what: &str) -> Vec<String> {
+    let server = RedisServer::start();
+    [None, Some(server.url())]
+        .into_iter()
+        .map(|url| {
+            let mut command = Command::new(exe);
+            command.env_remove("REDIS_URL");
+            if let Some(url) = &url {
+                command.env("REDIS_URL", url);
+            }
+            let output = lock_tests::output_within_limit(&mut command, what);
+            let stdout = String::from_utf8(output.stdout).expect("utf-8");
+            assert!(
+                output.status.success(),
+                "{what} failed ({}):\n{stdout}\n{}",
+                url.as_deref().unwrap_or("in process"),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            stdout
+        })
+        .collect()
+}
+
 /// A leader's epoch refuses the write of a replica whose term ended, in
 /// process and on Redis; a follower reads who leads.
 #[test]
 fn the_leader_example_refuses_the_former_leaders_late_write() {
-    let server = RedisServer::start();
-    for url in [None, Some(server.url())] {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_leader"));
-        command.env_remove("REDIS_URL");
-        if let Some(url) = &url {
-            command.env("REDIS_URL", url);
-        }
-        let output = lock_tests::output_within_limit(&mut command, "the leader example");
-        let out = String::from_utf8(output.stdout).expect("utf-8");
-        assert!(output.status.success(), "leader failed:\n{out}");
+    for out in in_process_and_on_redis(env!("CARGO_BIN_EXE_leader"), "the leader example") {
         let epoch = |who: &str| -> u64 {
             let line = out
                 .lines()
@@ -149,16 +165,7 @@ fn the_leader_example_refuses_the_former_leaders_late_write() {
 /// in-process and on Redis.
 #[test]
 fn segmented_never_oversells_at_any_segment_count() {
-    let server = RedisServer::start();
-    for url in [None, Some(server.url())] {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_segmented"));
-        command.env_remove("REDIS_URL");
-        if let Some(url) = &url {
-            command.env("REDIS_URL", url);
-        }
-        let output = lock_tests::output_within_limit(&mut command, "the segmented example");
-        let stdout = String::from_utf8(output.stdout).expect("utf-8");
-        assert!(output.status.success(), "segmented failed:\n{stdout}");
+    for stdout in in_process_and_on_redis(env!("CARGO_BIN_EXE_segmented"), "the segmented example") {
         for segments in ["1", "2", "5", "10"] {
             let line = stdout
                 .lines()

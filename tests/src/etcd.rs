@@ -183,7 +183,8 @@ impl Etcd {
         for attempt in 0..20 {
             let member_dir = etcd._dir.path().join(format!("alone-{attempt}"));
             let token = cluster_token(etcd._dir.path());
-            etcd.members = vec![member(member_dir, "alone", &token)];
+            let ports = free_ports(2);
+            etcd.members = vec![member(member_dir, "alone", &token, (ports[0], ports[1]))];
             etcd.members[0].initial_cluster = etcd.initial_cluster();
             etcd.members[0].spawn().unwrap_or_else(|e| panic!("{e}"));
             if etcd.wait_until_healthy(&[0]) {
@@ -210,10 +211,13 @@ impl Etcd {
         // directories, as a cluster that never formed.
         for attempt in 0..5 {
             let token = format!("{}-{attempt}", cluster_token(etcd._dir.path()));
+            // All six at once, so that no two members share one.
+            let ports = free_ports(6);
             etcd.members = (0..3)
                 .map(|i| {
                     let name = format!("member-{}", i + 1);
-                    member(etcd._dir.path().join(format!("{name}-{attempt}")), &name, &token)
+                    let dir = etcd._dir.path().join(format!("{name}-{attempt}"));
+                    member(dir, &name, &token, (ports[2 * i], ports[2 * i + 1]))
                 })
                 .collect();
             let initial_cluster = etcd.initial_cluster();
@@ -332,14 +336,14 @@ fn cluster_token(dir: &std::path::Path) -> String {
     format!("lock-tests-{}-{unique}", std::process::id())
 }
 
-fn member(dir: PathBuf, name: &str, token: &str) -> Member {
+/// A member on `(client_port, peer_port)`.
+fn member(dir: PathBuf, name: &str, token: &str, (client_port, peer_port): (u16, u16)) -> Member {
     std::fs::create_dir_all(&dir).expect("member dir");
-    let ports = free_ports(2);
     Member {
         child: None,
         name: name.to_owned(),
-        client_port: ports[0],
-        peer_port: ports[1],
+        client_port,
+        peer_port,
         token: token.to_owned(),
         dir,
         initial_cluster: String::new(),

@@ -30,6 +30,17 @@ pub fn target(zk: &ZooKeeper) -> String {
     format!("zookeeper={}", zk.connect_string())
 }
 
+/// A client with a 20 s session, far longer than a test that kills
+/// nothing: a loaded machine cannot lapse it (a 1 s session's holder can
+/// lose its node to a starved moment).
+pub async fn long_session_client(zk: &ZooKeeper) -> lock_runtime::LockClient {
+    lock_runtime::LockClient::builder()
+        .zookeeper_session_timeout(std::time::Duration::from_secs(20))
+        .zookeeper(&zk.connect_string())
+        .await
+        .expect("connect")
+}
+
 /// A client of `zk` asking for [`SESSION_TIMEOUT`].
 pub async fn client(zk: &ZooKeeper) -> lock_runtime::LockClient {
     lock_runtime::LockClient::builder()

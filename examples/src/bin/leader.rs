@@ -7,44 +7,16 @@
 //! Storage that refuses epochs older than the newest it has seen keeps B's
 //! write when A's arrives; a follower asks who leads.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError};
-
-/// Storage that remembers the highest epoch it has accepted.
-#[derive(Default)]
-struct Storage {
-    newest_epoch: Mutex<u64>,
-    schedule: Mutex<String>,
-}
-
-impl Storage {
-    fn write(&self, epoch: u64, text: &str) -> Result<(), String> {
-        let mut newest = self.newest_epoch.lock().unwrap_or_else(PoisonError::into_inner);
-        if epoch < *newest {
-            return Err(format!(
-                "refused write with epoch {epoch}: storage has seen epoch {newest}"
-            ));
-        }
-        *newest = epoch;
-        *self.schedule.lock().unwrap_or_else(PoisonError::into_inner) = text.to_owned();
-        Ok(())
-    }
-}
+use lock_examples::FencedStore as Storage;
+use lock_runtime::LockError;
 
 #[tokio::main]
 async fn main() -> Result<(), LockError> {
-    let locks = match std::env::var("REDIS_URL") {
-        Ok(url) => {
-            println!("elections on Redis (REDIS_URL)\n");
-            LockClient::connect(&url).await?
-        }
-        Err(_) => {
-            println!("elections in this process (set REDIS_URL to use Redis)\n");
-            LockClient::in_memory()
-        }
-    };
+    let (locks, which) = lock_examples::client().await?;
+    println!("{which}\n");
     // Every replica builds the same election; here two tasks of one
     // process stand in for two replicas.
     let election = locks.election("scheduler").ttl(Duration::from_secs(5));
@@ -60,7 +32,9 @@ async fn main() -> Result<(), LockError> {
             let _ = a_arrives.await;
             match storage.write(epoch_a, "replica-a's plan") {
                 Ok(()) => println!("replica-a: write with epoch {epoch_a} accepted"),
-                Err(refusal) => println!("replica-a: {refusal}"),
+                Err(newest) => {
+                    println!("replica-a: refused write with epoch {epoch_a}: storage has seen epoch {newest}")
+                }
             }
         })
     };
@@ -71,7 +45,9 @@ async fn main() -> Result<(), LockError> {
     println!("replica-b: leads with epoch {epoch_b}, writes");
     match storage.write(epoch_b, "replica-b's plan") {
         Ok(()) => println!("replica-b: write with epoch {epoch_b} accepted"),
-        Err(refusal) => println!("replica-b: {refusal}"),
+        Err(newest) => {
+            println!("replica-b: refused write with epoch {epoch_b}: storage has seen epoch {newest}")
+        }
     }
     let _ = b_wrote.send(());
     let _ = slow_write.await;
@@ -80,11 +56,7 @@ async fn main() -> Result<(), LockError> {
         println!("a follower asks: {} leads, epoch {}", leader.value, leader.epoch);
     }
     b.resign().await?;
-    let schedule = storage
-        .schedule
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
+    let schedule = storage.contents();
     println!("\nStorage holds {schedule:?}: replica-a's late write could not overwrite it.");
     Ok(())
 }

@@ -564,16 +564,18 @@ async fn s6my_mariadb_stopped_past_the_leases_under_load() {
             spacing: Duration::from_secs(2),
             seconds: 14,
         };
-        run_deaths(&server.url(), deaths, |_| {
-            server.pause();
-            // The stop outlasts every lease (T): no lease survives it by
-            // renewal, so each holder must have stopped by its deadline.
-            std::thread::sleep(T + Duration::from_millis(500));
-            server.resume();
-        })
-        .await;
+        run_deaths(&server.url(), deaths, |_| stop_past_the_leases(&server)).await;
     })
     .await
+}
+
+/// Stops `server` (SIGSTOP) for longer than every lease (T), from the
+/// thread of a fault: no lease survives the stop by renewal, so each holder
+/// must have stopped by its deadline.
+pub(crate) fn stop_past_the_leases(server: &impl Database) {
+    server.pause();
+    std::thread::sleep(T + Duration::from_millis(500));
+    server.resume();
 }
 
 /// S3zk: each member of a 3-member ensemble SIGKILLed in turn (followers,

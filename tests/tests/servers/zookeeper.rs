@@ -44,11 +44,7 @@ async fn a_release_wakes_one_waiter_not_the_herd() {
         // outlive its holder), and with the suite's 1 s session those
         // looks, all 50 at once, landed among the handoffs of a slow run
         // (a watch count read mid-look: 24, not 40). Nothing here is killed.
-        let locks = lock_runtime::LockClient::builder()
-            .zookeeper_session_timeout(Duration::from_secs(20))
-            .zookeeper(&zk.connect_string())
-            .await
-            .expect("connect");
+        let locks = zookeeper::long_session_client(&zk).await;
         let first = locks.lock("herd").acquire().await.expect("first holder");
         // 50 waiters, each in its own task and holding until told to go.
         let entered = Arc::new(AtomicUsize::new(0));
@@ -121,11 +117,7 @@ async fn an_uncontended_pair_is_three_operations() {
     lock_tests::bounded("an_uncontended_pair_is_three_operations", async move {
         let zk = ZooKeeper::start();
         // A long session: no ping among the packets counted.
-        let locks = LockClient::builder()
-            .zookeeper_session_timeout(Duration::from_secs(20))
-            .zookeeper(&zk.connect_string())
-            .await
-            .expect("connect");
+        let locks = zookeeper::long_session_client(&zk).await;
         // The first pair creates the queue's container as well.
         locks.lock("pairs").run(async {}).await.expect("first pair");
         let before = zk.monitor(0, "zk_packets_received").expect("mntr");
@@ -207,11 +199,7 @@ async fn a_waiter_that_gives_up_leaves_the_queue() {
         // out on a loaded machine (a .ci/run, two chains of scenarios
         // beside it): a session that lapses takes the holder's node, and a
         // connection lost for a moment fails the call.
-        let locks = lock_runtime::LockClient::builder()
-            .zookeeper_session_timeout(Duration::from_secs(20))
-            .zookeeper(&zk.connect_string())
-            .await
-            .expect("connect");
+        let locks = zookeeper::long_session_client(&zk).await;
         let holder = lock_tests::guard_from_another_task(&locks, "given-up").await;
         assert_eq!(queue_len(&zk, "given-up").await, 1);
         let timed_out = locks
