@@ -2,12 +2,15 @@
 //! jitter of its retries. From the OS by default; from one seed in a
 //! simulation (`testing`), so that a seed replays a run exactly.
 
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex, PoisonError};
+#[cfg(any(test, feature = "testing"))]
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
+#[cfg(any(test, feature = "testing"))]
+use rand::{SeedableRng, rngs::StdRng};
 
 use crate::spec::Kind;
 
@@ -23,6 +26,7 @@ pub(crate) enum Entropy {
     #[default]
     Os,
     /// A prefix, a counter and an RNG of this client's own, from a seed.
+    #[cfg(any(test, feature = "testing"))]
     Seeded {
         prefix: String,
         next: AtomicU64,
@@ -34,6 +38,7 @@ pub(crate) enum Entropy {
 
 impl Entropy {
     /// Holder ids and jitter drawn from `seed` alone.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn seeded(seed: u64) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
         Entropy::Seeded {
@@ -54,6 +59,7 @@ impl Entropy {
                 PROCESS_PREFIX.as_str(),
                 NEXT_HOLDER.fetch_add(1, Ordering::Relaxed),
             ),
+            #[cfg(any(test, feature = "testing"))]
             Entropy::Seeded { prefix, next, .. } => (prefix.as_str(), next.fetch_add(1, Ordering::Relaxed)),
         };
         let side = match kind {
@@ -82,6 +88,7 @@ impl Entropy {
         let range = nanos / 2..=nanos;
         Duration::from_nanos(match self {
             Entropy::Os => rand::rng().random_range(range),
+            #[cfg(any(test, feature = "testing"))]
             Entropy::Seeded { rng, .. } => rng
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)

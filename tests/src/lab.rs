@@ -201,8 +201,12 @@ impl Workers {
                         &workload.ttl.as_millis().to_string(),
                         &workload.max_body.as_millis().to_string(),
                     ])
+                    .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::inherit());
+                // Closing the worker's standard input ends its run
+                // (`stop`).
+                command.env("LOCK_WORKER_STOP_ON_EOF", "1");
                 command.env(
                     "LOCK_WORKER_LONG_BODY_PERCENT",
                     workload.long_body_percent.to_string(),
@@ -230,10 +234,22 @@ impl Workers {
             .collect()
     }
 
-    /// Waits for every worker and sums what they said.
+    /// Ends the workers' runs before their time: each takes no new lock,
+    /// ends the body it is in as usual, and reports ([`Workers::finish`]).
+    pub fn stop(&mut self) {
+        for child in &mut self.children {
+            drop(child.stdin.take());
+        }
+    }
+
+    /// Waits for every worker (to the end of its run's time, unless
+    /// [`Workers::stop`] ended it) and sums what they said.
     pub fn finish(mut self) -> Tally {
         let mut total = Tally::default();
-        for child in std::mem::take(&mut self.children) {
+        for mut child in std::mem::take(&mut self.children) {
+            // `wait_with_output` closes the standard input first, which
+            // would end the run: keep it open until the worker is done.
+            let _running = child.stdin.take();
             let output = child.wait_with_output().expect("worker output");
             assert!(output.status.success(), "a worker failed: {:?}", output.status);
             total.add(Tally::from_json(&String::from_utf8_lossy(&output.stdout)));

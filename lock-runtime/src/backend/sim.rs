@@ -418,12 +418,12 @@ impl SimServer {
         };
         // A driver resends a request when its connection broke after
         // sending it; the copy lands before the reply reaches the caller
-        // (one connection, in order). A copy landing after the caller's
-        // next request would shorten an extension the caller was told of
-        // (a re-acquisition sets the lease to its ttl): seed 1535 found
-        // that when copies landed at random, the hole the ignored test
-        // `an_extension_overtaken_by_an_older_renewal_whose_reply_is_lost`
-        // keeps.
+        // (the resend's reply is the one the caller gets), never after the
+        // caller's next request. (When copies landed at any time, seed 1535
+        // found a late copy of an acquisition cutting an extended lease
+        // back to its ttl; every backend now only lengthens a lease on a
+        // repeated attempt, which the simulation's
+        // `a_late_attempt_of_the_holder_does_not_shorten_its_lease` keeps.)
         let again_after = duplicated.then(|| {
             let back_ns = u64::try_from(back.as_nanos()).unwrap_or(u64::MAX);
             Duration::from_nanos(w.rng.random_range(0..back_ns))

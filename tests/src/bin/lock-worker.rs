@@ -151,6 +151,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ttl: Duration::from_millis(ttl_ms.parse()?),
                 max_body: Duration::from_millis(max_body_ms.parse()?),
                 lock: (*lock).to_owned(),
+                stopped: stop_on_eof(),
             };
             witness(run, witness_dir, tasks.parse()?).await
         }
@@ -439,10 +440,57 @@ impl FenceLog {
 struct WitnessRun {
     url: String,
     keys: Vec<String>,
+    /// The longest the run lasts; the controller may end it sooner.
     duration: Duration,
     ttl: Duration,
     max_body: Duration,
     lock: String,
+    /// Turns true when the controller ends the run: a run under
+    /// faults lasts until the last fault has healed and load has followed
+    /// it, which only the controller knows.
+    stopped: tokio::sync::watch::Receiver<bool>,
+}
+
+impl WitnessRun {
+    /// Whether a task started at `start` takes another lock.
+    fn going(&self, start: std::time::Instant) -> bool {
+        start.elapsed() < self.duration && !*self.stopped.borrow()
+    }
+
+    /// Resolves when the run ends: its time is up or the controller ended it.
+    async fn ended(&self) {
+        let mut stopped = self.stopped.clone();
+        tokio::select! {
+            () = tokio::time::sleep(self.duration) => {}
+            // The sender is never dropped while the value is false.
+            _ = stopped.wait_for(|s| *s) => {}
+        }
+    }
+}
+
+/// A watch that turns true when the controller ends the run by closing
+/// this worker's standard input ([`lock_tests::lab::Workers::stop`]), if
+/// it asked for that with `LOCK_WORKER_STOP_ON_EOF=1`. A thread of its own
+/// reads the pipe: the runtime has no standard-input support built in, and
+/// one blocking read per run does not need it.
+fn stop_on_eof() -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    if std::env::var_os("LOCK_WORKER_STOP_ON_EOF").is_some_and(|v| v == "1") {
+        std::thread::spawn(move || {
+            use std::io::Read;
+            // Reads to the end: the controller writes nothing, it closes.
+            if std::io::stdin().read_to_end(&mut Vec::new()).is_ok() {
+                let _ = tx.send(true);
+            } else {
+                // Unreadable: the run goes by its time alone.
+                std::mem::forget(tx);
+            }
+        });
+    } else {
+        // No stop will come: `ended` and `going` go by the time alone.
+        std::mem::forget(tx);
+    }
+    rx
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -767,7 +815,7 @@ async fn library_task(
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(0);
-    while start.elapsed() < run.duration {
+    while run.going(start) {
         let key = pick(&run.keys);
         let body = if rand::random_ratio(long_percent.min(100), 100) {
             // Long enough to need renewals, so that stalls can cost the lock.
@@ -929,7 +977,7 @@ async fn run_body_task(
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(0);
-    while start.elapsed() < run.duration {
+    while run.going(start) {
         let key = pick(&run.keys).to_owned();
         let length = if rand::random_ratio(long_percent.min(100), 100) {
             Duration::from_millis(500) + body_length(Duration::from_millis(2000))
@@ -1092,15 +1140,17 @@ async fn election_task(
         }
     };
     let value = format!("{}:{task}", std::process::id());
-    match tokio::time::timeout(run.duration, election.run(value, lead)).await {
-        // The run's time is up: the term in progress, if any, is dropped
-        // and resigned.
-        Err(_) => {}
-        Ok(Err(e)) => {
-            tally.errors += 1;
-            tally.first_error = Some(e.to_string());
-        }
-        Ok(Ok(never)) => match never {},
+    tokio::select! {
+        // The run is over: the term in progress, if any, is dropped and
+        // resigned.
+        () = run.ended() => {}
+        result = election.run(value, lead) => match result {
+            Err(e) => {
+                tally.errors += 1;
+                tally.first_error = Some(e.to_string());
+            }
+            Ok(never) => match never {},
+        },
     }
     tally.taken = counts.ended.load(std::sync::atomic::Ordering::Relaxed);
     tally.lost = counts.lost.load(std::sync::atomic::Ordering::Relaxed);
@@ -1117,7 +1167,7 @@ async fn broken_task(
     let start = std::time::Instant::now();
     let mut tally = Tally::default();
     let owner = format!("{}:{task}", std::process::id());
-    while start.elapsed() < run.duration {
+    while run.going(start) {
         let key = pick(&run.keys);
         let body = body_length(run.max_body);
         let acquired: Option<String> = redis::cmd("SET")

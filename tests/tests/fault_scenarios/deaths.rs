@@ -36,9 +36,14 @@ pub(crate) struct Deaths {
     pub(crate) faults: u32,
     /// Percent of bodies that last 0.5–2.5 s (renewed across the faults).
     pub(crate) long_body_percent: u32,
-    /// Load before the first fault and between faults.
+    /// Load before the first fault, between faults, and at least after the
+    /// last.
     pub(crate) spacing: Duration,
-    /// How long the workers run: past the last fault by a few seconds.
+    /// How long the workers run at least. They run on until `spacing`
+    /// after the last fault healed: a restart slowed by load (a CI run's
+    /// ZooKeeper members took long enough that the last healed after the
+    /// workers had stopped, and "bodies after every fault" could not hold)
+    /// lengthens the run instead of leaving a fault without load after it.
     pub(crate) seconds: u64,
 }
 
@@ -109,11 +114,14 @@ pub(crate) async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u3
     for attempt in 1..=3 {
         let board = Board::new();
         let controller = Monitor::start();
-        let mut workload = broken_or_library(target, d.keys, d.lock, Duration::from_secs(d.seconds));
+        // The workers' longest run; `workers.stop()` ends it.
+        let longest = Duration::from_secs(d.seconds * 3);
+        let mut workload = broken_or_library(target, d.keys, d.lock, longest);
         workload.max_body = Duration::from_millis(5);
         workload.wait = Some(CALL_WAIT);
         workload.long_body_percent = d.long_body_percent;
-        let workers = Workers::spawn(&board, &workload, 2);
+        let mut workers = Workers::spawn(&board, &workload, 2);
+        let load_began = Instant::now();
         let checked = checked_keys(d.keys, d.lock);
         let checked: Vec<&str> = checked.iter().map(String::as_str).collect();
         let board_entries = || checked.iter().map(|k| board.witness.seen(k).entries).sum::<u64>();
@@ -135,6 +143,10 @@ pub(crate) async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u3
             faults_ms.push((from_watch(began), from_watch(Instant::now())));
             entries_at_heal.push(board_entries());
         }
+        // A deadline for the load, not a synchronisation.
+        let load_ends = (load_began + Duration::from_secs(d.seconds)).max(Instant::now() + d.spacing);
+        tokio::time::sleep_until(load_ends.into()).await;
+        workers.stop();
         let tally = tokio::task::block_in_place(|| workers.finish());
         let still = stretches.finish();
         let worst_late = tally.worst_late.max(controller.worst());
@@ -200,7 +212,7 @@ pub(crate) async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u3
             Verdict::Invalid => {
                 invalid_runs += 1;
                 eprintln!(
-                    "{} run {attempt} INVALID: a process was {worst_late:?} late (bound {bound:?}); {violations} violations not counted",
+                    "{} run {attempt} INVALID: a process was {worst_late:?} late (bound {bound:?}); {violations} violations, bodies after every fault: {progressed} (faults from and to, ms: {faults_ms:?}), not counted",
                     d.id
                 );
                 if attempt < 3 {
