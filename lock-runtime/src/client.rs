@@ -6,11 +6,13 @@ use std::time::Duration;
 
 use crate::admin::LockAdmin;
 use crate::backend::AnyBackend;
+use crate::backend::Failure;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::cluster::{ClusterLink, cluster_builder};
 use crate::backend::redis::redlock::RedlockBackend;
 use crate::backend::redis::sentinel::SentinelLink;
-use crate::backend::redis::{RedisBackend, Topology, connect_error, open_url, redact_error};
+use crate::backend::redis::{RedisBackend, Topology, open_url, redact_error, startup_failure};
+use crate::backend::startup::when_ready;
 use crate::config::ClientConfig;
 use crate::election::Election;
 use crate::entropy::Entropy;
@@ -302,6 +304,22 @@ impl LockClientBuilder {
         self
     }
 
+    /// How long construction waits for a server that refuses connections
+    /// or answers but is not serving yet (Redis `LOADING`, PostgreSQL
+    /// "starting up", etcd without a leader, ZooKeeper not running, a
+    /// Sentinel that names no master, a Redlock with fewer than a majority
+    /// answering) before it fails with what the server last said (default
+    /// 10 s; `Duration::ZERO` fails at the first error). A service often
+    /// starts beside its servers. What waiting cannot mend fails at once:
+    /// an unusable URL, refused credentials or grants, a certificate that
+    /// does not verify. Lock calls have their own `wait` for servers that
+    /// go away later; with [`lazy`](Self::lazy) nothing is waited for at
+    /// construction.
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.config.startup_timeout = timeout;
+        self
+    }
+
     /// Verify `rediss://` servers, and PostgreSQL servers reached with
     /// `sslmode=require`, against this PEM root certificate (your own CA)
     /// instead of the system's roots. Needs the `tls` feature.
@@ -412,6 +430,12 @@ impl LockClientBuilder {
                 )));
             }
         }
+        if c.startup_timeout > MAX_TIMEOUT {
+            return Err(invalid(format!(
+                "the start-up timeout must be at most 1h, got {:?}",
+                c.startup_timeout
+            )));
+        }
         if c.fair_waiter_timeout < Duration::from_millis(250) {
             return Err(invalid(format!(
                 "the fair waiter timeout must be at least 250ms (a live waiter attempts every 200ms), got {:?}",
@@ -439,7 +463,11 @@ impl LockClientBuilder {
         let backend = if self.config.lazy {
             RedisBackend::connect_lazily(url, &self.config)?
         } else {
-            RedisBackend::connect(url, &self.config).await?
+            let (_, node) = open_url(url, self.config.tls_root.as_deref())?;
+            when_ready(&node, self.config.startup_timeout, || {
+                RedisBackend::connect(url, &self.config)
+            })
+            .await?
         };
         let node = backend.node().to_owned();
         let notifier = Notifier::over(vec![backend.topology().clone()], self.config.command_timeout);
@@ -474,53 +502,19 @@ impl LockClientBuilder {
                 .collect::<Result<Vec<_>, _>>()?;
             return Ok(self.build_redlock(nodes, name));
         }
-        let mut nodes = Vec::with_capacity(urls.len());
-        let mut answering = 0;
-        for url in &urls {
-            let (node, answered) = RedisBackend::connect_tolerant(url, &self.config).await?;
-            if nodes.iter().any(|n: &RedisBackend| n.node() == node.node()) {
-                return Err(invalid(format!("master `{}` is listed twice", node.node())));
-            }
-            if answered {
-                answering += 1;
-            } else {
+        let masters = when_ready(&name, self.config.startup_timeout, || {
+            redlock_masters(&self.config, &urls, &name)
+        })
+        .await?;
+        let mut nodes = Vec::with_capacity(masters.len());
+        for (node, answered) in masters {
+            if !answered {
                 tracing::warn!(
                     node = node.node(),
                     "Redlock master not reachable; it will be retried on use"
                 );
             }
             nodes.push(node);
-        }
-        let mut seen: Vec<(String, &str)> = Vec::new();
-        for node in &nodes {
-            let Ok((run_id, clustered)) = node.identity().await else {
-                continue;
-            };
-            if clustered {
-                return Err(invalid(format!(
-                    "master `{}` runs in cluster mode; use `LockClient::cluster` for a Redis Cluster",
-                    node.node()
-                )));
-            }
-            if let Some((_, other)) = seen.iter().find(|(id, _)| !run_id.is_empty() && *id == run_id) {
-                return Err(invalid(format!(
-                    "`{other}` and `{}` are the same server (run_id {run_id}); Redlock needs independent masters",
-                    node.node()
-                )));
-            }
-            seen.push((run_id, node.node()));
-        }
-        let quorum = urls.len() / 2 + 1;
-        if answering < quorum {
-            return Err(LockError::backend(
-                &name,
-                None,
-                format!(
-                    "only {answering} of {} masters answer; a majority ({}) is needed",
-                    urls.len(),
-                    quorum
-                ),
-            ));
         }
         if urls.len() < 3 || urls.len().is_multiple_of(2) {
             tracing::warn!(
@@ -578,10 +572,13 @@ impl LockClientBuilder {
         if !self.config.lazy {
             // Reaches the seeds, learns the slots, then checks the
             // credentials on a node with `PING`.
-            link.connection()
-                .await
-                .map_err(|e| connect_error(&name, e, &seeds))?;
-            backend.verify(&seeds).await?;
+            when_ready(&name, self.config.startup_timeout, || async {
+                link.connection()
+                    .await
+                    .map_err(|e| startup_failure(&name, e, &seeds))?;
+                backend.verify(&seeds).await
+            })
+            .await?;
         }
         Ok(self.build(AnyBackend::Cluster(backend), notifier, name))
     }
@@ -629,7 +626,7 @@ impl LockClientBuilder {
             .with_replica_acks(self.config.replica_acks());
         if !self.config.lazy {
             // Asks Sentinel for the master, connects, checks the credentials.
-            backend.verify(&seeds).await?;
+            when_ready(&name, self.config.startup_timeout, || backend.verify(&seeds)).await?;
             backend.check_eviction_policy().await;
         }
         let notifier = Notifier::over(vec![backend.topology().clone()], self.config.command_timeout);
@@ -643,7 +640,7 @@ impl LockClientBuilder {
         self.check(&redact_url(url))?;
         let backend = MysqlBackend::new(url, &self.config.table, self.config.command_timeout)?;
         if !self.config.lazy {
-            backend.verify().await?;
+            when_ready(backend.node(), self.config.startup_timeout, || backend.verify()).await?;
         }
         let node = backend.node().to_owned();
         Ok(self.build(AnyBackend::Mysql(backend), Notifier::local(), node))
@@ -663,7 +660,7 @@ impl LockClientBuilder {
             c.tls_root.as_deref(),
         )?;
         if !c.lazy {
-            backend.verify().await?;
+            when_ready(backend.node(), c.startup_timeout, || backend.verify()).await?;
         }
         let notifier = Notifier::local();
         backend.listen(Arc::new(Announcements(Arc::downgrade(&notifier))));
@@ -680,7 +677,7 @@ impl LockClientBuilder {
         let backend =
             ZooKeeperBackend::new(connect, &c.zookeeper_root, c.session_timeout, c.command_timeout)?;
         if !c.lazy {
-            backend.verify().await?;
+            when_ready(backend.node(), c.startup_timeout, || backend.verify()).await?;
         }
         let node = backend.node().to_owned();
         Ok(self.build(AnyBackend::ZooKeeper(backend), Notifier::local(), node))
@@ -695,7 +692,7 @@ impl LockClientBuilder {
         let c = &self.config;
         let backend = EtcdBackend::new(endpoints, &c.etcd_root, c.etcd_lease_ttl, c.command_timeout)?;
         if !c.lazy {
-            backend.verify().await?;
+            when_ready(backend.node(), c.startup_timeout, || backend.verify()).await?;
         }
         let node = backend.node().to_owned();
         Ok(self.build(AnyBackend::Etcd(backend), Notifier::local(), node))
@@ -782,4 +779,67 @@ impl crate::backend::postgres::Releases for Announcements {
             notifier.wake_all();
         }
     }
+}
+
+/// One attempt at a Redlock's masters: each connected if it answers (kept
+/// to be connected on first use if not), checked to be independent and
+/// not clustered. Fewer than a majority answering is worth waiting for at
+/// start-up; the rest is the configuration's fault.
+async fn redlock_masters(
+    config: &ClientConfig,
+    urls: &[String],
+    name: &str,
+) -> Result<Vec<(RedisBackend, bool)>, Failure> {
+    let invalid = |reason: String| {
+        Failure::permanent(LockError::InvalidConfig {
+            node: name.to_owned(),
+            reason,
+        })
+    };
+    let mut masters: Vec<(RedisBackend, bool)> = Vec::with_capacity(urls.len());
+    for url in urls {
+        let (node, answered) = RedisBackend::connect_tolerant(url, config)
+            .await
+            .map_err(Failure::permanent)?;
+        if masters.iter().any(|(n, _)| n.node() == node.node()) {
+            return Err(invalid(format!("master `{}` is listed twice", node.node())));
+        }
+        masters.push((node, answered));
+    }
+    let mut seen: Vec<(String, &str)> = Vec::new();
+    for (node, _) in &masters {
+        let Ok((run_id, clustered)) = node.identity().await else {
+            continue;
+        };
+        if clustered {
+            return Err(invalid(format!(
+                "master `{}` runs in cluster mode; use `LockClient::cluster` for a Redis Cluster",
+                node.node()
+            )));
+        }
+        if let Some((_, other)) = seen.iter().find(|(id, _)| !run_id.is_empty() && *id == run_id) {
+            return Err(invalid(format!(
+                "`{other}` and `{}` are the same server (run_id {run_id}); Redlock needs independent masters",
+                node.node()
+            )));
+        }
+        seen.push((run_id, node.node()));
+    }
+    let answering = masters.iter().filter(|(_, answered)| *answered).count();
+    let quorum = urls.len() / 2 + 1;
+    if answering < quorum {
+        return Err(Failure {
+            error: LockError::backend(
+                name,
+                None,
+                format!(
+                    "only {answering} of {} masters answer; a majority ({quorum}) is needed",
+                    urls.len()
+                ),
+            ),
+            transient: true,
+            reconnecting: false,
+        });
+    }
+    Ok(masters)
 }

@@ -34,6 +34,12 @@ pub(crate) const DEFAULT_ETCD_ROOT: &str = "/distributed-locks";
 #[cfg(feature = "etcd")]
 pub(crate) const DEFAULT_ETCD_LEASE_TTL: Duration = Duration::from_secs(10);
 
+/// How long construction waits for a server that is still starting,
+/// unless the builder says otherwise: long enough for a server started
+/// beside the service (a JVM, a database's recovery), short enough that a
+/// wrong address is reported soon.
+pub(crate) const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What every lock call of one client shares.
 #[derive(Debug, Clone)]
 pub(crate) struct ClientConfig {
@@ -46,6 +52,9 @@ pub(crate) struct ClientConfig {
     pub(crate) node_timeout: Duration,
     /// Connect on first use instead of at construction.
     pub(crate) lazy: bool,
+    /// At construction, how long a server that refuses connections or is
+    /// not serving yet is waited for.
+    pub(crate) startup_timeout: Duration,
     /// After each acquire and renewal, `WAIT` for this many replicas to
     /// acknowledge the write (0: don't), for at most `ack_timeout`.
     pub(crate) replica_acks: u32,
@@ -91,6 +100,7 @@ impl Default for ClientConfig {
             command_timeout: Duration::from_secs(1),
             node_timeout: Duration::from_millis(50),
             lazy: false,
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
             replica_acks: 0,
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             fair_waiter_timeout: Duration::from_secs(2),

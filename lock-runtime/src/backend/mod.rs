@@ -25,6 +25,7 @@ mod queue;
 pub(crate) mod redis;
 #[cfg(feature = "testing")]
 pub(crate) mod sim;
+pub(crate) mod startup;
 mod tls;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod unanswered;

@@ -289,8 +289,22 @@ pub(crate) async fn run_s4(
     id: &str,
     scenario: &str,
 ) {
+    run_s4_with(port, rival, through, id, scenario, S4_TTL).await;
+}
+
+/// The lock's ttl in S4 unless a backend's scenario needs another.
+pub(crate) const S4_TTL: Duration = Duration::from_millis(600);
+
+/// [`run_s4`] with a lock ttl of `ttl`.
+pub(crate) async fn run_s4_with(
+    port: u16,
+    rival: &LockClient,
+    through: impl AsyncFn(&Proxy) -> LockClient,
+    id: &str,
+    scenario: &str,
+    ttl: Duration,
+) {
     let board = Board::new();
-    let ttl = Duration::from_millis(600);
     let trials = 5;
     // A trial in which this process or its runtime was starved past the
     // monitor's bound and the holder stopped late proved nothing: it is

@@ -51,7 +51,10 @@ async fn s2zk_a_paused_holder_is_stopped_by_fencing() {
 /// S4zk: the holder's link is blackholed while it works: it stops before
 /// its validity deadline (at most the session timeout past its last
 /// answered request), and a rival on a healthy link enters only after the
-/// ensemble expired the holder's session.
+/// ensemble expired the holder's session. The lock's ttl (3 s) is longer
+/// than the session (1 s), as with the defaults (30 s and 10 s): the cap
+/// of the session timeout, not the ttl, is what stops the holder in time.
+/// With a ttl under the cap (S4's 600 ms), the cap never bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s4zk_a_holder_cut_off_stops_before_its_session_can_expire() {
     scenario(
@@ -67,12 +70,13 @@ async fn s4zk_a_holder_cut_off_stops_before_its_session_can_expire() {
                     .await
                     .expect("connect")
             };
-            run_s4(
+            run_s4_with(
                 zk.port(0),
                 &rival,
                 through,
                 "S4zk",
-                "S4 holder link blackholed, on ZooKeeper",
+                "S4 holder link blackholed, on ZooKeeper, ttl above the session timeout",
+                Duration::from_secs(3),
             )
             .await;
         },

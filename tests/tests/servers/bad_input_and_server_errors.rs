@@ -145,7 +145,11 @@ async fn an_unreachable_server_is_a_fast_error_naming_the_node() {
             let port = free_port();
             let url = format!("redis://:hunter2@127.0.0.1:{port}/");
             let start = Instant::now();
-            let err = LockClient::connect(&url)
+            // Without a start-up wait (the default waits 10 s for a server
+            // that may be starting: `startup::`'s tests).
+            let err = LockClient::builder()
+                .startup_timeout(Duration::ZERO)
+                .connect(&url)
                 .await
                 .expect_err("nothing listens there");
             assert!(

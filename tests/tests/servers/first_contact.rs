@@ -205,12 +205,20 @@ async fn a_lazy_client_starts_while_redis_is_down() {
         for m in &mut down {
             m.kill();
         }
-        let fast = || LockClient::builder().command_timeout(Duration::from_millis(300));
+        let fast = || {
+            LockClient::builder()
+                .command_timeout(Duration::from_millis(300))
+                .startup_timeout(Duration::from_millis(300))
+        };
         let err = fast()
             .connect(&server.url())
             .await
             .expect_err("eager connect to a dead server");
         assert!(matches!(err, LockError::Backend { .. }), "{err}");
+        assert!(
+            err.to_string().contains("not ready within 300ms"),
+            "waited for: {err}"
+        );
 
         let one = fast()
             .lazy()

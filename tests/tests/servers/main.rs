@@ -37,6 +37,7 @@ mod replication;
 mod server_deaths;
 mod several_keys;
 mod stale_holder;
+mod startup;
 mod tls;
 mod watchdog;
 mod zookeeper;

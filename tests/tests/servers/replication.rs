@@ -164,10 +164,15 @@ async fn sentinel_construction_errors() {
         let nowhere = format!("redis://127.0.0.1:{}/", lock_tests::free_port());
         let err = LockClient::builder()
             .command_timeout(Duration::from_millis(300))
+            .startup_timeout(Duration::from_millis(600))
             .sentinel(MASTER_NAME, [nowhere.as_str()])
             .await
             .expect_err("no sentinel answers");
         assert!(matches!(err, LockError::Backend { .. }), "{err}");
+        assert!(
+            err.to_string().contains("not ready within 600ms"),
+            "waited for: {err}"
+        );
         let empty: [&str; 0] = [];
         let err = LockClient::sentinel(MASTER_NAME, empty)
             .await

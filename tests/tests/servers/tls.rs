@@ -40,6 +40,19 @@ async fn locks_over_tls_with_a_private_ca() {
             "{err}"
         );
         assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
+        // Waiting cannot mend a certificate: refused at the first attempt.
+        assert!(!err.to_string().contains("not ready"), "{err}");
+        // A TLS client at a plain port (the server's own) cannot be told
+        // from a server not answering yet: Redis waits for the rest of a
+        // command line that never comes. It is waited for, then reported.
+        let err = LockClient::builder()
+            .tls_root_certificate(ca.clone())
+            .command_timeout(Duration::from_millis(200))
+            .startup_timeout(Duration::from_millis(500))
+            .connect(&format!("rediss://127.0.0.1:{}/", server.port()))
+            .await
+            .expect_err("TLS to a plain port");
+        assert!(err.to_string().contains("not ready within 500ms"), "{err}");
 
         let locks = LockClient::builder()
             .tls_root_certificate(ca)
@@ -95,12 +108,14 @@ async fn postgres_over_tls_with_a_private_ca() {
             .await
             .expect_err("an unknown issuer is refused");
         assert!(unverified.to_string().to_lowercase().contains("certificate"), "{unverified}");
+        assert!(!unverified.to_string().contains("not ready"), "refused at once: {unverified}");
         let plain = LockClient::builder()
             .command_timeout(Duration::from_secs(2))
             .postgres(&url("disable"))
             .await
             .expect_err("the role may not connect without TLS");
         assert!(plain.to_string().contains("no encryption"), "{plain}");
+        assert!(!plain.to_string().contains("not ready"), "refused at once: {plain}");
 
         let locks = LockClient::builder()
             .tls_root_certificate(ca)

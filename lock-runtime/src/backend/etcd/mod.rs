@@ -366,14 +366,21 @@ impl EtcdBackend {
 
     /// Connects and takes a lease now: unreachable endpoints or a refusing
     /// cluster fail at start-up.
-    pub(crate) async fn verify(&self) -> Result<(), LockError> {
+    /// One attempt: a cluster without a leader, or members that refuse
+    /// connections, is `transient`, to be waited for
+    /// (`startup::when_ready`).
+    pub(crate) async fn verify(&self) -> Result<(), Failure> {
         match tokio::time::timeout(self.timeout * 2, self.lease_id()).await {
-            Ok(result) => result.map(drop).map_err(LockError::from),
-            Err(_) => Err(LockError::backend(
-                &self.node,
-                None,
-                format!("no lease granted within {}ms", (self.timeout * 2).as_millis()),
-            )),
+            Ok(result) => result.map(drop),
+            Err(_) => Err(Failure {
+                error: LockError::backend(
+                    &self.node,
+                    None,
+                    format!("no lease granted within {}ms", (self.timeout * 2).as_millis()),
+                ),
+                transient: true,
+                reconnecting: false,
+            }),
         }
     }
 

@@ -12,6 +12,7 @@ use mysql_async::{Conn, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
 
 use super::sql::{FairStatements, MAX_NAME_BYTES, SharedStatements, Statements};
 use crate::backend::contract::{AcquireReply, Failure};
+use crate::backend::startup;
 use crate::backend::unanswered::{Answering, Attempt, Unanswered};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -135,8 +136,10 @@ impl MysqlBackend {
     }
 
     /// Connects, and creates the table if it is missing: a wrong password
-    /// or a missing grant fails here, at start-up.
-    pub(crate) async fn verify(&self) -> Result<(), LockError> {
+    /// or a missing grant fails here, at start-up. One attempt: a server
+    /// that refuses connections, is shutting down or does not answer is
+    /// `transient`, to be waited for (`startup::when_ready`).
+    pub(crate) async fn verify(&self) -> Result<(), Failure> {
         let result = tokio::time::timeout(self.timeout, async {
             let mut conn = self.pool.get_conn().await?;
             self.create_tables(&mut conn).await
@@ -144,29 +147,26 @@ impl MysqlBackend {
         .await;
         match result {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(self.config_error(e)),
-            Err(_) => Err(LockError::backend(
-                &self.node,
-                None,
-                format!("no answer within {}ms", self.timeout.as_millis()),
-            )),
+            Ok(Err(e)) => Err(self.startup_failure(e)),
+            Err(_) => Err(startup::no_answer(&self.node, self.timeout)),
         }
     }
 
     /// A start-up failure: refused credentials and missing grants are the
-    /// configuration's fault.
-    pub(super) fn config_error(&self, e: mysql_async::Error) -> LockError {
-        let message = redact_secrets(&e.to_string(), &self.url);
+    /// configuration's fault and fail at once; the rest is classified as
+    /// for a lock call.
+    fn startup_failure(&self, e: mysql_async::Error) -> Failure {
         match &e {
             mysql_async::Error::Server(s) if matches!(s.code, 1044 | 1045 | 1142 | 1698) => {
-                LockError::InvalidConfig {
+                Failure::permanent(LockError::InvalidConfig {
                     node: self.node.clone(),
                     reason: format!(
-                        "{message}; the user needs CREATE (or an existing table), SELECT, INSERT, UPDATE and DELETE on the lock table"
+                        "{}; the user needs CREATE (or an existing table), SELECT, INSERT, UPDATE and DELETE on the lock table",
+                        redact_secrets(&e.to_string(), &self.url)
                     ),
-                }
+                })
             }
-            _ => LockError::backend(&self.node, None, message),
+            _ => self.failure(None, e),
         }
     }
 

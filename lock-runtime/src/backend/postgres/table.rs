@@ -12,6 +12,7 @@ use tokio_postgres::error::SqlState;
 
 use super::sql::{MAX_NAME_BYTES, MemberStatements, Statements};
 use crate::backend::contract::{AcquireReply, Failure};
+use crate::backend::startup::{self, tls_refused};
 use crate::backend::unanswered::{Answering, Attempt, Unanswered};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -240,22 +241,23 @@ impl PostgresBackend {
 
     /// Connects, and creates the table if it is missing: a wrong password
     /// or a missing grant fails here, at start-up.
-    pub(crate) async fn verify(&self) -> Result<(), LockError> {
+    /// One attempt: a server that refuses connections, is starting up or
+    /// shutting down, or does not answer is `transient`, to be waited for
+    /// (`startup::when_ready`).
+    pub(crate) async fn verify(&self) -> Result<(), Failure> {
         let result = tokio::time::timeout(self.timeout, self.create_table()).await;
         match result {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(self.config_error(e)),
-            Err(_) => Err(LockError::backend(
-                &self.node,
-                None,
-                format!("no answer within {}ms", self.timeout.as_millis()),
-            )),
+            Ok(Err(e)) => Err(self.startup_failure(e)),
+            Err(_) => Err(startup::no_answer(&self.node, self.timeout)),
         }
     }
 
     /// A start-up failure: refused credentials, a missing database and
-    /// missing grants are the configuration's fault.
-    fn config_error(&self, e: PoolError) -> LockError {
+    /// missing grants are the configuration's fault, and so is TLS that
+    /// fails (a certificate that does not verify): both fail at once. The
+    /// rest is classified as for a lock call.
+    fn startup_failure(&self, e: PoolError) -> Failure {
         let message = redact_secrets(&describe(&e), &self.url);
         let state = match &e {
             PoolError::Backend(e) => e.code().cloned(),
@@ -268,13 +270,16 @@ impl PostgresBackend {
             SqlState::INSUFFICIENT_PRIVILEGE,
         ];
         match state {
-            Some(state) if refused.contains(&state) => LockError::InvalidConfig {
+            Some(state) if refused.contains(&state) => Failure::permanent(LockError::InvalidConfig {
                 node: self.node.clone(),
                 reason: format!(
                     "{message}; the user needs CREATE on the schema (or an existing table), and SELECT, INSERT, UPDATE and DELETE on the lock table"
                 ),
-            },
-            _ => LockError::backend(&self.node, None, message),
+            }),
+            _ if matches!(&e, PoolError::Backend(inner) if tls_refused(inner)) => {
+                Failure::permanent(LockError::backend(&self.node, None, message))
+            }
+            _ => self.failure(None, e),
         }
     }
 

@@ -20,6 +20,7 @@ use super::contract::{
     AcquireReply, AcquireRequest, Backend, Failure, HandOver, LeaderRecord, RenewItem, Renewal,
     recorded_value,
 };
+use super::startup::tls_refused;
 use super::tls;
 use crate::config::{ClientConfig, ReplicaAcks};
 use crate::error::LockError;
@@ -200,11 +201,13 @@ impl RedisBackend {
     /// Connects, authenticates and checks that the node answers `PING`, so
     /// that a wrong password or an unreachable server fails here, not at the
     /// first lock.
-    pub(crate) async fn connect(url: &str, config: &ClientConfig) -> Result<Self, LockError> {
-        let (client, node) = open_url(url, config.tls_root.as_deref())?;
+    /// One attempt: the caller waits for a server still starting
+    /// (`startup::when_ready`), which the failure's `transient` tells.
+    pub(crate) async fn connect(url: &str, config: &ClientConfig) -> Result<Self, Failure> {
+        let (client, node) = open_url(url, config.tls_root.as_deref()).map_err(Failure::permanent)?;
         let conn = ConnectionManager::new_with_config(client.clone(), manager_config(config))
             .await
-            .map_err(|e| connect_error(&node, e, &[url]))?;
+            .map_err(|e| startup_failure(&node, e, &[url]))?;
         let backend =
             RedisBackend::new(conn, Topology::Single(client), node).with_replica_acks(config.replica_acks());
         backend.verify(&[url]).await?;
@@ -231,10 +234,10 @@ impl RedisBackend {
     ) -> Result<(Self, bool), LockError> {
         match Self::connect(url, config).await {
             Ok(backend) => Ok((backend, true)),
-            // Down or unreachable: kept for later. A wrong password is not
-            // tolerated: it is a configuration error (`InvalidConfig`).
-            Err(LockError::Backend { .. }) => Ok((Self::connect_lazily(url, config)?, false)),
-            Err(other) => Err(other),
+            // Down, unreachable or still starting: kept for later. A wrong
+            // password is not tolerated: waiting cannot mend it.
+            Err(f) if f.transient => Ok((Self::connect_lazily(url, config)?, false)),
+            Err(f) => Err(f.error),
         }
     }
 
@@ -283,33 +286,18 @@ impl<C: Connection> RedisBackend<C> {
         }
     }
 
-    /// `PING`: the first command that needs the connection's credentials.
-    pub(crate) async fn verify(&self, urls: &[&str]) -> Result<(), LockError> {
+    /// `PING`: the first command that needs the connection's credentials
+    /// (and the first a loading server refuses).
+    pub(crate) async fn verify(&self, urls: &[&str]) -> Result<(), Failure> {
         redis::cmd("PING")
             .query_async::<Value>(&mut self.conn.clone())
             .await
             .map(drop)
-            .map_err(|e| connect_error(&self.node, e, urls))
+            .map_err(|e| startup_failure(&self.node, e, urls))
     }
 
     fn failure(&self, key: &LockKey, e: RedisError) -> Failure {
-        let transient = e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || matches!(
-                e.kind(),
-                ErrorKind::Server(
-                    ServerErrorKind::BusyLoading
-                        | ServerErrorKind::TryAgain
-                        | ServerErrorKind::ClusterDown
-                        | ServerErrorKind::MasterDown
-                        | ServerErrorKind::ReadOnly
-                )
-            )
-            || e.code() == Some("BUSY")
-            // Sentinel names no confirmed master while a failover runs.
-            || e.kind() == ErrorKind::MasterNameNotFoundBySentinel;
+        let transient = transient(&e);
         let reconnecting = e.is_unrecoverable_error() && !e.is_timeout();
         Failure {
             error: LockError::backend(&self.node, Some(&key.name), e),
@@ -892,6 +880,42 @@ pub(crate) fn open_url(url: &str, tls_root: Option<&[u8]>) -> Result<(redis::Cli
 /// A failure to connect or to answer the first command. Refused credentials
 /// are the configuration's fault, and retrying cannot fix them: they are
 /// `InvalidConfig`, everything else `Backend`.
+/// Worth trying again: the connection failed or broke, or the server is
+/// busy, loading, failing over or without a master.
+fn transient(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+        )
+        || e.code() == Some("BUSY")
+        // Sentinel names no confirmed master while a failover runs.
+        || e.kind() == ErrorKind::MasterNameNotFoundBySentinel
+}
+
+/// A failure connecting or checking the connection at start-up: waited
+/// for if a lock call would retry it, unless the credentials were refused
+/// or TLS failed (a certificate that does not verify, or a TLS client
+/// talking to a plain server), which waiting cannot mend.
+pub(crate) fn startup_failure(node: &str, e: RedisError, urls: &[&str]) -> Failure {
+    let waitable = transient(&e) && !tls_refused(&e);
+    let error = connect_error(node, e, urls);
+    Failure {
+        transient: waitable && !matches!(error, LockError::InvalidConfig { .. }),
+        error,
+        reconnecting: false,
+    }
+}
+
 pub(crate) fn connect_error(node: &str, e: RedisError, urls: &[&str]) -> LockError {
     let refused = e.kind() == ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"));

@@ -310,8 +310,10 @@ impl ZooKeeperBackend {
 
     /// Opens the session now: an unreachable ensemble or a bad connect
     /// string fails at start-up.
-    pub(crate) async fn verify(&self) -> Result<(), LockError> {
-        self.client().await.map(drop).map_err(LockError::from)
+    /// One attempt: an ensemble not serving yet is `transient`, to be
+    /// waited for (`startup::when_ready`).
+    pub(crate) async fn verify(&self) -> Result<(), Failure> {
+        self.client().await.map(drop)
     }
 
     fn children(&self) -> std::sync::MutexGuard<'_, Children> {
