@@ -33,9 +33,10 @@ pub(crate) struct NotReady {
 }
 
 /// Runs `attempt` until it succeeds, fails with an error that waiting
-/// cannot mend, or `limit` has passed since the first attempt began (then
-/// one attempt may run past it, by its own bound at most). A `limit` of
-/// zero is one attempt whose error is returned as it is.
+/// cannot mend, or `limit` has passed since the first attempt began: an
+/// attempt still running then is dropped. A `limit` of zero is one
+/// attempt, unbounded but by its own timeouts, whose error is returned as
+/// it is.
 pub(crate) async fn when_ready<T, Fut>(
     node: &str,
     limit: Duration,
@@ -44,29 +45,42 @@ pub(crate) async fn when_ready<T, Fut>(
 where
     Fut: Future<Output = Result<T, Failure>>,
 {
-    let began = tokio::time::Instant::now();
+    if limit.is_zero() {
+        return attempt().await.map_err(LockError::from);
+    }
+    let deadline = tokio::time::Instant::now() + limit;
     let mut pause = FIRST_PAUSE;
     let mut attempts = 0u32;
+    let not_ready = |attempts: u32, last: String| {
+        LockError::backend(
+            node,
+            None,
+            NotReady {
+                limit,
+                attempts,
+                last,
+            },
+        )
+    };
+    // What the last attempt that ended said.
+    let mut last = None;
     loop {
         attempts += 1;
-        let failure = match attempt().await {
-            Ok(ready) => return Ok(ready),
-            Err(failure) => failure,
+        let failure = match tokio::time::timeout_at(deadline, attempt()).await {
+            Ok(Ok(ready)) => return Ok(ready),
+            Ok(Err(failure)) => failure,
+            Err(_) => {
+                let last = last.unwrap_or_else(|| "no answer yet".to_owned());
+                return Err(not_ready(attempts, last));
+            }
         };
-        if !failure.transient || limit.is_zero() {
+        if !failure.transient {
             return Err(failure.error);
         }
-        let Some(left) = limit.checked_sub(began.elapsed()).filter(|left| !left.is_zero()) else {
-            return Err(LockError::backend(
-                node,
-                None,
-                NotReady {
-                    limit,
-                    attempts,
-                    last: last_seen(&failure.error),
-                },
-            ));
-        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(not_ready(attempts, last_seen(&failure.error)));
+        }
         if attempts == 1 {
             tracing::info!(
                 node,
@@ -75,6 +89,7 @@ where
                 "lock server not ready; waiting for it"
             );
         }
+        last = Some(last_seen(&failure.error));
         // A pause between attempts, not a synchronisation: nothing says
         // when a starting server is ready but its answers.
         tokio::time::sleep(pause.min(left)).await;
@@ -190,6 +205,31 @@ mod tests {
         .expect_err("refused");
         assert_eq!(tries.get(), 1);
         assert!(matches!(error, LockError::InvalidConfig { .. }), "{error:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_still_running_at_the_limit_is_dropped() {
+        let tries = Cell::new(0);
+        let began = tokio::time::Instant::now();
+        let error = when_ready("n:1", Duration::from_secs(2), || {
+            tries.set(tries.get() + 1);
+            let n = tries.get();
+            async move {
+                if n == 1 {
+                    return Err::<(), _>(transient(n));
+                }
+                // A server that accepts and never answers, with no
+                // timeout of the attempt's own.
+                std::future::pending().await
+            }
+        })
+        .await
+        .expect_err("never ready");
+        assert_eq!(began.elapsed(), Duration::from_secs(2));
+        assert_eq!(
+            error.to_string(),
+            "lock server `n:1` failed: not ready within 2s (2 attempts; `startup_timeout` sets how long to wait), last: refused 1"
+        );
     }
 
     #[test]

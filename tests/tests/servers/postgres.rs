@@ -455,6 +455,8 @@ async fn bad_input_gets_clear_errors_and_no_password_shows() {
             .await
             .expect_err("TLS required, and this server does not offer it");
         assert!(err.to_string().contains("does not support TLS"), "{err}");
+        // Waiting cannot mend it: refused at the first attempt.
+        assert!(!err.to_string().contains("not ready"), "{err}");
         assert!(!format!("{err} {err:?}").contains("tls-Pa55"), "{err:?}");
         let err = LockClient::postgres("postgres://app:pw-in-url@[::1/x")
             .await

@@ -126,6 +126,20 @@ fn transient_state(state: &SqlState) -> bool {
         .contains(state)
 }
 
+/// An error without an SQLSTATE that waiting cannot mend: TLS that fails
+/// (`sslmode=require` to a server without TLS), authentication the client
+/// cannot answer (no password given), an unusable configuration. The
+/// driver's error kinds are private; its message starts with the kind's.
+fn lasting(e: &tokio_postgres::Error) -> bool {
+    const KINDS: [&str; 4] = [
+        "error performing TLS handshake",
+        "authentication error",
+        "invalid configuration",
+        "invalid connection string",
+    ];
+    e.code().is_none() && KINDS.iter().any(|kind| e.to_string().starts_with(kind))
+}
+
 /// A server that is shutting down or crashed: its connections are gone.
 fn closing_state(state: &SqlState) -> bool {
     [SqlState::ADMIN_SHUTDOWN, SqlState::CRASH_SHUTDOWN].contains(state)
@@ -276,7 +290,7 @@ impl PostgresBackend {
                     "{message}; the user needs CREATE on the schema (or an existing table), and SELECT, INSERT, UPDATE and DELETE on the lock table"
                 ),
             }),
-            _ if matches!(&e, PoolError::Backend(inner) if tls_refused(inner)) => {
+            _ if matches!(&e, PoolError::Backend(inner) if tls_refused(inner) || lasting(inner)) => {
                 Failure::permanent(LockError::backend(&self.node, None, message))
             }
             _ => self.failure(None, e),

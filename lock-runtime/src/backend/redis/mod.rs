@@ -907,7 +907,8 @@ fn transient(e: &RedisError) -> bool {
 /// or TLS failed (a certificate that does not verify, or a TLS client
 /// talking to a plain server), which waiting cannot mend.
 pub(crate) fn startup_failure(node: &str, e: RedisError, urls: &[&str]) -> Failure {
-    let waitable = transient(&e) && !tls_refused(&e);
+    let certificate = seeds_cause(&e).is_some_and(|cause| cause.contains("invalid peer certificate"));
+    let waitable = transient(&e) && !tls_refused(&e) && !certificate;
     let error = connect_error(node, e, urls);
     Failure {
         transient: waitable && !matches!(error, LockError::InvalidConfig { .. }),
@@ -916,9 +917,17 @@ pub(crate) fn startup_failure(node: &str, e: RedisError, urls: &[&str]) -> Failu
     }
 }
 
+/// A cluster client's first connections fail as one I/O error whose detail
+/// is the text of a seed's own error: the only place its cause shows.
+fn seeds_cause(e: &RedisError) -> Option<&str> {
+    (e.kind() == ErrorKind::Io).then(|| e.detail()).flatten()
+}
+
 pub(crate) fn connect_error(node: &str, e: RedisError, urls: &[&str]) -> LockError {
+    const REFUSALS: [&str; 4] = ["NOAUTH", "WRONGPASS", "NOPERM", "AuthenticationFailed"];
     let refused = e.kind() == ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"));
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || seeds_cause(&e).is_some_and(|cause| REFUSALS.iter().any(|code| cause.contains(code)));
     if refused {
         return LockError::InvalidConfig {
             node: node.to_owned(),
