@@ -877,9 +877,6 @@ pub(crate) fn open_url(url: &str, tls_root: Option<&[u8]>) -> Result<(redis::Cli
     Ok((client, node))
 }
 
-/// A failure to connect or to answer the first command. Refused credentials
-/// are the configuration's fault, and retrying cannot fix them: they are
-/// `InvalidConfig`, everything else `Backend`.
 /// Worth trying again: the connection failed or broke, or the server is
 /// busy, loading, failing over or without a master.
 fn transient(e: &RedisError) -> bool {
@@ -923,6 +920,9 @@ fn seeds_cause(e: &RedisError) -> Option<&str> {
     (e.kind() == ErrorKind::Io).then(|| e.detail()).flatten()
 }
 
+/// A failure to connect or to answer the first command. Refused credentials
+/// are the configuration's fault, and retrying cannot fix them: they are
+/// `InvalidConfig`, everything else `Backend`.
 pub(crate) fn connect_error(node: &str, e: RedisError, urls: &[&str]) -> LockError {
     const REFUSALS: [&str; 4] = ["NOAUTH", "WRONGPASS", "NOPERM", "AuthenticationFailed"];
     let refused = e.kind() == ErrorKind::AuthenticationFailed
