@@ -14,6 +14,7 @@
 //! cargo run --release -p lock-bench -- --only WG1 --pg-url postgres://…   # WG0+WG1 there
 //! cargo run --release -p lock-bench -- --only WE    # etcd
 //! cargo run --release -p lock-bench -- --only W1,W2,W3,W4,WP   # against rslock 0.10
+//! cargo run --release -p lock-bench -- --pin --only WSF,WSB,WSC   # renewals under load, leases per core
 //! ```
 //!
 //! Prints one JSON line per workload as it finishes, then a markdown table
@@ -71,6 +72,7 @@ mod wk_kinds;
 mod wm_mysql;
 mod wp_rslock;
 mod wr_replica_acks;
+mod ws_flood;
 mod ws_scale;
 mod wz_zookeeper;
 
@@ -90,6 +92,7 @@ use wk_kinds::*;
 use wm_mysql::*;
 use wp_rslock::*;
 use wr_replica_acks::*;
+use ws_flood::*;
 use ws_scale::*;
 use wz_zookeeper::*;
 
@@ -231,6 +234,14 @@ async fn main() -> Result<(), Error> {
             println!("{}", report.json());
             reports.push(report);
         }
+    }
+    // Last: they install a recorder of the library's metrics (for the
+    // renewal lag), which the workloads above must not pay for.
+    if wanted("WSF") || wanted("WSB") || wanted("WSC") {
+        let lags = Lags::install();
+        run!("WSF", ws_flood(&url, &lags));
+        run!("WSB", ws_busy_runtime(&url, &lags));
+        run!("WSC", ws_capacity(&url, &lags));
     }
     summarise(&reports);
     // `--plot DIR`: SVG charts of this run.

@@ -11,7 +11,7 @@ const WS_TTL: Duration = Duration::from_secs(3);
 const WS_HOLD: Duration = Duration::from_secs(10);
 
 /// The process's resident memory (`/proc/self/statm`), in bytes.
-fn resident_bytes() -> f64 {
+pub(crate) fn resident_bytes() -> f64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())

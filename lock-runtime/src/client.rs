@@ -560,18 +560,19 @@ impl LockClientBuilder {
         let client = cluster_builder(&urls, timeout, tls_root.as_deref())
             .build()
             .map_err(|e| invalid(redact_error(e, &seeds)))?;
-        let link = ClusterLink::new(client);
+        let (link, lane) = (ClusterLink::new(client.clone()), ClusterLink::new(client));
         let topology = Topology::Cluster {
             urls: urls.clone(),
             timeout,
             tls_root,
         };
         let notifier = Notifier::over(vec![topology.clone()], self.config.command_timeout);
-        let backend = RedisBackend::new(link.clone(), topology, name.clone())
+        let backend = RedisBackend::new(link.clone(), lane.clone(), topology, name.clone())
             .with_replica_acks(self.config.replica_acks());
         if !self.config.lazy {
             // Reaches the seeds, learns the slots, then checks the
-            // credentials on a node with `PING`.
+            // credentials on a node with `PING` (which connects the
+            // renewal lane too).
             when_ready(&name, self.config.startup_timeout, || async {
                 link.connection()
                     .await
@@ -622,8 +623,9 @@ impl LockClientBuilder {
         )
         .map_err(|e| invalid(redact_error(e, &seeds)))?;
         let link = SentinelLink::new(sentinel, self.config.command_timeout);
-        let backend = RedisBackend::new(link.clone(), Topology::Sentinel(link), name.clone())
-            .with_replica_acks(self.config.replica_acks());
+        let backend = RedisBackend::new(link.clone(), link.clone(), Topology::Sentinel(link), name.clone())
+            .with_replica_acks(self.config.replica_acks())
+            .one_connection();
         if !self.config.lazy {
             // Asks Sentinel for the master, connects, checks the credentials.
             when_ready(&name, self.config.startup_timeout, || backend.verify(&seeds)).await?;
@@ -804,7 +806,7 @@ async fn redlock_masters(
         if masters.iter().any(|(n, _)| n.node() == node.node()) {
             return Err(invalid(format!("master `{}` is listed twice", node.node())));
         }
-        masters.push((node, answered));
+        masters.push((node.one_connection(), answered));
     }
     let mut seen: Vec<(String, &str)> = Vec::new();
     for (node, _) in &masters {

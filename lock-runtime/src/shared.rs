@@ -66,7 +66,11 @@ impl ClientInner {
     ) -> Self {
         let backend = Arc::new(backend);
         ClientInner {
-            watchdog: Watchdog::new(Arc::downgrade(&backend), config.command_timeout),
+            watchdog: Watchdog::new(
+                Arc::downgrade(&backend),
+                config.command_timeout,
+                backend.renews_apart(),
+            ),
             backend,
             config,
             notifier,

@@ -44,6 +44,7 @@ mod names {
     pub(super) const WAIT: &str = "distributed_lock_wait_seconds";
     pub(super) const HOLD: &str = "distributed_lock_hold_seconds";
     pub(super) const RENEWALS: &str = "distributed_lock_renewals_total";
+    pub(super) const RENEWAL_LAG: &str = "distributed_lock_renewal_lag_seconds";
     pub(super) const LOST: &str = "distributed_lock_lost_total";
     pub(super) const HELD: &str = "distributed_lock_held";
     pub(super) const SKIPPED: &str = "distributed_lock_skipped_total";
@@ -73,6 +74,11 @@ pub(crate) fn describe() {
         metrics::describe_counter!(
             names::RENEWALS,
             "Lease renewals by outcome: renewed, lost, unconfirmed, failed"
+        );
+        metrics::describe_histogram!(
+            names::RENEWAL_LAG,
+            Unit::Seconds,
+            "How late a renewal was confirmed, from when it fell due or the lease was granted if later (the most overdue lease of each batch)"
         );
         metrics::describe_counter!(
             names::LOST,
@@ -162,6 +168,15 @@ pub(crate) fn renewals(outcome: RenewalOutcome, count: usize) {
     let _ = (outcome, count);
 }
 
+/// A batch of renewals was confirmed `lag` after its most overdue lease
+/// fell due: what eats into the two thirds of a ttl a lease has left then.
+pub(crate) fn renewal_lag(lag: Duration) {
+    #[cfg(feature = "metrics")]
+    recording::observe(&recording::RENEWAL_LAG, lag);
+    #[cfg(not(feature = "metrics"))]
+    let _ = lag;
+}
+
 /// Recording without building a key per call: the facade's macros would
 /// allocate a label list and hash the key on every call, even with no
 /// recorder installed. The keys of a lock name are built once, the first
@@ -195,6 +210,7 @@ mod recording {
         FAILED = "failed"
     );
     static HELD: Key = Key::from_static_name(names::HELD);
+    pub(super) static RENEWAL_LAG: Key = Key::from_static_name(names::RENEWAL_LAG);
 
     /// The keys of one lock name's series.
     pub(super) struct NameKeys {

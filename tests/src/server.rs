@@ -279,14 +279,33 @@ impl RedisServer {
     /// Every command logged since [`log_every_command`](Self::log_every_command),
     /// with its arguments (a call's first 32), oldest first.
     pub fn commands_logged(&self) -> Vec<Vec<String>> {
+        self.commands_logged_by_connection()
+            .into_iter()
+            .map(|(_, args)| args)
+            .collect()
+    }
+
+    /// [`commands_logged`](Self::commands_logged), each with the address
+    /// of the connection that sent it (`ip:port`, the client's side).
+    pub fn commands_logged_by_connection(&self) -> Vec<(String, Vec<String>)> {
         let entries: Vec<redis::Value> = self.query(redis::cmd("SLOWLOG").arg("GET").arg(-1));
-        let mut commands: Vec<Vec<String>> = entries
+        let mut commands: Vec<(String, Vec<String>)> = entries
             .into_iter()
             .filter_map(|entry| match entry {
-                redis::Value::Array(fields) => fields.into_iter().nth(3),
+                redis::Value::Array(fields) => {
+                    let mut fields = fields.into_iter().skip(3);
+                    let args = fields.next()?;
+                    let address = fields.next()?;
+                    Some((address, args))
+                }
                 _ => None,
             })
-            .map(|args| redis::from_redis_value(args).expect("a logged command's arguments"))
+            .map(|(address, args)| {
+                (
+                    redis::from_redis_value(address).expect("a logged command's client address"),
+                    redis::from_redis_value(args).expect("a logged command's arguments"),
+                )
+            })
             .collect();
         commands.reverse();
         commands

@@ -104,6 +104,12 @@ fn renewals(outcome: &str) -> u64 {
     totals(|t| t.counters.get(&s).copied().unwrap_or(0))
 }
 
+/// The renewal lags recorded so far, in seconds (one per renewed batch).
+fn renewal_lags() -> Vec<f64> {
+    let s = series("distributed_lock_renewal_lag_seconds", &[]);
+    totals(|t| t.histograms.get(&s).cloned().unwrap_or_default())
+}
+
 fn lost(lock: &str, reason: &str) -> u64 {
     let s = series(
         "distributed_lock_lost_total",
@@ -318,6 +324,7 @@ async fn renewals_and_losses_are_counted_with_their_reason() {
         let _turn = TURN.lock().await;
         let locks = client().await;
         let renewed = renewals("renewed");
+        let lags = renewal_lags().len();
 
         // Renewed a few times while the body runs (every ttl/3). A second of
         // lease leaves a starved test process ample time to renew.
@@ -330,6 +337,16 @@ async fn renewals_and_losses_are_counted_with_their_reason() {
             .await
             .expect("kept by renewal");
         assert!(renewals("renewed") > renewed, "no renewal counted");
+        // Each renewed batch records how late it was confirmed: within the
+        // lease, which was kept.
+        let new_lags = renewal_lags().split_off(lags);
+        assert!(!new_lags.is_empty(), "no renewal lag recorded");
+        assert!(
+            new_lags
+                .iter()
+                .all(|&lag| (0.0..ttl.as_secs_f64()).contains(&lag)),
+            "lags outside the lease: {new_lags:?}"
+        );
 
         // Deleted behind the holder's back: the next renewal finds it gone.
         let (gone, taken) = (renewals("lost"), lost("deleted", "taken_over"));

@@ -13,6 +13,7 @@ mod contract;
 pub(crate) mod etcd;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 mod glob;
+pub(crate) mod lane;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod members;
 pub(crate) mod memory;
@@ -61,6 +62,18 @@ pub(crate) enum AnyBackend {
 }
 
 impl AnyBackend {
+    /// Whether renewals run on the renewal thread (`lane.rs`): on every
+    /// backend that talks to a server. In-process and simulated leases
+    /// are renewed on the caller's runtime, whose clock (paused in tests)
+    /// their leases follow.
+    pub(crate) fn renews_apart(&self) -> bool {
+        #[cfg(feature = "testing")]
+        if let AnyBackend::Sim(_) = self {
+            return false;
+        }
+        !matches!(self, AnyBackend::Memory(_))
+    }
+
     /// Whether fencing tokens can be issued: not by a Redlock, whose
     /// per-master counters are not monotonic under faults.
     pub(crate) fn supports_fencing(&self) -> bool {
@@ -246,14 +259,22 @@ impl AnyBackend {
     /// Releases a lease the lock's holder took, telling the backend
     /// whether it was taken with a fencing token: on PostgreSQL a fenced
     /// lock's row outlives its holders, and its release skips the plain
-    /// delete tried first for an unfenced one. The same as `release`
-    /// everywhere else.
+    /// delete tried first for an unfenced one. On Redis it goes on the
+    /// renewal lane, which `release` (the undo of an attempt) does not.
+    /// The same as `release` everywhere else.
     pub(crate) async fn release_lease(
         &self,
         key: &LockKey,
         holder: &str,
         fenced: bool,
     ) -> Result<bool, Failure> {
+        match self {
+            AnyBackend::Redis(b) => return b.release_held(key, holder).await,
+            AnyBackend::Cluster(b) => return b.release_held(key, holder).await,
+            AnyBackend::Sentinel(b) => return b.release_held(key, holder).await,
+            AnyBackend::Redlock(b) => return Box::pin(b.release_held(key, holder)).await,
+            _ => {}
+        }
         #[cfg(feature = "postgres")]
         if let (AnyBackend::Postgres(b), true) = (self, fenced) {
             return Box::pin(b.release_fenced(key, holder)).await;

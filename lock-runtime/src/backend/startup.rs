@@ -99,6 +99,7 @@ where
 
 /// A start-up attempt the server did not answer within `within`: a server
 /// still starting, worth waiting for.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(crate) fn no_answer(node: &str, within: Duration) -> Failure {
     Failure {
         error: LockError::backend(node, None, format!("no answer within {}ms", within.as_millis())),

@@ -9,8 +9,9 @@
 //! no-op sent behind the attempt is answered, a connection answering in
 //! order; MariaDB: the connection's server thread is killed and gone), and
 //! a give-back for the same holder waits for that ([`Unanswered::settled`]).
-//! Redis needs none of this: a client's commands share one connection,
-//! which carries the give-back behind the attempt.
+//! Redis needs none of this: an attempt and its give-back share the
+//! acquisitions' connection, which carries the give-back behind the
+//! attempt (only renewals and held leases' releases use the other one).
 
 use std::collections::HashMap;
 use std::future::Future;

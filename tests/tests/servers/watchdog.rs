@@ -130,7 +130,9 @@ async fn a_deleted_lock_cancels_the_body_within_a_renewal_interval() {
 /// than half the drift allowance) is outside the
 /// guarantee: it is counted as invalid and replaced, up to a limit, never
 /// as a failure. A late signal in a trial without starvation fails.
-// One thread for the holder, its watchdog and the runtime monitor: on two
+// One thread for the holder and the runtime monitor (the watchdog renews
+// on a thread of its own; the stop comes from the lease's deadline, timed
+// on the holder's runtime): on two
 // workers a woken task can wait behind a busy one (tokio's LIFO slot is not
 // stolen) while the monitor's timer, on the other worker, runs on time. The
 // CI tier met that twice: a stop 7 ms past its planned instant (2.5 ms
@@ -301,5 +303,56 @@ async fn a_renewal_never_shortens_a_longer_lease() {
         job.release().await.expect("release");
         reader.release().await.expect("release");
     })
+    .await
+}
+
+/// Renewals, and the release of a held lock, travel on a connection of
+/// their own (#57): on the acquisitions' connection they queued behind
+/// every acquisition pipelined before them, and a burst of acquisitions
+/// made held leases miss their deadlines. Told apart by the address each
+/// command came from (the server's log of every command).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_and_releases_travel_apart_from_acquisitions() {
+    lock_tests::bounded(
+        "renewals_and_releases_travel_apart_from_acquisitions",
+        async move {
+            let server = RedisServer::start();
+            let locks = client(&server).await;
+            server.log_every_command();
+            let guard = locks
+                .lock("lane")
+                .ttl(Duration::from_millis(300))
+                .acquire()
+                .await
+                .expect("acquire");
+            let sent_from = |command: &str| -> Vec<String> {
+                server
+                    .commands_logged_by_connection()
+                    .into_iter()
+                    .filter(|(_, args)| args.iter().any(|a| a == "lock:{lane}"))
+                    .filter(|(_, args)| args.first().is_some_and(|c| c.eq_ignore_ascii_case(command)))
+                    .map(|(address, _)| address)
+                    .collect()
+            };
+            // The watchdog renews at a third of the ttl.
+            eventually(Duration::from_secs(5), || !sent_from("evalsha").is_empty()).await;
+            guard.release().await.expect("release");
+            let acquired = sent_from("set");
+            let renewed_and_released = sent_from("evalsha");
+            assert_eq!(acquired.len(), 1, "one SET: {acquired:?}");
+            assert!(
+                renewed_and_released.len() >= 2,
+                "a renewal and a release: {renewed_and_released:?}"
+            );
+            assert!(
+                renewed_and_released.iter().all(|a| *a == renewed_and_released[0]),
+                "renewals and the release on one connection: {renewed_and_released:?}"
+            );
+            assert_ne!(
+                acquired[0], renewed_and_released[0],
+                "the renewals went on the acquisitions' connection"
+            );
+        },
+    )
     .await
 }

@@ -1,5 +1,7 @@
-//! Coalescing: concurrent exclusive releases bound for one node go out as
-//! one script call per flush.
+//! Coalescing: concurrent releases of held exclusive locks bound for one
+//! node go out as one script call per flush, on the node's renewal lane
+//! (the undo of an attempt in doubt goes alone, on the acquisitions'
+//! connection, after the attempt).
 //!
 //! Redis runs commands one at a time on one core, and a script call costs it
 //! several times a native command (the call, its arguments, a Lua frame):
@@ -22,12 +24,14 @@
 //! for a flush takes the release with it, under that lock: once its drop
 //! returns, the release was either taken by a flush, whose call was started
 //! under that lock before the drop, or is never sent (the lease's drop
-//! guard sends it again). So whatever the caller sends next (the next
-//! attempt of an acquisition whose give-back timed out) does not race it.
+//! guard sends it again). So whatever is sent next for that lease (the
+//! drop guard's retry) does not race it.
 //!
 //! Hand-written because no crate batches `redis` commands by key into one
-//! script call; the queue is a mutex-guarded `Vec` held for a push or a take.
+//! script call; the queue is a mutex-guarded map by arrival, held for a
+//! push, a take or a caller's leaving.
 
+use std::collections::BTreeMap;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -81,7 +85,13 @@ struct Queued {
 struct Queue {
     /// Calls out (callers' own, and flushes): at `MOST_OUT`, new ops queue.
     out: usize,
-    waiting: Vec<Queued>,
+    /// By arrival: a flush takes the first, a caller that stops waiting
+    /// takes its own out by its number. (A list searched for the caller's
+    /// entry cost a search per caller: ten thousand releases given up at
+    /// once kept a core busy for minutes.)
+    waiting: BTreeMap<u64, Queued>,
+    /// The number of the next op to queue.
+    arrivals: u64,
 }
 
 /// A flush on the wire: it hands back its ops with their results.
@@ -97,7 +107,8 @@ pub(crate) struct Coalescer<C> {
 
 enum Start<T> {
     Alone(Poll<T>),
-    Queued(oneshot::Receiver<RedisResult<i64>>),
+    /// Where the result comes, and the op's number in the queue.
+    Queued(oneshot::Receiver<RedisResult<i64>>, u64),
 }
 
 impl<C: Connection> Coalescer<C> {
@@ -124,16 +135,19 @@ impl<C: Connection> Coalescer<C> {
                 Start::Alone(alone.as_mut().poll(cx))
             } else {
                 let (reply, result) = oneshot::channel();
-                queue.waiting.push(Queued::new(op, reply));
-                Start::Queued(result)
+                let number = queue.arrivals;
+                queue.arrivals += 1;
+                queue.waiting.insert(number, Queued::new(op, reply));
+                Start::Queued(result, number)
             })
         })
         .await;
         match start {
-            Start::Queued(result) => {
+            Start::Queued(result, number) => {
                 let mut waiting = Waiting {
                     coalescer: self,
                     result,
+                    number,
                     answered: false,
                 };
                 let result = (&mut waiting.result).await;
@@ -175,12 +189,12 @@ impl<C: Connection> Coalescer<C> {
 /// A queued caller's wait for its flush. Dropped unanswered, it takes its
 /// release off the queue under the queue's lock. Without the lock, a flush
 /// that had just checked the caller was still waiting could put the
-/// release on the wire after the caller's next command: a give-back sent
-/// after the acquisition's next attempt would free the lock that attempt
-/// took.
+/// release on the wire after whatever is sent next for the lease, which
+/// could then not count on the release being settled.
 struct Waiting<'c, C: Connection> {
     coalescer: &'c Coalescer<C>,
     result: oneshot::Receiver<RedisResult<i64>>,
+    number: u64,
     answered: bool,
 }
 
@@ -188,10 +202,7 @@ impl<C: Connection> Drop for Waiting<'_, C> {
     fn drop(&mut self) {
         if !self.answered {
             self.result.close();
-            self.coalescer
-                .lock()
-                .waiting
-                .retain(|queued| !queued.reply.is_closed());
+            self.coalescer.lock().waiting.remove(&self.number);
         }
     }
 }
@@ -243,8 +254,9 @@ impl<C: Connection> Flusher<C> {
                     return Poll::Ready(None);
                 }
                 let cut = queue.waiting.len().min(MOST_PER_FLUSH);
-                let rest = queue.waiting.split_off(cut);
-                let batch = std::mem::replace(&mut queue.waiting, rest);
+                let batch: Vec<Queued> = (0..cut)
+                    .filter_map(|_| queue.waiting.pop_first().map(|(_, queued)| queued))
+                    .collect();
                 let mut flight = this.flight(batch);
                 let first = flight.as_mut().poll(cx);
                 Poll::Ready(Some((flight, first)))

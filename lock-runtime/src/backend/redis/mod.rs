@@ -1,9 +1,11 @@
 //! Locks in Redis: the scripts and their replies, over one node's
 //! connection or a cluster's.
 //!
-//! One connection per node, not a pool, on purpose: every command of one
-//! acquisition and its compensating release then travel in order on the same
-//! socket, so a release can never overtake the acquire it undoes.
+//! Two connections per node, not a pool, on purpose: every command of one
+//! acquisition and its compensating release travel in order on the first, so
+//! a release can never overtake the acquire it undoes; the renewals, and the
+//! releases of held leases, travel on the second (the renewal lane), so that
+//! they never wait behind acquisitions (#57).
 
 use std::future::Future;
 use std::sync::{Arc, LazyLock};
@@ -20,6 +22,7 @@ use super::contract::{
     AcquireReply, AcquireRequest, Backend, Failure, HandOver, LeaderRecord, RenewItem, Renewal,
     recorded_value,
 };
+use super::lane::on_renewal_thread;
 use super::startup::tls_refused;
 use super::tls;
 use crate::config::{ClientConfig, ReplicaAcks};
@@ -149,8 +152,21 @@ impl std::fmt::Debug for Topology {
 }
 
 pub(crate) struct RedisBackend<C = ConnectionManager> {
+    /// Acquisitions, and the undo of an attempt whose reply was lost
+    /// (`release`, `release_many`, `release_segments`): the undo travels
+    /// after the attempt it undoes.
     conn: C,
-    /// Exclusive releases, coalesced while calls are out. None on a cluster, whose keys of one call would have to
+    /// The renewal lane: renewals, and the releases (and `keep`s) of held
+    /// leases. The same connection on a Redlock's master and a Sentinel's
+    /// (`one_connection`). On `conn` a renewal queued behind every acquisition
+    /// pipelined before it, and a burst of acquisitions made held leases
+    /// miss their deadlines (100,000 tasks taking locks lost leases that
+    /// were held on a healthy server). Nothing sent here can overtake what
+    /// it depends on: a lease is renewed or released only after its
+    /// acquisition's reply came back.
+    lane: C,
+    /// Held exclusive locks' releases, on the lane, coalesced while calls
+    /// are out. None on a cluster, whose keys of one call would have to
     /// share a slot.
     coalescer: Option<Arc<Coalescer<C>>>,
     topology: Topology,
@@ -168,18 +184,35 @@ impl<C> std::fmt::Debug for RedisBackend<C> {
 }
 
 impl<C: Connection> RedisBackend<C> {
-    pub(crate) fn new(conn: C, topology: Topology, node: String) -> Self {
+    /// `conn` for acquisitions, `lane` a second connection to the same
+    /// server for renewals and releases of held leases.
+    pub(crate) fn new(conn: C, lane: C, topology: Topology, node: String) -> Self {
         let coalescer = match topology {
-            Topology::Single(_) | Topology::Sentinel(_) => Some(Coalescer::new(conn.clone())),
+            Topology::Single(_) | Topology::Sentinel(_) => Some(Coalescer::new(lane.clone())),
             Topology::Cluster { .. } => None,
         };
         RedisBackend {
             conn,
+            lane,
             coalescer,
             topology,
             node,
             acks: None,
         }
+    }
+
+    /// Everything on the one connection, the renewal lane included. For a
+    /// Redlock's master: a grant counts once a majority answered, and a
+    /// slower master may still be about to apply the acquisition, so a
+    /// held lease's release must travel behind it there. For a Sentinel's
+    /// master: two connections could follow a failover at different
+    /// times, and renew or release on the old master.
+    pub(crate) fn one_connection(mut self) -> Self {
+        self.lane = self.conn.clone();
+        if self.coalescer.is_some() {
+            self.coalescer = Some(Coalescer::new(self.conn.clone()));
+        }
+        self
     }
 
     /// `WAIT` for `acks` after every acquire and renewal.
@@ -208,8 +241,15 @@ impl RedisBackend {
         let conn = ConnectionManager::new_with_config(client.clone(), manager_config(config))
             .await
             .map_err(|e| startup_failure(&node, e, &[url]))?;
-        let backend =
-            RedisBackend::new(conn, Topology::Single(client), node).with_replica_acks(config.replica_acks());
+        // Connected on the renewal thread, where its replies are read.
+        let lane = on_renewal_thread(ConnectionManager::new_with_config(
+            client.clone(),
+            manager_config(config),
+        ))
+        .await
+        .map_err(|e| startup_failure(&node, e, &[url]))?;
+        let backend = RedisBackend::new(conn, lane, Topology::Single(client.clone()), node)
+            .with_replica_acks(config.replica_acks());
         backend.verify(&[url]).await?;
         backend.check_eviction_policy().await;
         Ok(backend)
@@ -219,9 +259,15 @@ impl RedisBackend {
     /// unusable URL is an error.
     pub(crate) fn connect_lazily(url: &str, config: &ClientConfig) -> Result<Self, LockError> {
         let (client, node) = open_url(url, config.tls_root.as_deref())?;
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))
-            .map_err(|e| connect_error(&node, e, &[url]))?;
-        Ok(RedisBackend::new(conn, Topology::Single(client), node).with_replica_acks(config.replica_acks()))
+        let connect = || {
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))
+                .map_err(|e| connect_error(&node, e, &[url]))
+        };
+        let (conn, lane) = (connect()?, connect()?);
+        Ok(
+            RedisBackend::new(conn, lane, Topology::Single(client.clone()), node)
+                .with_replica_acks(config.replica_acks()),
+        )
     }
 
     /// Like [`connect`](Self::connect), but a node that does not answer now
@@ -288,12 +334,17 @@ impl<C: Connection> RedisBackend<C> {
 
     /// `PING`: the first command that needs the connection's credentials
     /// (and the first a loading server refuses).
+    /// Both connections: on a Sentinel's master or a cluster, this is what
+    /// connects them, the renewal lane on the renewal thread.
     pub(crate) async fn verify(&self, urls: &[&str]) -> Result<(), Failure> {
-        redis::cmd("PING")
-            .query_async::<Value>(&mut self.conn.clone())
+        let ping = |mut conn: C| async move { redis::cmd("PING").query_async::<Value>(&mut conn).await };
+        ping(self.conn.clone())
             .await
-            .map(drop)
-            .map_err(|e| startup_failure(&self.node, e, urls))
+            .map_err(|e| startup_failure(&self.node, e, urls))?;
+        on_renewal_thread(ping(self.lane.clone()))
+            .await
+            .map_err(|e| startup_failure(&self.node, e, urls))?;
+        Ok(())
     }
 
     fn failure(&self, key: &LockKey, e: RedisError) -> Failure {
@@ -373,35 +424,9 @@ impl<C: Connection> Backend for RedisBackend<C> {
         Ok(released > 0)
     }
 
+    /// The undo of an attempt: on the acquisitions' connection, after it.
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        // Every exclusive release is `release_one.lua` alone, or
-        // `coalesced.lua` with others;
-        // `release.lua` is for the kinds with lines and sorted sets.
-        if is_exclusive_holder(holder) {
-            let op = Op {
-                key: &key.redis_key,
-                channel: &key.channel,
-                holder,
-            };
-            let released = match &self.coalescer {
-                Some(coalescer) => coalescer.run(op).await,
-                None => coalesce::send_alone(&mut self.conn.clone(), op, self.announce()).await,
-            }
-            .map_err(|e| self.failure(key, e))?;
-            return Ok(released == 1);
-        }
-        let mut invocation = RELEASE.key(&key.redis_key);
-        invocation.key(&key.channel);
-        if holder.starts_with("f:") {
-            invocation.key(key.line_key()).key(key.alive_key());
-        }
-        let released: i64 = invocation
-            .arg(holder)
-            .arg(self.announce())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|e| self.failure(key, e))?;
-        Ok(released == 1)
+        self.release_on(&self.conn, None, key, holder).await
     }
 
     async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
@@ -410,13 +435,13 @@ impl<C: Connection> Backend for RedisBackend<C> {
             .arg(&key.redis_key)
             .arg(holder)
             .arg(millis(ttl))
-            .invoke(&mut self.conn.clone())
+            .invoke(&mut self.lane.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
         let renewed = renewed == [1];
         if renewed && let Some(acks) = self.acks {
             let acked = self
-                .conn
+                .lane
                 .wait_for_replicas(&key.redis_key, acks)
                 .await
                 .map_err(|e| self.failure(key, e))?;
@@ -442,6 +467,50 @@ impl<C: Connection> Backend for RedisBackend<C> {
 }
 
 impl<C: Connection> RedisBackend<C> {
+    /// Releases a held lease (`AnyBackend::release_lease`): on the renewal
+    /// lane, after its renewals, with other exclusive releases coalesced.
+    pub(crate) async fn release_held(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
+        self.release_on(&self.lane, self.coalescer.as_ref(), key, holder)
+            .await
+    }
+
+    async fn release_on(
+        &self,
+        conn: &C,
+        coalescer: Option<&Arc<Coalescer<C>>>,
+        key: &LockKey,
+        holder: &str,
+    ) -> Result<bool, Failure> {
+        // Every exclusive release is `release_one.lua` alone, or
+        // `coalesced.lua` with others;
+        // `release.lua` is for the kinds with lines and sorted sets.
+        if is_exclusive_holder(holder) {
+            let op = Op {
+                key: &key.redis_key,
+                channel: &key.channel,
+                holder,
+            };
+            let released = match coalescer {
+                Some(coalescer) => coalescer.run(op).await,
+                None => coalesce::send_alone(&mut conn.clone(), op, self.announce()).await,
+            }
+            .map_err(|e| self.failure(key, e))?;
+            return Ok(released == 1);
+        }
+        let mut invocation = RELEASE.key(&key.redis_key);
+        invocation.key(&key.channel);
+        if holder.starts_with("f:") {
+            invocation.key(key.line_key()).key(key.alive_key());
+        }
+        let released: i64 = invocation
+            .arg(holder)
+            .arg(self.announce())
+            .invoke_async(&mut conn.clone())
+            .await
+            .map_err(|e| self.failure(key, e))?;
+        Ok(released == 1)
+    }
+
     pub(crate) fn hands_over(&self) -> bool {
         self.acks.is_none()
     }
@@ -484,7 +553,7 @@ impl<C: Connection> RedisBackend<C> {
             .arg(&key.redis_key)
             .arg(holder)
             .arg(millis_up(left))
-            .invoke(&mut self.conn.clone())
+            .invoke(&mut self.lane.clone())
             .await
             .map_err(|e| self.failure(key, e))?;
         Ok(kept == 1)
@@ -828,7 +897,7 @@ impl<C: Connection> RedisBackend<C> {
                 .arg(millis(item.ttl));
         }
         let renewed: Vec<i64> = invocation
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.lane.clone())
             .await
             .map_err(|e| self.failure(first.key, e))?;
         if renewed.len() != items.len() {
@@ -845,8 +914,9 @@ impl<C: Connection> RedisBackend<C> {
         let mut renewals: Vec<Renewal> = renewed.into_iter().map(|r| Renewal::from(r == 1)).collect();
         if let Some(acks) = self.acks {
             // Keys of one batch share a master (one node, or one slot on a
-            // cluster): one WAIT covers them all.
-            let acked = self.conn.wait_for_replicas(&first.key.redis_key, acks).await;
+            // cluster): one WAIT covers them all, on the connection that
+            // wrote them.
+            let acked = self.lane.wait_for_replicas(&first.key.redis_key, acks).await;
             if !acked.is_ok_and(|n| n >= i64::from(acks.replicas)) {
                 for renewal in &mut renewals {
                     if *renewal == Renewal::Renewed {
