@@ -63,6 +63,17 @@ impl Lags {
     }
 }
 
+/// The figures of a run's renewal lags: how many batches, and their p50,
+/// p99 and max in milliseconds.
+fn lag_figures(lags: &[f64]) -> [(&'static str, f64); 4] {
+    [
+        ("renewal_batches", lags.len() as f64),
+        ("renewal_lag_p50_ms", quantile_ms(lags, 0.50)),
+        ("renewal_lag_p99_ms", quantile_ms(lags, 0.99)),
+        ("renewal_lag_max_ms", quantile_ms(lags, 1.0)),
+    ]
+}
+
 /// `p` of sorted `values`, in milliseconds; NaN for none.
 fn quantile_ms(values: &[f64], p: f64) -> f64 {
     if values.is_empty() {
@@ -178,12 +189,11 @@ pub(crate) async fn ws_flood(url: &str, lags: &Lags) -> Result<Report, Error> {
             ("lost_by_release", lost_by_release as f64),
             ("flood_lost", flood_lost.load(Ordering::Relaxed) as f64),
             ("flood_errors", flood_errors.load(Ordering::Relaxed) as f64),
-            ("renewal_batches", lags.len() as f64),
-            ("renewal_lag_p50_ms", quantile_ms(&lags, 0.50)),
-            ("renewal_lag_p99_ms", quantile_ms(&lags, 0.99)),
-            ("renewal_lag_max_ms", quantile_ms(&lags, 1.0)),
             ("renewal_lag_bound_ms", FLOOD_TTL.as_secs_f64() * 1e3 / 6.0),
-        ],
+        ]
+        .into_iter()
+        .chain(lag_figures(&lags))
+        .collect(),
         ..Report::default()
     })
 }
@@ -224,11 +234,10 @@ pub(crate) async fn ws_busy_runtime(url: &str, lags: &Lags) -> Result<Report, Er
         extra: vec![
             ("still_held", still_held as f64),
             ("lost_by_release", lost_by_release as f64),
-            ("renewal_batches", lags.len() as f64),
-            ("renewal_lag_p50_ms", quantile_ms(&lags, 0.50)),
-            ("renewal_lag_p99_ms", quantile_ms(&lags, 0.99)),
-            ("renewal_lag_max_ms", quantile_ms(&lags, 1.0)),
-        ],
+        ]
+        .into_iter()
+        .chain(lag_figures(&lags))
+        .collect(),
         ..Report::default()
     })
 }
@@ -263,10 +272,10 @@ pub(crate) async fn ws_capacity(url: &str, lags: &Lags) -> Result<Report, Error>
             ),
             ("still_held", still_held as f64),
             ("lost_by_release", lost_by_release as f64),
-            ("renewal_batches", lags.len() as f64),
-            ("renewal_lag_p99_ms", quantile_ms(&lags, 0.99)),
-            ("renewal_lag_max_ms", quantile_ms(&lags, 1.0)),
-        ],
+        ]
+        .into_iter()
+        .chain(lag_figures(&lags))
+        .collect(),
         ..Report::default()
     })
 }

@@ -78,7 +78,7 @@ pub(crate) fn describe() {
         metrics::describe_histogram!(
             names::RENEWAL_LAG,
             Unit::Seconds,
-            "How late a renewal was confirmed, from when it fell due or the lease was granted if later (the most overdue lease of each batch)"
+            "How late a renewal was confirmed, from when it fell due (the most overdue lease of each batch)"
         );
         metrics::describe_counter!(
             names::LOST,

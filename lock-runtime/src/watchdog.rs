@@ -26,10 +26,11 @@ use crate::timing::{millis, renewal_interval};
 const BATCH: usize = 1000;
 
 /// How many batches are out at once: one for the server to run while the
-/// client reads the other's reply. All of a round at once, a release sent
-/// on the renewal lane meanwhile waited behind the whole round (250 batches
-/// and 1.9 s of the server's time for a million leases of 30 s), and every
-/// batch's timeout ran from the round's start, not its own.
+/// client reads the other's reply. All of a round at once, anything sent
+/// on the renewal lane meanwhile (a `hold_at_least` release's `keep`)
+/// waited behind the whole round (250 batches and 1.9 s of the server's
+/// time for a million leases of 30 s), and every batch's timeout ran from
+/// the round's start, not its own.
 const BATCHES_OUT: usize = 2;
 
 /// A client's scheduler. It holds the backend weakly: the client owns the
@@ -84,13 +85,6 @@ impl Watchdog {
     /// thread, or on the caller's runtime for in-process leases (started
     /// again there if that runtime has gone away).
     pub(crate) fn watch(&self, lease: &Arc<LeaseState>) {
-        // An acquisition whose reply came after its lease's first renewal
-        // fell due is due now: its renewal's lag (`renewal_lag`) counts
-        // from when the client learned of the lease, not the reply's delay.
-        let now = Instant::now();
-        if lease.next_renewal() < now {
-            lease.set_next_renewal(now);
-        }
         let wake = {
             let mut watched = self
                 .schedule

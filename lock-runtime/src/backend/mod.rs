@@ -259,22 +259,14 @@ impl AnyBackend {
     /// Releases a lease the lock's holder took, telling the backend
     /// whether it was taken with a fencing token: on PostgreSQL a fenced
     /// lock's row outlives its holders, and its release skips the plain
-    /// delete tried first for an unfenced one. On Redis it goes on the
-    /// renewal lane, which `release` (the undo of an attempt) does not.
-    /// The same as `release` everywhere else.
+    /// delete tried first for an unfenced one. The same as `release`
+    /// everywhere else.
     pub(crate) async fn release_lease(
         &self,
         key: &LockKey,
         holder: &str,
         fenced: bool,
     ) -> Result<bool, Failure> {
-        match self {
-            AnyBackend::Redis(b) => return b.release_held(key, holder).await,
-            AnyBackend::Cluster(b) => return b.release_held(key, holder).await,
-            AnyBackend::Sentinel(b) => return b.release_held(key, holder).await,
-            AnyBackend::Redlock(b) => return Box::pin(b.release_held(key, holder)).await,
-            _ => {}
-        }
         #[cfg(feature = "postgres")]
         if let (AnyBackend::Postgres(b), true) = (self, fenced) {
             return Box::pin(b.release_fenced(key, holder)).await;

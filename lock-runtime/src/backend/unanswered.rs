@@ -11,7 +11,7 @@
 //! a give-back for the same holder waits for that ([`Unanswered::settled`]).
 //! Redis needs none of this: an attempt and its give-back share the
 //! acquisitions' connection, which carries the give-back behind the
-//! attempt (only renewals and held leases' releases use the other one).
+//! attempt (only renewals use the other one).
 
 use std::collections::HashMap;
 use std::future::Future;

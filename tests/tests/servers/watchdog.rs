@@ -306,15 +306,17 @@ async fn a_renewal_never_shortens_a_longer_lease() {
     .await
 }
 
-/// Renewals, and the release of a held lock, travel on a connection of
-/// their own (#57): on the acquisitions' connection they queued behind
-/// every acquisition pipelined before them, and a burst of acquisitions
-/// made held leases miss their deadlines. Told apart by the address each
-/// command came from (the server's log of every command).
+/// Renewals travel on a connection of their own (#57): on the
+/// acquisitions' connection they queued behind every acquisition pipelined
+/// before them, and a burst of acquisitions made held leases miss their
+/// deadlines. Releases stay with the acquisitions (on the lane, each
+/// release's reply, read on the renewal thread, cost a cross-thread
+/// wake-up). Told apart by the address each command came from (the
+/// server's log of every command).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renewals_and_releases_travel_apart_from_acquisitions() {
+async fn renewals_travel_apart_from_acquisitions_and_releases() {
     lock_tests::bounded(
-        "renewals_and_releases_travel_apart_from_acquisitions",
+        "renewals_travel_apart_from_acquisitions_and_releases",
         async move {
             let server = RedisServer::start();
             let locks = client(&server).await;
@@ -336,23 +338,46 @@ async fn renewals_and_releases_travel_apart_from_acquisitions() {
             };
             // The watchdog renews at a third of the ttl.
             eventually(Duration::from_secs(5), || !sent_from("evalsha").is_empty()).await;
+            let renewed = sent_from("evalsha");
             guard.release().await.expect("release");
             let acquired = sent_from("set");
-            let renewed_and_released = sent_from("evalsha");
+            let released: Vec<String> = sent_from("evalsha").split_off(renewed.len());
             assert_eq!(acquired.len(), 1, "one SET: {acquired:?}");
             assert!(
-                renewed_and_released.len() >= 2,
-                "a renewal and a release: {renewed_and_released:?}"
+                renewed.iter().all(|a| *a != acquired[0]),
+                "a renewal went on the acquisitions' connection: {renewed:?}, SET from {}",
+                acquired[0]
             );
-            assert!(
-                renewed_and_released.iter().all(|a| *a == renewed_and_released[0]),
-                "renewals and the release on one connection: {renewed_and_released:?}"
-            );
-            assert_ne!(
-                acquired[0], renewed_and_released[0],
-                "the renewals went on the acquisitions' connection"
+            assert_eq!(
+                released,
+                [acquired[0].clone()],
+                "the release went elsewhere than the acquisition"
             );
         },
     )
+    .await
+}
+
+/// Renewals run on a thread of their own: a holder whose runtime is
+/// blocked (a body doing blocking work on it) keeps its lease. On the
+/// caller's runtime, nothing renewed it while the thread was blocked, and
+/// the lease ended at its ttl.
+#[tokio::test(flavor = "current_thread")]
+async fn a_blocked_runtime_does_not_stop_renewals() {
+    lock_tests::bounded("a_blocked_runtime_does_not_stop_renewals", async move {
+        let server = RedisServer::start();
+        let locks = client(&server).await;
+        // Renewed every 667 ms: the renewal thread may be starved for a
+        // second of it and still keep the lease.
+        let ttl = Duration::from_secs(2);
+        let guard = locks.lock("blocked").ttl(ttl).acquire().await.expect("acquire");
+        // The fault under test, not a wait for anything: the runtime's one
+        // thread is blocked for two and a half leases.
+        std::thread::sleep(ttl * 5 / 2);
+        let holder: Option<String> = server.query(redis::cmd("GET").arg("lock:{blocked}"));
+        assert!(holder.is_some(), "the lease ended while the runtime was blocked");
+        assert!(guard.is_held(), "the guard no longer trusts a renewed lease");
+        guard.release().await.expect("the lock is still ours");
+    })
     .await
 }

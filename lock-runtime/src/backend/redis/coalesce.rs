@@ -1,7 +1,5 @@
-//! Coalescing: concurrent releases of held exclusive locks bound for one
-//! node go out as one script call per flush, on the node's renewal lane
-//! (the undo of an attempt in doubt goes alone, on the acquisitions'
-//! connection, after the attempt).
+//! Coalescing: concurrent exclusive releases bound for one node go out as
+//! one script call per flush.
 //!
 //! Redis runs commands one at a time on one core, and a script call costs it
 //! several times a native command (the call, its arguments, a Lua frame):
@@ -24,8 +22,8 @@
 //! for a flush takes the release with it, under that lock: once its drop
 //! returns, the release was either taken by a flush, whose call was started
 //! under that lock before the drop, or is never sent (the lease's drop
-//! guard sends it again). So whatever is sent next for that lease (the
-//! drop guard's retry) does not race it.
+//! guard sends it again). So whatever the caller sends next (the next
+//! attempt of an acquisition whose give-back timed out) does not race it.
 //!
 //! Hand-written because no crate batches `redis` commands by key into one
 //! script call; the queue is a mutex-guarded map by arrival, held for a
@@ -189,8 +187,9 @@ impl<C: Connection> Coalescer<C> {
 /// A queued caller's wait for its flush. Dropped unanswered, it takes its
 /// release off the queue under the queue's lock. Without the lock, a flush
 /// that had just checked the caller was still waiting could put the
-/// release on the wire after whatever is sent next for the lease, which
-/// could then not count on the release being settled.
+/// release on the wire after the caller's next command: a give-back sent
+/// after the acquisition's next attempt would free the lock that attempt
+/// took.
 struct Waiting<'c, C: Connection> {
     coalescer: &'c Coalescer<C>,
     result: oneshot::Receiver<RedisResult<i64>>,

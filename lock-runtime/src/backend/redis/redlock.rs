@@ -194,13 +194,6 @@ impl RedlockBackend {
         self.done_anywhere(key, answers)
     }
 
-    /// Releases a held lease on every master, on their renewal lanes
-    /// (`AnyBackend::release_lease`).
-    pub(crate) async fn release_held(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
-        let answers = self.ask_all(|node| node.release_held(key, holder)).await;
-        self.done_anywhere(key, answers)
-    }
-
     /// Whether any master did what an owner-checked end of a lease asked
     /// (a release, a keep): an error only if no master answered at all.
     fn done_anywhere(&self, key: &LockKey, answers: Vec<Answer<bool>>) -> Result<bool, Failure> {
