@@ -348,10 +348,13 @@ async fn renewals_travel_apart_from_acquisitions_and_releases() {
                 "a renewal went on the acquisitions' connection: {renewed:?}, SET from {}",
                 acquired[0]
             );
-            assert_eq!(
-                released,
-                [acquired[0].clone()],
-                "the release went elsewhere than the acquisition"
+            // A fresh server does not know the release script yet: its
+            // first EVALSHA is refused (NOSCRIPT) and sent again after
+            // the script, both on the same connection.
+            assert!(
+                !released.is_empty() && released.iter().all(|a| *a == acquired[0]),
+                "the release went elsewhere than the acquisition: {released:?}, SET from {}",
+                acquired[0]
             );
         },
     )
