@@ -1,20 +1,29 @@
 #!/usr/bin/env python3
-"""Every owner condition is proven by a named test (issue #37).
+"""Every owner condition and lease cap is proven by a named test (issues
+#37 and #57).
 
 Each entry below removes one owner condition from the runtime (a script, an
-SQL statement, the ZooKeeper or etcd backend) and names the test that must fail
-without it. For each, this script applies the removal, runs that one test,
-expects it to fail by an assertion (not a compile error), and puts the file
-back. Run it on demand, not in every CI run (each entry rebuilds the
-runtime):
+SQL statement, the ZooKeeper or etcd backend), or one cap that keeps a lease
+within what the server promises (a ZooKeeper session, an etcd lease), and
+names the test that must fail without it. For each, this script applies the
+removal, runs that one test, expects it to fail by an assertion (not a
+compile error), and puts the file back. Run it on demand, not in every CI
+run (each entry rebuilds the runtime):
 
     python3 tests/owner-conditions.py            # every entry
     python3 tests/owner-conditions.py R1 M1      # some
+    python3 tests/owner-conditions.py --check    # only that every entry
+                                                 # still names code once
+                                                 # and a test that exists
 
 It prints one line per entry and exits non-zero if a removal went unnoticed.
+`--check` builds nothing; the `servers` binary runs it in every test run
+(`owner_checks::the_mutant_list_names_code_and_tests_that_exist`), so a
+change that rewrites a condition or renames its test updates this list.
 """
 
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -28,6 +37,9 @@ MEMORY = "lock-runtime/src/backend/memory/mod.rs"
 MYSQL_SHARED = "lock-runtime/src/backend/mysql/shared.rs"
 MYSQL_FAIR = "lock-runtime/src/backend/mysql/fair.rs"
 POSTGRES = "lock-runtime/src/backend/postgres/sql.rs"
+MEMBERS = "lock-runtime/src/backend/members.rs"
+LEASE = "lock-runtime/src/lease.rs"
+BACKENDS = "lock-runtime/src/backend/mod.rs"
 
 # (id, file, the condition as written, the same line without it,
 #  test module of the `servers` binary, test name)
@@ -38,8 +50,8 @@ MUTANTS = [
     ("R2", f"{SCRIPTS}/renew_many.lua",
      "if current == holder or current == holder .. '+w' then", "if true then",
      "stale_holder", "on_redis::a_stale_watchdog_renewal_leaves_the_other_holders_lock"),
-    ("R3", f"{SCRIPTS}/renew.lua",
-     "if current ~= ARGV[1] and current ~= ARGV[1] .. '+w' then", "if false then",
+    ("R3", f"{SCRIPTS}/renew_many.lua",
+     "if current == holder or current == holder .. '+w' then", "if true then",
      "stale_holder", "on_redis::a_stale_nested_extension_leaves_the_other_holders_lock"),
     ("R4", f"{SCRIPTS}/release_one.lua",
      "if current == ARGV[2] then\n  redis.call('DEL', KEYS[1])",
@@ -63,9 +75,9 @@ MUTANTS = [
      "local ends = redis.pcall('ZSCORE', key, member)",
      "local ends = redis.pcall('ZSCORE', key, member) or '1e300'",
      "stale_holder", "on_redis::a_stale_permit_renewal_leaves_the_other_permit_holder"),
-    ("R10", f"{SCRIPTS}/renew.lua",
-     "local ends = redis.pcall('ZSCORE', KEYS[1], ARGV[1])",
-     "local ends = redis.pcall('ZSCORE', KEYS[1], ARGV[1]) or '1e300'",
+    ("R10", f"{SCRIPTS}/renew_many.lua",
+     "local ends = redis.pcall('ZSCORE', key, member)",
+     "local ends = redis.pcall('ZSCORE', key, member) or '1e300'",
      "stale_holder", "on_redis::a_stale_reader_extension_leaves_the_writers_lock"),
     ("R11", f"{SCRIPTS}/coalesced.lua",
      "  if current == holder then\n    redis.call('DEL', key)",
@@ -74,10 +86,11 @@ MUTANTS = [
     ("RL1", "lock-runtime/src/backend/redis/redlock.rs",
      "if handed >= self.quorum() {", "if handed >= 1 {",
      "redlock", "a_redlock_handed_on_a_minority_of_masters_is_not_handed"),
-    ("M1", MYSQL,
-     '"UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND holder = ?',
-     '"UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND (holder = ? OR TRUE)',
-     "stale_holder", "on_mysql::a_stale_watchdog_renewal_leaves_the_other_holders_lock"),
+    # No M1: it removed the renewal's check, now the same statement and
+    # the same removal as M2's (a renewal and a nested call's extension
+    # share `renew`). Named with the watchdog's test, it went unnoticed:
+    # that test's rival holds 20 s, and `GREATEST` leaves a longer lease
+    # as it was, so only an extension asking past it (M2) shows the check.
     ("M2", MYSQL,
      "GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \\\n                 WHERE name = ? AND holder = ?",
      "GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \\\n                 WHERE name = ? AND (holder = ? OR TRUE)",
@@ -119,17 +132,17 @@ MUTANTS = [
      "holder = IF(expires_at <= NOW(6) OR (holder = ? OR TRUE), ?, holder)",
      "behaviour", "mysql::mutual_exclusion"),
     ("M7", MYSQL,
-     'renew: format!(\n                "UPDATE {m} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND member = ?',
-     'renew: format!(\n                "UPDATE {m} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \\\n                 WHERE name = ? AND (member = ? OR TRUE)',
-     "stale_holder", "on_mysql::a_stale_reader_renewal_leaves_the_writers_lock"),
+     "GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \\\n                 WHERE name = ? AND member = ?",
+     "GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \\\n                 WHERE name = ? AND (member = ? OR TRUE)",
+     "stale_holder", "on_mysql::a_stale_reader_extension_leaves_the_writers_lock"),
     ("M8", MYSQL,
      'still_held: format!("SELECT 1 FROM {m} WHERE name = ? AND member = ?',
      'still_held: format!("SELECT 1 FROM {m} WHERE name = ? AND (member = ? OR TRUE)',
      "stale_holder", "on_mysql::a_stale_reader_extension_leaves_the_writers_lock"),
-    ("M9", MYSQL_SHARED,
+    ("M9", MEMBERS,
      '!other.starts_with("r:")\n        } else {', 'false\n        } else {',
      "kinds", "read_write::mysql::a_writer_never_overlaps_anyone"),
-    ("M10", MYSQL_SHARED,
+    ("M10", MEMBERS,
      "let full = members.len() >= ", "let full = false && members.len() >= ",
      "kinds", "permits::mysql::permits_are_counted_across_clients"),
     ("M11", MYSQL_FAIR,
@@ -149,8 +162,8 @@ MUTANTS = [
      ".is_none_or(|kv| kv.lease() != 0)",
      "stale_holder", "on_etcd::a_stale_watchdog_renewal_leaves_the_other_holders_lock"),
     ("E2", ETCD,
-     ".delete(path.as_str(), None)",
-     ".delete(&path[..=path.rfind('/').unwrap_or(0)], Some(etcd::DeleteOptions::new().with_prefix()))",
+     ".delete(only.path.as_str(), None)",
+     ".delete(&only.path[..=only.path.rfind('/').unwrap_or(0)], Some(etcd::DeleteOptions::new().with_prefix()))",
      "stale_holder", "on_etcd::a_stale_release_leaves_the_other_holders_lock"),
     ("Z4", ZOOKEEPER,
      "if line[i].1.starts_with(ours_prefix) && line[i].1 != name {",
@@ -160,13 +173,13 @@ MUTANTS = [
      "let owned = lease.holder == holder && lease.expires > now;",
      "let owned = lease.expires > now;",
      "stale_holder", "on_memory::a_stale_release_leaves_the_other_holders_lock"),
-    ("P1", POSTGRES,
+    # No P1 or P6: they removed the watchdog's renewal check, now the same
+    # statement and removal as P2's and P7's (renewals and extensions share
+    # `renew_many`), and went unnoticed by the watchdog's tests, whose
+    # rivals hold longer than the renewal asks (`greatest` keeps theirs).
+    ("P2", POSTGRES,
      "WHERE l.name = r.name AND l.holder = r.holder AND",
      "WHERE l.name = r.name AND (l.holder = r.holder OR TRUE) AND",
-     "stale_holder", "on_postgres::a_stale_watchdog_renewal_leaves_the_other_holders_lock"),
-    ("P2", POSTGRES,
-     "greatest(expires_at, {}) \\\n                 WHERE name = $2 AND holder = $3",
-     "greatest(expires_at, {}) \\\n                 WHERE name = $2 AND (holder = $3 OR TRUE)",
      "stale_holder", "on_postgres::a_stale_nested_extension_leaves_the_other_holders_lock"),
     ("P3", POSTGRES,
      "WHERE name = $1 AND holder = $2 AND fence = 0 RETURNING waiting",
@@ -180,18 +193,35 @@ MUTANTS = [
      "WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder",
      "WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder OR TRUE",
      "behaviour", "postgres::mutual_exclusion"),
-    ("P6", POSTGRES,
+    ("P7", POSTGRES,
      "WHERE l.name = r.name AND l.member = r.member AND",
      "WHERE l.name = r.name AND (l.member = r.member OR TRUE) AND",
-     "stale_holder", "on_postgres::a_stale_reader_renewal_leaves_the_writers_lock"),
-    ("P7", POSTGRES,
-     "greatest(expires_at, {}) \\\n                 WHERE name = $2 AND member = $3",
-     "greatest(expires_at, {}) \\\n                 WHERE name = $2 AND (member = $3 OR TRUE)",
      "stale_holder", "on_postgres::a_stale_reader_extension_leaves_the_writers_lock"),
     ("P8", POSTGRES,
-     "WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp()",
-     "WHERE name = $1 AND (holder = $2 OR TRUE) AND expires_at > clock_timestamp()",
+     "WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp() \\\n                 RETURNING fence",
+     "WHERE name = $1 AND (holder = $2 OR TRUE) AND expires_at > clock_timestamp() \\\n                 RETURNING fence",
      "postgres", "a_stale_holder_hands_over_nothing_of_a_lock_another_client_took"),
+    # Caps: a lease is trusted no longer than the server keeps it.
+    ("C1", ZOOKEEPER,
+     "Duration::from_millis(self.granted_ms.load(Ordering::Relaxed)).min(self.asked_timeout)",
+     "self.asked_timeout",
+     "zookeeper", "a_lease_is_trusted_for_the_session_granted_not_the_one_asked"),
+    ("C2", BACKENDS,
+     "AnyBackend::ZooKeeper(b) => ttl.min(b.lease_cap()),",
+     "AnyBackend::ZooKeeper(_) => ttl,",
+     "zookeeper", "a_session_cut_off_stops_its_body_before_the_session_can_expire"),
+    ("C3", LEASE,
+     "let ttl = client.backend.lease_for(ttl);\n    if state.covers(ttl)",
+     "if state.covers(ttl)",
+     "zookeeper", "a_nested_call_is_trusted_no_longer_than_the_session"),
+    ("C4", LEASE,
+     "let ttl = client.backend.lease_for(ttl);\n    if state.covers(ttl)",
+     "if state.covers(ttl)",
+     "etcd", "a_nested_call_is_trusted_no_longer_than_two_thirds_of_the_etcd_lease"),
+    ("C5", ETCD,
+     "self.asked_ttl * 2 / 3",
+     "self.asked_ttl * 2",
+     "etcd", "a_nested_call_is_trusted_no_longer_than_two_thirds_of_the_etcd_lease"),
 ]
 
 
@@ -221,7 +251,29 @@ def run(mutant):
     return None
 
 
+def check():
+    """Every entry's condition is in its file once, and its test exists."""
+    sources = "".join(p.read_text() for p in (ROOT / "tests/tests/servers").glob("*.rs"))
+    problems = []
+    for ident, path, condition, _, module, test in MUTANTS:
+        file = ROOT / path
+        found = file.read_text().count(condition) if file.exists() else 0
+        if found != 1:
+            problems.append(f"{ident}: the condition is found {found} times in {path}, not once")
+        module_file = ROOT / "tests/tests/servers" / f"{module}.rs"
+        name = test.rsplit("::", 1)[-1]
+        if not module_file.exists() or not re.search(rf"\bfn {name}\b", sources):
+            problems.append(f"{ident}: no test {module}::{test} in tests/tests/servers/")
+    for problem in problems:
+        print(problem, flush=True)
+    print(f"{len(MUTANTS)} entries, {len(problems)} problems: update this list" if problems
+          else f"{len(MUTANTS)} entries, each naming code found once and a test that exists", flush=True)
+    return 1 if problems else 0
+
+
 def main():
+    if sys.argv[1:] == ["--check"]:
+        return check()
     chosen = [m for m in MUTANTS if len(sys.argv) == 1 or m[0] in sys.argv[1:]]
     problems = 0
     for mutant in chosen:

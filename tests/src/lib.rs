@@ -239,6 +239,34 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> O
     check().then(|| start.elapsed())
 }
 
+/// How long a nested call's extension is trusted: an outer call on `key`
+/// holds `outer` with no watchdog, and a nested call asks for `inner`.
+/// Returns the lease's deadline after the nested call, and how far it is
+/// from just before the call and from just after it: a starved test only
+/// makes the first longer and the second shorter.
+pub async fn nested_extension(
+    locks: &lock_runtime::LockClient,
+    key: &str,
+    outer: Duration,
+    inner: Duration,
+) -> (Duration, Duration) {
+    let (asked_at, valid_until, seen_at) = locks
+        .lock(key)
+        .ttl(outer)
+        .renew(false)
+        .run(async {
+            let asked_at = Instant::now();
+            let nested = locks.lock(key).ttl(inner).acquire().await.expect("re-enter");
+            (asked_at, nested.valid_until().into_std(), Instant::now())
+        })
+        .await
+        .expect("the outer call");
+    (
+        valid_until.saturating_duration_since(asked_at),
+        valid_until.saturating_duration_since(seen_at),
+    )
+}
+
 /// Whether the watchdog renewed `guard`'s lease (the server confirmed a
 /// renewal, which moves its deadline on) within `within`.
 pub async fn renewed(guard: &lock_runtime::LockGuard, within: Duration) -> bool {

@@ -6,17 +6,18 @@
 //! (the ignored tests of this binary are these).
 //! `LOCK_FAULTS_CAMPAIGN_SECS` sets the campaigns' length (default 600 s) and
 //! `LOCK_FAULTS_SEED` their seed (default: random, reported). X3 runs
-//! `LOCK_FAULTS_CAMPAIGN_SECS` on each of its three backends.
+//! `LOCK_FAULTS_CAMPAIGN_SECS` on each of its five backends.
 
 use std::time::{Duration, Instant};
 
 use lock_runtime::LockClient;
+use lock_tests::etcd::{self, Etcd};
 use lock_tests::lab::{self, Board, Holder, Stall, Workers, Workload};
 use lock_tests::monitor::{self, Monitor};
 use lock_tests::report::{self, Verdict, spread_ms};
 use lock_tests::witness::{Analysis, FAULTS, Witness, analyze};
 use lock_tests::zookeeper::{self, ZooKeeper};
-use lock_tests::{MariaDb, Proxy, RedisServer, eventually};
+use lock_tests::{MariaDb, Postgres, Proxy, RedisServer, eventually};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -49,8 +50,8 @@ fn campaign_tasks() -> usize {
         .unwrap_or(8)
 }
 
-/// Whether X3 runs on `backend`: all three unless `LOCK_FAULTS_X3_BACKENDS`
-/// names some (comma-separated: `redis,mariadb,zookeeper`).
+/// Whether X3 runs on `backend`: all five unless `LOCK_FAULTS_X3_BACKENDS`
+/// names some (comma-separated: `redis,mariadb,postgres,zookeeper,etcd`).
 fn x3_runs_on(backend: &str) -> bool {
     std::env::var("LOCK_FAULTS_X3_BACKENDS")
         .map_or(true, |names| names.split(',').any(|n| n.trim() == backend))
@@ -394,7 +395,7 @@ async fn deaths_campaign(
             Death::Stop
         };
         let fault = match (death, backend) {
-            (Death::KillRestart, "zookeeper") => "member-kill-restart",
+            (Death::KillRestart, "zookeeper" | "etcd") => "member-kill-restart",
             (Death::KillRestart, _) => "server-kill-restart",
             (Death::Stop, _) => "server-sigstop",
         };
@@ -436,11 +437,12 @@ async fn deaths_campaign(
     record
 }
 
-/// X3 (issue #31, item 5): server deaths across backends under the
-/// witness, one backend after another: Redis (one node, `appendfsync
-/// always`), MariaDB and a 3-member ZooKeeper ensemble, each for
-/// `LOCK_FAULTS_CAMPAIGN_SECS`. Every 4–8 s the server (or, on ZooKeeper, a
-/// member drawn at random) is SIGKILLed and restarted, or stopped past every
+/// X3 (issue #31, item 5; #57, item 4): server deaths across backends
+/// under the witness, one backend after another: Redis (one node,
+/// `appendfsync always`), MariaDB, PostgreSQL, a 3-member ZooKeeper
+/// ensemble and a 3-member etcd cluster, each for
+/// `LOCK_FAULTS_CAMPAIGN_SECS`. Every 4–8 s the server (or, on ZooKeeper
+/// and etcd, a member drawn at random) is SIGKILLed and restarted, or stopped past every
 /// lease. 2 processes × `LOCK_FAULTS_CAMPAIGN_TASKS` tasks (8 unless set)
 /// on four keys per task, bodies up to 1 ms (1% last
 /// 0.5–2.5 s), fenced, 20 s waits: no overlap, no lost update, no token regression,
@@ -491,6 +493,26 @@ async fn x3_server_deaths_across_backends() {
         drop(mariadb);
     }
 
+    if x3_runs_on("postgres") {
+        let mut postgres = tokio::task::block_in_place(Postgres::start);
+        let target = postgres.url();
+        records.push(
+            deaths_campaign("postgres", target, length, &mut rng, |death, _| match death {
+                Death::KillRestart => {
+                    postgres.kill();
+                    postgres.revive();
+                }
+                Death::Stop => {
+                    postgres.pause();
+                    std::thread::sleep(stop_past_the_lease);
+                    postgres.resume();
+                }
+            })
+            .await,
+        );
+        drop(postgres);
+    }
+
     if x3_runs_on("zookeeper") {
         let mut zk = tokio::task::block_in_place(ZooKeeper::ensemble);
         let target = zookeeper::target(&zk);
@@ -506,6 +528,29 @@ async fn x3_server_deaths_across_backends() {
                         zk.pause(member);
                         std::thread::sleep(stop_past_the_lease);
                         zk.resume(member);
+                    }
+                }
+            })
+            .await,
+        );
+        drop(zk);
+    }
+
+    if x3_runs_on("etcd") {
+        let mut cluster = tokio::task::block_in_place(Etcd::cluster);
+        let target = etcd::target(&cluster);
+        records.push(
+            deaths_campaign("etcd", target, length, &mut rng, |death, rng| {
+                let member = rng.random_range(0..cluster.len());
+                match death {
+                    Death::KillRestart => {
+                        cluster.kill(member);
+                        cluster.revive(member);
+                    }
+                    Death::Stop => {
+                        cluster.pause(member);
+                        std::thread::sleep(stop_past_the_lease);
+                        cluster.resume(member);
                     }
                 }
             })
@@ -535,7 +580,7 @@ async fn x3_server_deaths_across_backends() {
     report::write(
         "X3",
         json!({
-            "scenario": "X3 server deaths across backends: Redis, MariaDB, a ZooKeeper ensemble",
+            "scenario": "X3 server deaths across backends: Redis, MariaDB, PostgreSQL, a ZooKeeper ensemble, an etcd cluster",
             "verdict": verdict,
             "seed": seed,
             "parameters": {"seconds_per_backend": length.as_secs(), "processes": 2, "tasks": campaign_tasks(), "keys": 4 * campaign_tasks(),

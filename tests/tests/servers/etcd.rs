@@ -664,3 +664,30 @@ async fn a_waiter_cut_short_mid_attempt_leaves_nothing_in_line() {
     )
     .await
 }
+
+/// A nested call asking for a longer ttl than the enclosing one lengthens
+/// the lease, but only within two thirds of the client's etcd lease, as a
+/// first acquisition is: trusted for the 60 s it asked, a holder cut off
+/// mid-body would run on long after its etcd lease, and its lock, ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_call_is_trusted_no_longer_than_two_thirds_of_the_etcd_lease() {
+    lock_tests::bounded(
+        "a_nested_call_is_trusted_no_longer_than_two_thirds_of_the_etcd_lease",
+        async move {
+            let etcd = Etcd::start();
+            let locks = client(&etcd).await;
+            let (lengthened, left) =
+                lock_tests::nested_extension(&locks, "nested", Duration::from_secs(1), Duration::from_secs(60)).await;
+            let cap = LEASE_TTL * 2 / 3;
+            assert!(
+                left <= cap,
+                "the nested call's lease is trusted for {left:?}, past two thirds of the {LEASE_TTL:?} etcd lease"
+            );
+            assert!(
+                lengthened > Duration::from_secs(2),
+                "not lengthened past the outer call's 1 s: {lengthened:?}"
+            );
+        },
+    )
+    .await
+}

@@ -144,3 +144,27 @@ async fn a_call_on_another_client_inside_a_body_is_a_new_acquisition_not_a_reent
     )
     .await
 }
+
+/// `tests/owner-conditions.py` removes each owner condition and lease cap
+/// and runs the test that must fail without it (on demand: each entry
+/// rebuilds the runtime). Its `--check`, which builds nothing, runs here:
+/// an entry whose condition was rewritten, or whose test was renamed, is
+/// caught by the change that did it, not by the next person who runs the
+/// list (nine entries had gone stale when #57 looked).
+#[test]
+fn the_mutant_list_names_code_and_tests_that_exist() {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("owner-conditions.py");
+    let output = std::process::Command::new(&python)
+        .arg(&script)
+        .arg("--check")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python}: {e}; the README's test command installs it"));
+    assert!(
+        output.status.success(),
+        "{} --check:\n{}{}",
+        script.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

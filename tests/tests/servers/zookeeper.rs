@@ -705,3 +705,78 @@ async fn sets_are_taken_queue_by_queue_and_given_back_on_failure() {
     )
     .await
 }
+
+/// The ensemble grants at most its `maxSessionTimeout` (20 s here), whatever
+/// the client asks: a lease is trusted for the session granted, not the one
+/// asked. Trusted for the 30 s asked, a holder cut off from the ensemble
+/// would run its body 10 s after its session, and its lock, had ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_trusted_for_the_session_granted_not_the_one_asked() {
+    lock_tests::bounded(
+        "a_lease_is_trusted_for_the_session_granted_not_the_one_asked",
+        async move {
+            let zk = ZooKeeper::start();
+            let asked = Duration::from_secs(30);
+            let granted = Duration::from_secs(20);
+            let locks = LockClient::builder()
+                .zookeeper_session_timeout(asked)
+                .zookeeper(&zk.connect_string())
+                .await
+                .expect("connect");
+            let guard = locks
+                .lock("granted")
+                .ttl(Duration::from_secs(60))
+                .acquire()
+                .await
+                .expect("acquire");
+            let left = guard
+                .valid_until()
+                .into_std()
+                .saturating_duration_since(Instant::now());
+            assert!(
+                left <= granted,
+                "trusted for {left:?}: more than the {granted:?} session granted"
+            );
+            // Not cut to nothing either: the lease is the whole session.
+            assert!(left > granted / 2, "trusted for only {left:?}");
+            guard.release().await.expect("release");
+        },
+    )
+    .await
+}
+
+/// A nested call asking for a longer ttl than the enclosing one lengthens
+/// the lease, but only as far as the session: trusted for the 60 s it asked,
+/// a holder cut off mid-body would run on long after the ensemble ended its
+/// session and let a rival in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_call_is_trusted_no_longer_than_the_session() {
+    lock_tests::bounded(
+        "a_nested_call_is_trusted_no_longer_than_the_session",
+        async move {
+            let zk = ZooKeeper::start();
+            let session = Duration::from_secs(3);
+            let locks = LockClient::builder()
+                .zookeeper_session_timeout(session)
+                .zookeeper(&zk.connect_string())
+                .await
+                .expect("connect");
+            let (lengthened, left) = lock_tests::nested_extension(
+                &locks,
+                "nested",
+                Duration::from_secs(1),
+                Duration::from_secs(60),
+            )
+            .await;
+            assert!(
+                left <= session,
+                "the nested call's lease is trusted for {left:?}, past the {session:?} session"
+            );
+            assert!(
+                lengthened > Duration::from_secs(2),
+                "not lengthened past the outer call's 1 s: {lengthened:?}"
+            );
+        },
+    )
+    .await
+}
