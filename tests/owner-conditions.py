@@ -86,11 +86,14 @@ MUTANTS = [
     ("RL1", "lock-runtime/src/backend/redis/redlock.rs",
      "if handed >= self.quorum() {", "if handed >= 1 {",
      "redlock", "a_redlock_handed_on_a_minority_of_masters_is_not_handed"),
-    # No M1: it removed the renewal's check, now the same statement and
-    # the same removal as M2's (a renewal and a nested call's extension
-    # share `renew`). Named with the watchdog's test, it went unnoticed:
-    # that test's rival holds 20 s, and `GREATEST` leaves a longer lease
-    # as it was, so only an extension asking past it (M2) shows the check.
+    # No M1. It removed the renewal's check; once renewals became
+    # `GREATEST` statements its text matched `keep`'s instead, still named
+    # with the watchdog's test, which never sends a keep. Aimed at the
+    # renewal again, that test did not see the removal (its rival holds
+    # 20 s, and `GREATEST` leaves a longer lease as it was); M2 removes
+    # the same check, and its extension test, asking past the rival's
+    # lease, does. `keep`'s check, on every backend, and an election's
+    # `proclaim` have no stale-holder test yet, so no entry.
     ("M2", MYSQL,
      "GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \\\n                 WHERE name = ? AND holder = ?",
      "GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \\\n                 WHERE name = ? AND (holder = ? OR TRUE)",
@@ -218,6 +221,10 @@ MUTANTS = [
      "let ttl = client.backend.lease_for(ttl);\n    if state.covers(ttl)",
      "if state.covers(ttl)",
      "etcd", "a_nested_call_is_trusted_no_longer_than_two_thirds_of_the_etcd_lease"),
+    ("C6", BACKENDS,
+     "AnyBackend::Etcd(b) => ttl.min(b.lease_cap()),",
+     "AnyBackend::Etcd(_) => ttl,",
+     "etcd", "a_lease_is_trusted_for_two_thirds_of_the_etcd_lease_at_most"),
     ("C5", ETCD,
      "self.asked_ttl * 2 / 3",
      "self.asked_ttl * 2",

@@ -241,9 +241,9 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> O
 
 /// How long a nested call's extension is trusted: an outer call on `key`
 /// holds `outer` with no watchdog, and a nested call asks for `inner`.
-/// Returns the lease's deadline after the nested call, and how far it is
-/// from just before the call and from just after it: a starved test only
-/// makes the first longer and the second shorter.
+/// Returns how far the lease's deadline after the nested call is from just
+/// before the call and from just after it: a starved test only makes the
+/// first longer and the second shorter.
 pub async fn nested_extension(
     locks: &lock_runtime::LockClient,
     key: &str,
