@@ -239,6 +239,22 @@ pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> O
     check().then(|| start.elapsed())
 }
 
+/// How long a first acquisition of `key` asking for `ttl` is trusted: its
+/// deadline's distance from just before the call and from just after it
+/// (a starved test only makes the first longer and the second shorter).
+/// The guard is released.
+pub async fn first_lease(locks: &lock_runtime::LockClient, key: &str, ttl: Duration) -> (Duration, Duration) {
+    let asked_at = Instant::now();
+    let guard = locks.lock(key).ttl(ttl).acquire().await.expect("acquire");
+    let valid_until = guard.valid_until().into_std();
+    let seen_at = Instant::now();
+    guard.release().await.expect("release");
+    (
+        valid_until.saturating_duration_since(asked_at),
+        valid_until.saturating_duration_since(seen_at),
+    )
+}
+
 /// How long a nested call's extension is trusted: an outer call on `key`
 /// holds `outer` with no watchdog, and a nested call asks for `inner`.
 /// Returns how far the lease's deadline after the nested call is from just

@@ -723,24 +723,13 @@ async fn a_lease_is_trusted_for_the_session_granted_not_the_one_asked() {
                 .zookeeper(&zk.connect_string())
                 .await
                 .expect("connect");
-            let asked_at = Instant::now();
-            let guard = locks
-                .lock("granted")
-                .ttl(Duration::from_secs(60))
-                .acquire()
-                .await
-                .expect("acquire");
-            // A starved test only makes `left` shorter and `from_ask` longer.
-            let valid_until = guard.valid_until().into_std();
-            let left = valid_until.saturating_duration_since(Instant::now());
-            let from_ask = valid_until.saturating_duration_since(asked_at);
+            let (from_ask, left) = lock_tests::first_lease(&locks, "granted", Duration::from_secs(60)).await;
             assert!(
                 left <= granted,
                 "trusted for {left:?}: more than the {granted:?} session granted"
             );
             // Not cut to nothing either: the lease is the whole session.
             assert!(from_ask > granted / 2, "trusted for only {from_ask:?}");
-            guard.release().await.expect("release");
         },
     )
     .await
