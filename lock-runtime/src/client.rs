@@ -19,7 +19,7 @@ use crate::entropy::Entropy;
 use crate::error::LockError;
 use crate::guard::LockRequest;
 use crate::key::validate_prefix;
-use crate::redact::redact_url;
+use crate::redact::{escape_userinfo, redact_url};
 use crate::shared::ClientInner;
 use crate::timing::{MAX_TIMEOUT, ttl_problem};
 use crate::waiter::Notifier;
@@ -320,9 +320,10 @@ impl LockClientBuilder {
         self
     }
 
-    /// Verify `rediss://` servers, and PostgreSQL servers reached with
-    /// `sslmode=require`, against this PEM root certificate (your own CA)
-    /// instead of the system's roots. Needs the `tls` feature.
+    /// Verify `rediss://` servers, PostgreSQL servers reached with
+    /// `sslmode=require` and MySQL servers reached with `require_ssl=true`
+    /// against this PEM root certificate (your own CA) instead of the
+    /// system's roots. Needs the `tls` feature.
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.config.tls_root = Some(pem.into().into());
@@ -459,6 +460,7 @@ impl LockClientBuilder {
 
     /// Connects to one Redis node; see [`LockClient::connect`].
     pub async fn connect(self, url: &str) -> Result<LockClient, LockError> {
+        let url = &escape_userinfo(url);
         self.check(&redact_url(url))?;
         let backend = if self.config.lazy {
             RedisBackend::connect_lazily(url, &self.config)?
@@ -485,7 +487,10 @@ impl LockClientBuilder {
         self,
         urls: impl IntoIterator<Item = S>,
     ) -> Result<LockClient, LockError> {
-        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let urls: Vec<String> = urls
+            .into_iter()
+            .map(|u| escape_userinfo(u.as_ref()).into_owned())
+            .collect();
         let name = seeds_name("redlock", &urls);
         let invalid = |reason: String| LockError::InvalidConfig {
             node: name.clone(),
@@ -541,7 +546,10 @@ impl LockClientBuilder {
         self,
         urls: impl IntoIterator<Item = S>,
     ) -> Result<LockClient, LockError> {
-        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let urls: Vec<String> = urls
+            .into_iter()
+            .map(|u| escape_userinfo(u.as_ref()).into_owned())
+            .collect();
         let name = seeds_name("cluster", &urls);
         self.check(&name)?;
         let invalid = |reason: String| LockError::InvalidConfig {
@@ -591,7 +599,10 @@ impl LockClientBuilder {
         master_name: &str,
         sentinel_urls: impl IntoIterator<Item = S>,
     ) -> Result<LockClient, LockError> {
-        let urls: Vec<String> = sentinel_urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let urls: Vec<String> = sentinel_urls
+            .into_iter()
+            .map(|u| escape_userinfo(u.as_ref()).into_owned())
+            .collect();
         let name = format!("{}/{master_name}", seeds_name("sentinel", &urls));
         self.check(&name)?;
         let invalid = |reason: String| LockError::InvalidConfig {
@@ -639,8 +650,10 @@ impl LockClientBuilder {
     #[cfg(feature = "mysql")]
     pub async fn mysql(self, url: &str) -> Result<LockClient, LockError> {
         use crate::backend::mysql::MysqlBackend;
+        let url = &escape_userinfo(url);
         self.check(&redact_url(url))?;
-        let backend = MysqlBackend::new(url, &self.config.table, self.config.command_timeout)?;
+        let c = &self.config;
+        let backend = MysqlBackend::new(url, &c.table, c.command_timeout, c.tls_root.as_deref())?;
         if !self.config.lazy {
             when_ready(backend.node(), self.config.startup_timeout, || backend.verify()).await?;
         }
@@ -652,6 +665,7 @@ impl LockClientBuilder {
     #[cfg(feature = "postgres")]
     pub async fn postgres(self, url: &str) -> Result<LockClient, LockError> {
         use crate::backend::postgres::PostgresBackend;
+        let url = &escape_userinfo(url);
         self.check(&redact_url(url))?;
         let c = &self.config;
         let backend = PostgresBackend::new(

@@ -1,6 +1,72 @@
-//! Secrets out of every message: a URL's credentials never reach an error,
-//! a log line or `Debug` output, whatever characters they hold. Every
-//! backend quotes its URL through these.
+//! A URL's credentials, whatever characters they hold: read as the user
+//! meant them, and never shown in an error, a log line or `Debug` output.
+//! Every backend takes its URL through [`escape_userinfo`] and quotes it
+//! through the redaction functions.
+
+use std::borrow::Cow;
+
+/// The URL with its user and password percent-encoded where they hold
+/// characters a URL parser would take for the end of the userinfo (`@`,
+/// `/`, `?`, `#`, ...), so that each driver reads the password given.
+///
+/// Generated passwords hold such characters, and the drivers read them
+/// differently: tokio-postgres ends the userinfo at the *first* `@` (the
+/// rest of the password became the host, and was shown as the node name),
+/// the MySQL and Redis parsers stop at `/`, `?` or `#`. One rule for every
+/// backend, the one [`redact_url`] uses: everything between `://` and the
+/// last `@` is the user and password. A `%` followed by two hex digits is
+/// an escape the user already wrote and is kept; any other `%` is a
+/// character of the password. URLs without an authority (Unix sockets) and
+/// connection strings that are not URLs are returned as given.
+pub(crate) fn escape_userinfo(url: &str) -> Cow<'_, str> {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return Cow::Borrowed(url);
+    };
+    let rest = &url[start..];
+    let Some(at) = rest.rfind('@').filter(|_| !rest.starts_with('/')) else {
+        return Cow::Borrowed(url);
+    };
+    let userinfo = &rest[..at];
+    let allowed = |i: usize, b: u8| match b {
+        b'%' => is_escape(&userinfo.as_bytes()[i..]),
+        b':' => true,
+        _ => unreserved(b) || b"!$&'()*+,;=".contains(&b),
+    };
+    if userinfo.bytes().enumerate().all(|(i, b)| allowed(i, b)) {
+        return Cow::Borrowed(url);
+    }
+    // A user name cannot hold a raw `:` in a URL; the password can.
+    let escaped = match userinfo.split_once(':') {
+        Some((user, password)) => format!("{}:{}", percent_encode(user), percent_encode(password)),
+        None => percent_encode(userinfo),
+    };
+    Cow::Owned(format!("{}{escaped}{}", &url[..start], &rest[at..]))
+}
+
+fn unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~".contains(&b)
+}
+
+/// Whether `bytes` begin with `%` and two hex digits.
+fn is_escape(bytes: &[u8]) -> bool {
+    bytes.len() >= 3 && bytes[0] == b'%' && bytes[1].is_ascii_hexdigit() && bytes[2].is_ascii_hexdigit()
+}
+
+/// Every byte but unreserved ones and escapes already written as `%XX`.
+/// By hand: the `percent-encoding` crate encodes every `%`, and would turn
+/// a password the user had already encoded into another one.
+fn percent_encode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len() * 3);
+    for (i, &b) in bytes.iter().enumerate() {
+        if unreserved(b) || is_escape(&bytes[i..]) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
 
 /// The URL with any credentials replaced by `***`, for messages.
 ///
@@ -12,6 +78,9 @@
 /// than needed, never less.) A `pass`/`password` query parameter, which
 /// `redis+unix://` URLs use, takes the whole query with it.
 pub(crate) fn redact_url(url: &str) -> String {
+    if is_key_values(url) {
+        return redact_key_values(url);
+    }
     let (head, rest) = match url.find("://") {
         Some(i) => url.split_at(i + 3),
         None => ("", url),
@@ -35,6 +104,85 @@ pub(crate) fn redact_url(url: &str) -> String {
     format!("{head}{rest}")
 }
 
+/// Whether `text` is a key-value connection string (`host=db ...`) rather
+/// than a URL, well-formed or not: it begins with a word and `=`.
+fn is_key_values(text: &str) -> bool {
+    !text.contains("://")
+        && text.trim_start().split_once('=').is_some_and(|(key, _)| {
+            let key = key.trim_end();
+            !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        })
+}
+
+/// A PostgreSQL key-value connection string (`host=db password='a b'`)
+/// with every `pass...` value replaced by `***`, quoted or not.
+fn redact_key_values(text: &str) -> String {
+    key_values(text)
+        .map(|(key, value, _)| match value {
+            Some(_) if key.to_ascii_lowercase().contains("pass") => format!("{key}=***"),
+            Some(value) => format!("{key}={value}"),
+            None => key.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The `key=value` pairs of a connection string: each key, its value as
+/// written (quotes and escapes included), and the value it stands for. A
+/// word without `=` comes back as a key without a value. Written here, not
+/// taken from the driver, because it must also split strings the driver
+/// refuses, and those are the ones quoted in errors.
+fn key_values(text: &str) -> impl Iterator<Item = (&str, Option<&str>, String)> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            return None;
+        }
+        let key_end = rest
+            .find(|c: char| c == '=' || c.is_whitespace())
+            .unwrap_or(rest.len());
+        let key = &rest[..key_end];
+        let after_key = rest[key_end..].trim_start();
+        let Some(after_eq) = after_key.strip_prefix('=') else {
+            rest = &rest[key_end..];
+            return Some((key, None, String::new()));
+        };
+        let value_text = after_eq.trim_start();
+        let mut meant = String::new();
+        let mut end = value_text.len();
+        if let Some(quoted) = value_text.strip_prefix('\'') {
+            let mut chars = quoted.char_indices();
+            end = value_text.len();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => meant.extend(chars.next().map(|(_, c)| c)),
+                    '\'' => {
+                        end = i + 2;
+                        break;
+                    }
+                    c => meant.push(c),
+                }
+            }
+        } else {
+            let mut chars = value_text.char_indices();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => meant.extend(chars.next().map(|(_, c)| c)),
+                    c if c.is_whitespace() => {
+                        end = i;
+                        break;
+                    }
+                    c => meant.push(c),
+                }
+            }
+        }
+        let value = &value_text[..end];
+        rest = &value_text[end..];
+        Some((key, Some(value), meant))
+    })
+}
+
 /// Removes the URL's secrets from a message that may quote the URL, or the
 /// password alone, raw or percent-decoded (as the redis crate holds it).
 pub(crate) fn redact_secrets(message: &str, url: &str) -> String {
@@ -51,8 +199,17 @@ pub(crate) fn redact_secrets(message: &str, url: &str) -> String {
 /// The secrets a URL carries, in every spelling a message might quote: the
 /// userinfo's password (and the whole userinfo), and `pass` query values.
 fn secrets_of(url: &str) -> Vec<String> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let mut raw: Vec<&str> = Vec::new();
+    let mut meant: Vec<String> = Vec::new();
+    if is_key_values(url) {
+        for (key, value, value_meant) in key_values(url) {
+            if let Some(value) = value.filter(|_| key.to_ascii_lowercase().contains("pass")) {
+                raw.push(value);
+                meant.push(value_meant);
+            }
+        }
+    }
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
     // A userinfo without `:` is a user name alone: no secret, and masking
     // it would mangle every word of a message that holds it (a user `locks`
     // made the table `distributed_locks` read `distributed_***`).
@@ -71,7 +228,7 @@ fn secrets_of(url: &str) -> Vec<String> {
                 .map(|(_, v)| v),
         );
     }
-    let mut found: Vec<String> = Vec::new();
+    let mut found: Vec<String> = meant.into_iter().filter(|s| !s.is_empty()).collect();
     for secret in raw.into_iter().filter(|s| !s.is_empty()) {
         found.push(secret.to_owned());
         // The redis crate holds the password decoded, and may quote it so.
@@ -138,5 +295,49 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn userinfo_is_escaped_only_where_a_parser_would_misread_it() {
+        for plain in [
+            "redis://app:s3cr3t@db:6379/0",
+            "postgres://app:a%40b@db/locks",
+            "mysql://app:a!$&'()*+,;=b@db/locks",
+            "redis+unix:///tmp/r.sock?pass=a@b",
+            "host=db password=a@b dbname=locks",
+            "redis://db:6379",
+        ] {
+            assert_eq!(escape_userinfo(plain), plain);
+        }
+        assert_eq!(
+            escape_userinfo("postgres://app:Zq7@/#?:%Wv3@127.0.0.1:5432/locks?sslmode=require"),
+            "postgres://app:Zq7%40%2F%23%3F%3A%25Wv3@127.0.0.1:5432/locks?sslmode=require"
+        );
+        // An escape already written is kept; a lone `%` is a character.
+        assert_eq!(escape_userinfo("redis://:a%2Fb/c@db"), "redis://:a%2Fb%2Fc@db");
+        assert_eq!(escape_userinfo("redis://:100%@db"), "redis://:100%25@db");
+        assert_eq!(
+            escape_userinfo("mysql://me@corp:p/w@db/x"),
+            "mysql://me%40corp:p%2Fw@db/x"
+        );
+    }
+
+    #[test]
+    fn key_value_strings_keep_their_passwords_out_of_messages() {
+        let kv = "host=127.0.0.1 port=5432 user=app password=Zq7@/#?:%Wv3 dbname=locks";
+        let shown = redact_url(kv);
+        assert_eq!(
+            shown,
+            "host=127.0.0.1 port=5432 user=app password=*** dbname=locks"
+        );
+        let kv = r"host=db password = 'Zq7 \'q\\ Wv3' sslpassword=Zq8 dbname=locks";
+        let shown = redact_url(kv);
+        assert!(
+            !shown.contains("Zq7") && !shown.contains("Wv3") && !shown.contains("Zq8"),
+            "{shown}"
+        );
+        assert!(shown.ends_with("dbname=locks"), "{shown}");
+        let msg = redact_secrets("authentication failed for `Zq7 'q\\ Wv3`", kv);
+        assert!(!msg.contains("Zq7"), "{msg}");
     }
 }

@@ -28,7 +28,7 @@ struct Cli {
 }
 
 /// Where the locks live: like the service's client.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 struct Target {
     /// One Redis node (`redis://[user:password@]host[:port][/db]`).
     #[arg(long, global = true, default_value = "redis://127.0.0.1:6379/", conflicts_with_all = ["cluster", "redlock", "sentinel", "postgres", "etcd"])]
@@ -66,7 +66,15 @@ struct Target {
     /// The key prefix the services use.
     #[arg(long, global = true, default_value = "lock:")]
     prefix: String,
+    /// Read the password from FILE (its first line) and use it in every
+    /// URL above: a password in an argument shows in `ps`. The variable
+    /// `LOCKCTL_PASSWORD` does the same. Give the URLs without one.
+    #[arg(long, global = true, value_name = "FILE")]
+    password_file: Option<std::path::PathBuf>,
 }
+
+/// The variable that carries the servers' password, as `--password-file`.
+const PASSWORD_VARIABLE: &str = "LOCKCTL_PASSWORD";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -146,6 +154,11 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
 
 async fn connect(target: &Target) -> Result<LockClient, LockError> {
     let builder = || LockClient::builder().key_prefix(target.prefix.clone());
+    let password = password(target)?;
+    let target = &match password {
+        Some(password) => target.with_password(&password)?,
+        None => target.clone(),
+    };
     if !target.etcd.is_empty() {
         #[cfg(feature = "etcd")]
         {
@@ -181,6 +194,87 @@ async fn connect(target: &Target) -> Result<LockClient, LockError> {
     } else {
         builder().connect(&target.url).await
     }
+}
+
+/// The password from `--password-file` or `LOCKCTL_PASSWORD`, if given.
+fn password(target: &Target) -> Result<Option<String>, LockError> {
+    let invalid = |node: &str, reason: String| LockError::InvalidConfig {
+        node: node.into(),
+        reason,
+    };
+    if let Some(path) = &target.password_file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            invalid(
+                "--password-file",
+                format!("cannot read `{}`: {e}", path.display()),
+            )
+        })?;
+        let line = text.lines().next().unwrap_or_default();
+        if line.is_empty() {
+            return Err(invalid(
+                "--password-file",
+                format!("`{}` holds no password", path.display()),
+            ));
+        }
+        return Ok(Some(line.to_owned()));
+    }
+    match std::env::var(PASSWORD_VARIABLE) {
+        Ok(password) if !password.is_empty() => Ok(Some(password)),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(invalid(PASSWORD_VARIABLE, "the password is not UTF-8".into()))
+        }
+    }
+}
+
+impl Target {
+    /// The same target with `password` in every URL.
+    fn with_password(&self, password: &str) -> Result<Target, LockError> {
+        let mut target = self.clone();
+        if !target.etcd.is_empty() {
+            return Err(LockError::InvalidConfig {
+                node: "--etcd".into(),
+                reason: "lockctl cannot authenticate to etcd yet; drop the password".into(),
+            });
+        }
+        let put = |url: &str| put_password(url, password);
+        target.url = put(&target.url)?;
+        target.cluster = target.cluster.iter().map(|u| put(u)).collect::<Result<_, _>>()?;
+        target.redlock = target.redlock.iter().map(|u| put(u)).collect::<Result<_, _>>()?;
+        if let Some(sentinel) = &target.sentinel
+            && let Some((name, urls)) = sentinel.split_once('@')
+        {
+            let urls: Vec<String> = urls.split(',').map(put).collect::<Result<_, _>>()?;
+            target.sentinel = Some(format!("{name}@{}", urls.join(",")));
+        }
+        if let Some(url) = &target.postgres {
+            target.postgres = Some(if url.contains("://") {
+                put(url)?
+            } else {
+                // A key-value string: a quoted value, `\` and `'` escaped.
+                let quoted = password.replace('\\', "\\\\").replace('\'', "\\'");
+                format!("{url} password='{quoted}'")
+            });
+        }
+        Ok(target)
+    }
+}
+
+/// `url` with its password replaced by `password`, percent-encoded: the
+/// user name, host and the rest are kept as given.
+fn put_password(url: &str, password: &str) -> Result<String, LockError> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(LockError::InvalidConfig {
+            node: url.into(),
+            reason: "a password can only be added to a URL, `scheme://user@host...`".into(),
+        });
+    };
+    let (user, host) = match rest.rsplit_once('@') {
+        Some((userinfo, host)) => (userinfo.split_once(':').map_or(userinfo, |(user, _)| user), host),
+        None => ("", rest),
+    };
+    let encoded = percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC);
+    Ok(format!("{scheme}://{user}:{encoded}@{host}"))
 }
 
 /// `200ms`, `2s`, `1m`: whole numbers only.

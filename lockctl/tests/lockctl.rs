@@ -9,7 +9,7 @@ use lock_runtime::{LockClient, LockError, LockMode};
 use lock_tests::{Cluster, RedisServer, Replicated, start_masters, until_waiting};
 
 mod common;
-use common::{BOUND, find, json_lines, stdout};
+use common::{BOUND, find, json_lines, stdout, takes_the_password_and_refuses_a_wrong_one};
 
 fn lockctl(args: &[&str]) -> Output {
     lock_tests::output_within_limit(
@@ -441,6 +441,35 @@ async fn an_election_is_listed_with_its_leader_value_and_epoch() {
                 lockctl(&all)
             })
             .await;
+        },
+    )
+    .await
+}
+
+/// The password comes from `LOCKCTL_PASSWORD` or `--password-file` (an
+/// argument shows in `ps`), whatever URL characters it holds; a wrong one
+/// fails with a clear error, and no run shows any piece of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_come_from_the_environment_or_a_file_and_never_show() {
+    lock_tests::bounded(
+        "passwords_come_from_the_environment_or_a_file_and_never_show",
+        async move {
+            for password in lock_tests::secrets::url_passwords() {
+                let server = RedisServer::start_with_password(&password);
+                let locks = LockClient::connect(&server.url_with_password())
+                    .await
+                    .expect("connect");
+                let held = locks.lock("stock:1").acquire().await.expect("free");
+                let url = format!("redis://default@127.0.0.1:{}/", server.port());
+                let args = ["--url", url.as_str(), "--json", "list"];
+                takes_the_password_and_refuses_a_wrong_one(
+                    &args,
+                    &password,
+                    "stock:1",
+                    "refused the credentials",
+                );
+                held.release().await.expect("release");
+            }
         },
     )
     .await

@@ -10,7 +10,7 @@ use lock_tests::Postgres;
 use serde_json::Value;
 
 mod common;
-use common::{BOUND, find, json_lines};
+use common::{BOUND, find, json_lines, takes_the_password_and_refuses_a_wrong_one};
 
 /// The table the services use: not the default, so `--postgres-table` is
 /// what finds it.
@@ -204,6 +204,51 @@ async fn an_election_is_listed_with_its_leader_value_and_epoch() {
             let url = server.url();
             let locks = client(&server).await;
             common::an_election_is_listed_with_its_leader(&locks, |args| lockctl(&url, args)).await;
+        },
+    )
+    .await
+}
+
+/// The password from `LOCKCTL_PASSWORD` or `--password-file`, into a URL or
+/// a key-value string, whatever URL characters it holds; never shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_come_from_the_environment_or_a_file_and_never_show() {
+    lock_tests::bounded(
+        "passwords_come_from_the_environment_or_a_file_and_never_show",
+        async move {
+            let server = Postgres::start();
+            let locks = client(&server).await;
+            let held = locks.lock("stock:1").acquire().await.expect("free");
+            let port = server.port();
+            for (i, password) in lock_tests::secrets::url_passwords().into_iter().enumerate() {
+                let role = format!("ops{i}");
+                tokio::task::block_in_place(|| {
+                    server.add_password_role(&role, &password);
+                    server.sql(&format!(
+                        "GRANT SELECT, INSERT, UPDATE, DELETE ON {TABLE}, {TABLE}_members TO {role}"
+                    ));
+                });
+                for target in [
+                    format!("postgres://{role}@127.0.0.1:{port}/locks"),
+                    format!("host=127.0.0.1 port={port} user={role} dbname=locks"),
+                ] {
+                    let args = [
+                        "--postgres",
+                        target.as_str(),
+                        "--postgres-table",
+                        TABLE,
+                        "--json",
+                        "list",
+                    ];
+                    takes_the_password_and_refuses_a_wrong_one(
+                        &args,
+                        &password,
+                        "stock:1",
+                        "password authentication failed",
+                    );
+                }
+            }
+            held.release().await.expect("release");
         },
     )
     .await

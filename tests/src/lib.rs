@@ -16,6 +16,7 @@ pub mod monitor;
 pub mod postgres;
 pub mod proxy;
 pub mod report;
+pub mod secrets;
 pub mod sentinel;
 pub mod server;
 pub mod witness;

@@ -22,6 +22,8 @@ pub struct MariaDb {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    /// Options of the server's own beyond the harness's (TLS).
+    options: Vec<String>,
 }
 
 /// A program of Debian's `mariadb-server`: on `PATH`, else in `/usr/sbin` or
@@ -54,6 +56,26 @@ impl MariaDb {
     /// with an empty database [`DATABASE`], reachable as `root` without a
     /// password from loopback.
     pub fn start() -> MariaDb {
+        Self::start_with(Vec::new())
+    }
+
+    /// A server that also serves TLS with `cert` and `key` (PEM), signed
+    /// by a CA the client must be given. Plain connections are still
+    /// taken until [`require_tls`](Self::require_tls).
+    pub fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> MariaDb {
+        Self::start_with(vec![
+            format!("--ssl-cert={}", cert.display()),
+            format!("--ssl-key={}", key.display()),
+        ])
+    }
+
+    /// From now on the server refuses connections without TLS, the
+    /// harness's own too (`require_secure_transport`).
+    pub async fn require_tls(&self) {
+        self.sql("SET GLOBAL require_secure_transport = ON").await;
+    }
+
+    fn start_with(options: Vec<String>) -> MariaDb {
         let dir = tempfile::tempdir().expect("temp dir for mariadbd");
         let data = dir.path().join("data");
         let tmp = dir.path().join("tmp");
@@ -80,6 +102,7 @@ impl MariaDb {
             child: None,
             port: 0,
             dir,
+            options,
         };
         // A port found free can be taken before the server binds it: retry.
         for _ in 0..20 {
@@ -109,6 +132,7 @@ impl MariaDb {
             .arg(format!("--tmpdir={}", self.dir.path().join("tmp").display()))
             .args(["--bind-address=127.0.0.1", "--user=root", "--skip-name-resolve"])
             .args(SIZING)
+            .args(&self.options)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());

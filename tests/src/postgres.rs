@@ -216,6 +216,22 @@ impl Postgres {
         assert_eq!(self.sql("SELECT pg_reload_conf()"), ["t"]);
     }
 
+    /// A role `name` that logs in with `password` (`scram-sha-256` from
+    /// loopback, in front of the trusted rules) and may create the lock
+    /// table: a service's user rather than the superuser.
+    pub fn add_password_role(&self, name: &str, password: &str) {
+        self.sql(&format!("CREATE ROLE {name} LOGIN PASSWORD '{password}'"));
+        self.sql(&format!("GRANT CREATE ON SCHEMA public TO {name}"));
+        let rules = self.data_dir().join("pg_hba.conf");
+        let before = std::fs::read_to_string(&rules).expect("pg_hba.conf");
+        std::fs::write(
+            &rules,
+            format!("host all {name} 127.0.0.1/32 scram-sha-256\n{before}"),
+        )
+        .expect("write pg_hba.conf");
+        assert_eq!(self.sql("SELECT pg_reload_conf()"), ["t"]);
+    }
+
     /// A `psql` session in [`DATABASE`] that runs what is sent to it, in
     /// order, until dropped: for a transaction the test keeps open while
     /// clients run into it.

@@ -131,6 +131,22 @@ pub(crate) fn tls_refused(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// An error and each of its causes that it does not already say: the
+/// drivers repeat their own words ("error performing TLS handshake") and
+/// keep the reason (rustls's unknown issuer) at the bottom of the chain.
+pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// What a failure said, without the node `LockError::Backend` names
 /// again in its own message.
 fn last_seen(error: &LockError) -> String {

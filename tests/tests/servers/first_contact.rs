@@ -3,69 +3,12 @@
 //! password, messages that did not say what happened), against real
 //! `redis-server` processes.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LostReason};
+use lock_tests::secrets::{assert_no_password, capture_tracing, hostile_passwords};
 use lock_tests::{RedisServer, percent_encode};
 use rand::{Rng, SeedableRng};
-
-/// Everything `tracing` writes while it is installed, at every level.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
-    }
-}
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn capture_tracing() -> (Captured, tracing::subscriber::DefaultGuard) {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    (captured, tracing::subscriber::set_default(subscriber))
-}
-
-/// Passwords that break naive URL handling: `Zq7<c>Wv3` for every printable
-/// ASCII character `c`, and one holding all of them. A leak of any fragment
-/// shows as `Zq7` or `Wv3`.
-fn hostile_passwords() -> Vec<String> {
-    let mut passwords: Vec<String> = (0x20u8..0x7f)
-        .map(|c| format!("Zq7{}Wv3", char::from(c)))
-        .collect();
-    passwords.push(format!(
-        "Zq7{}Wv3",
-        (0x20u8..0x7f).map(char::from).collect::<String>()
-    ));
-    passwords
-}
-
-fn assert_no_password(what: &str, text: &str) {
-    assert!(
-        !text.contains("Zq7") && !text.contains("Wv3"),
-        "{what}: a password fragment leaked: {text}"
-    );
-}
 
 /// Every constructor, with every hostile password written raw (so that many
 /// URLs do not parse) and percent-encoded (so that they parse and the server

@@ -34,6 +34,7 @@ mod owner_checks;
 mod postgres;
 mod redlock;
 mod replication;
+mod secrets;
 mod server_deaths;
 mod several_keys;
 mod stale_holder;

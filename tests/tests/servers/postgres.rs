@@ -69,17 +69,9 @@ fn a_paused_server_answers_nothing_until_resumed() {
 /// A role `app` that must give its password (`scram-sha-256` from
 /// loopback), and `reader`, who may connect but create nothing.
 fn with_password_roles(server: &Postgres) {
-    server.sql("CREATE ROLE app LOGIN PASSWORD 's3cr3t-Pa55'");
-    server.sql("GRANT CREATE ON SCHEMA public TO app");
-    server.sql("CREATE ROLE reader LOGIN PASSWORD 'r-Pa55'");
-    let hba = server.data_dir().join("pg_hba.conf");
-    let trusted = std::fs::read_to_string(&hba).expect("pg_hba.conf");
-    std::fs::write(
-        &hba,
-        format!("host all app,reader 127.0.0.1/32 scram-sha-256\n{trusted}"),
-    )
-    .expect("write pg_hba.conf");
-    assert_eq!(server.sql("SELECT pg_reload_conf()"), ["t"]);
+    server.add_password_role("app", "s3cr3t-Pa55");
+    server.add_password_role("reader", "r-Pa55");
+    server.sql("REVOKE CREATE ON SCHEMA public FROM reader");
 }
 
 /// The row of lock `key`: holder, expiry, fence.

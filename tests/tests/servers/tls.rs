@@ -157,3 +157,98 @@ async fn postgres_over_tls_with_a_private_ca() {
     })
     .await
 }
+
+/// MySQL (MariaDB) with `require_ssl=true` and the `tls` feature: the
+/// server is verified (an unknown issuer refused at once, a URL that turns
+/// verification off refused), and the lock user may only connect over TLS
+/// (`REQUIRE SSL`), so a lock taken proves every connection is encrypted.
+/// Once the server requires TLS of everyone, a plain URL is refused at once
+/// with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_over_tls_with_a_private_ca() {
+    lock_tests::bounded("mysql_over_tls_with_a_private_ca", async move {
+        let certs = tempfile::tempdir().expect("cert dir");
+        make_certificates(certs.path());
+        let server = lock_tests::MariaDb::start_tls(
+            &certs.path().join("server.crt"),
+            &certs.path().join("server.key"),
+        );
+        server.sql("CREATE USER 'app'@'%' REQUIRE SSL").await;
+        server
+            .sql("GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON locks.* TO 'app'@'%'")
+            .await;
+        let port = server.port();
+        let tls_url = format!("mysql://app@127.0.0.1:{port}/locks?require_ssl=true");
+        let ca = std::fs::read(certs.path().join("ca.crt")).expect("read ca.crt");
+        let quick = || LockClient::builder().command_timeout(Duration::from_secs(2));
+
+        let unverified = quick()
+            .mysql(&tls_url)
+            .await
+            .expect_err("an unknown issuer is refused");
+        assert!(
+            matches!(unverified, LockError::InvalidConfig { .. }),
+            "{unverified}"
+        );
+        assert!(
+            unverified.to_string().to_lowercase().contains("certificate"),
+            "{unverified}"
+        );
+        assert!(
+            !unverified.to_string().contains("not ready"),
+            "refused at once: {unverified}"
+        );
+        for off in ["verify_ca=false", "verify_identity=false"] {
+            let err = quick()
+                .tls_root_certificate(ca.clone())
+                .mysql(&format!("{tls_url}&{off}"))
+                .await
+                .expect_err("verification cannot be turned off");
+            assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
+            assert!(err.to_string().contains(off), "{err}");
+        }
+
+        let locks = quick()
+            .tls_root_certificate(ca.clone())
+            .mysql(&tls_url)
+            .await
+            .expect("trusting the private CA");
+        let guard = locks
+            .lock("tls:1")
+            .fencing(true)
+            .acquire()
+            .await
+            .expect("lock over TLS");
+        let other = quick()
+            .tls_root_certificate(ca.clone())
+            .mysql(&tls_url)
+            .await
+            .expect("a second client");
+        let waiting = tokio::spawn(async move {
+            other
+                .lock("tls:1")
+                .wait(Duration::from_secs(10))
+                .run(async {})
+                .await
+        });
+        guard.release().await.expect("release over TLS");
+        tokio::time::timeout(Duration::from_secs(15), waiting)
+            .await
+            .expect("the waiter got in")
+            .expect("join")
+            .expect("lock after release");
+
+        server.require_tls().await;
+        let plain = quick()
+            .mysql(&format!("mysql://root@127.0.0.1:{port}/locks"))
+            .await
+            .expect_err("the server takes no plain connection");
+        assert!(matches!(plain, LockError::InvalidConfig { .. }), "{plain}");
+        assert!(plain.to_string().contains("require_ssl=true"), "{plain}");
+        assert!(
+            !plain.to_string().contains("not ready"),
+            "refused at once: {plain}"
+        );
+    })
+    .await
+}

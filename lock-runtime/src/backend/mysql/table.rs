@@ -12,8 +12,8 @@ use mysql_async::{Conn, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
 
 use super::sql::{FairStatements, MAX_NAME_BYTES, SharedStatements, Statements};
 use crate::backend::contract::{AcquireReply, Failure};
-use crate::backend::startup;
 use crate::backend::unanswered::{Answering, Attempt, Unanswered};
+use crate::backend::{startup, tls};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::redact::{redact_secrets, redact_url};
@@ -31,6 +31,9 @@ pub(crate) struct MysqlBackend {
     pub(super) node: String,
     /// The URL as given, only to scrub its secrets from driver messages.
     pub(super) url: String,
+    /// Whether the URL asked for no TLS: a refusal may then be a server
+    /// that requires it.
+    pub(super) without_tls: bool,
     pub(super) timeout: Duration,
     /// Acquisition attempts dropped before their answer (see
     /// `backend/unanswered.rs`).
@@ -58,6 +61,10 @@ impl fmt::Debug for MysqlBackend {
     }
 }
 
+/// MySQL 8's refusal of a plain connection while `require_secure_transport`
+/// is on. MariaDB answers 1045, "access denied", as for a wrong password.
+const INSECURE_TRANSPORT: u16 = 3159;
+
 /// Whether `name` can name a table without quoting trouble.
 fn table_problem(name: &str) -> Option<String> {
     // 56: the members table's name, `<name>_members`, must fit MySQL's 64.
@@ -69,7 +76,12 @@ fn table_problem(name: &str) -> Option<String> {
 impl MysqlBackend {
     /// Parses `url` (`mysql://user:password@host:port/database`) and builds
     /// the pool; connects nothing yet.
-    pub(crate) fn new(url: &str, table: &str, timeout: Duration) -> Result<Self, LockError> {
+    pub(crate) fn new(
+        url: &str,
+        table: &str,
+        timeout: Duration,
+        tls_root: Option<&[u8]>,
+    ) -> Result<Self, LockError> {
         let redacted = redact_url(url);
         let invalid = |reason: String| LockError::InvalidConfig {
             node: redacted.clone(),
@@ -85,7 +97,13 @@ impl MysqlBackend {
             ));
         };
         let node = format!("{}:{}/{db}", opts.ip_or_hostname(), opts.tcp_port());
+        let without_tls = opts.ssl_opts().is_none();
+        let ssl = match opts.ssl_opts() {
+            Some(asked) => Some(tls::mysql_ssl_opts(asked, tls_root).map_err(&invalid)?),
+            None => None,
+        };
         let opts = OptsBuilder::from_opts(opts)
+            .ssl_opts(ssl)
             // Expiries are compared on the server only, but DATETIME is a
             // wall time: UTC keeps it free of daylight-saving jumps.
             // READ COMMITTED: the lock statements need no gap locks.
@@ -122,6 +140,7 @@ impl MysqlBackend {
             table: table.to_owned(),
             node,
             url: url.to_owned(),
+            without_tls,
             timeout,
             unanswered: Arc::default(),
             settling: Settling {
@@ -158,16 +177,43 @@ impl MysqlBackend {
     fn startup_failure(&self, e: mysql_async::Error) -> Failure {
         match &e {
             mysql_async::Error::Server(s) if matches!(s.code, 1044 | 1045 | 1142 | 1698) => {
+                // A server or user that requires TLS refuses a plain
+                // connection in the same words as a wrong password.
+                let hint = if s.code == 1045 && self.without_tls {
+                    "; if the server or the user requires TLS, add `require_ssl=true` to the URL"
+                } else {
+                    ""
+                };
                 Failure::permanent(LockError::InvalidConfig {
                     node: self.node.clone(),
                     reason: format!(
-                        "{}; the user needs CREATE (or an existing table), SELECT, INSERT, UPDATE and DELETE on the lock table",
+                        "{}{hint}; the user needs CREATE (or an existing table), SELECT, INSERT, UPDATE and DELETE on the lock table",
                         redact_secrets(&e.to_string(), &self.url)
                     ),
                 })
             }
+            // A certificate that does not verify, TLS asked of a server
+            // that offers none, or a plain connection refused by a server
+            // that requires TLS: waiting cannot mend any of them.
+            mysql_async::Error::Io(io) if startup::tls_refused(io) => self.tls_failure(&e),
+            #[cfg(feature = "tls")]
+            mysql_async::Error::Io(mysql_async::IoError::Tls(_)) => self.tls_failure(&e),
+            mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer) => {
+                self.tls_failure(&e)
+            }
+            mysql_async::Error::Server(s) if s.code == INSECURE_TRANSPORT => self.tls_failure(&e),
             _ => self.failure(None, e),
         }
+    }
+
+    fn tls_failure(&self, e: &mysql_async::Error) -> Failure {
+        Failure::permanent(LockError::InvalidConfig {
+            node: self.node.clone(),
+            reason: format!(
+                "TLS: {}; a server that requires TLS needs `require_ssl=true` in the URL, and a private CA needs `tls_root_certificate`",
+                redact_secrets(&startup::with_causes(e), &self.url)
+            ),
+        })
     }
 
     pub(super) fn failure(&self, key: Option<&LockKey>, e: mysql_async::Error) -> Failure {

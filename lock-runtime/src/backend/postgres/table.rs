@@ -154,21 +154,7 @@ pub(super) fn describe(e: &PoolError) -> String {
     };
     match db {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        // The whole chain of causes, each once: the pool and the driver
-        // repeat their own words ("error performing TLS handshake") and
-        // keep the reason (an unknown issuer) at the bottom.
-        None => {
-            let mut text = e.to_string();
-            let mut cause = std::error::Error::source(e);
-            while let Some(c) = cause {
-                let said = c.to_string();
-                if !text.contains(&said) {
-                    text = format!("{text}: {said}");
-                }
-                cause = c.source();
-            }
-            text
-        }
+        None => startup::with_causes(e),
     }
 }
 

@@ -1,0 +1,77 @@
+//! What the tests that keep passwords out of sight share: hostile
+//! passwords, and a capture of everything `tracing` writes.
+//!
+//! Every password here is `Zq7<characters>Wv3`, so that a leak of any piece
+//! of it, whole or cut at one of its characters, shows as `Zq7` or `Wv3`.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Everything `tracing` writes while it is installed, at every level.
+#[derive(Clone, Debug, Default)]
+pub struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// What was written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
+    }
+}
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Captures every trace of this thread (a current-thread runtime's tasks
+/// included) until the guard is dropped.
+pub fn capture_tracing() -> (Captured, tracing::subscriber::DefaultGuard) {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    (captured, tracing::subscriber::set_default(subscriber))
+}
+
+/// Passwords that break naive URL handling: `Zq7<c>Wv3` for every printable
+/// ASCII character `c`, and one holding all of them.
+pub fn hostile_passwords() -> Vec<String> {
+    let mut passwords: Vec<String> = (0x20u8..0x7f)
+        .map(|c| format!("Zq7{}Wv3", char::from(c)))
+        .collect();
+    passwords.push(format!(
+        "Zq7{}Wv3",
+        (0x20u8..0x7f).map(char::from).collect::<String>()
+    ));
+    passwords
+}
+
+/// The characters that end a URL's userinfo or start an escape (`@`, `/`,
+/// `#`, `?`, `:`, `%`), each alone in a password, and all of them in one:
+/// what a generated password holds and what a URL parser misreads.
+pub fn url_passwords() -> Vec<String> {
+    ["@", "/", "#", "?", ":", "%", "@/#?:%"]
+        .iter()
+        .map(|c| format!("Zq7{c}Wv3"))
+        .collect()
+}
+
+/// Fails if `text` holds any piece of a password made by this module.
+pub fn assert_no_password(what: &str, text: &str) {
+    assert!(
+        !text.contains("Zq7") && !text.contains("Wv3"),
+        "{what}: a password fragment leaked: {text}"
+    );
+}
