@@ -387,6 +387,37 @@ impl LockClientBuilder {
         self
     }
 
+    /// Authenticates the ZooKeeper session as `user` (the `digest` scheme,
+    /// `user:password`) and creates every lock node (the root and any
+    /// missing parent, each lock's queue, each holder's and waiter's node)
+    /// with an ACL that gives every permission to that identity alone:
+    /// another client of the ensemble, authenticated otherwise or not at
+    /// all, can neither delete, change nor join a lock's queue, nor list
+    /// it unless [`zookeeper_readable_by_anyone`](Self::zookeeper_readable_by_anyone).
+    /// Every client of one root must use the same identity. At start-up the
+    /// client checks that it may create nodes under the root: a root owned
+    /// by another identity, or a different password (ZooKeeper takes any
+    /// digest password and makes another identity of it), is
+    /// `InvalidConfig`.
+    #[cfg(feature = "zookeeper")]
+    pub fn zookeeper_digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.config.zookeeper_identity = Some(crate::config::ZooKeeperIdentity {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// With [`zookeeper_digest`](Self::zookeeper_digest): lets anyone read
+    /// (list and get) the lock nodes, for monitoring; writing, deleting and
+    /// joining a queue stay the identity's alone. Without an identity,
+    /// nodes are open to all anyway.
+    #[cfg(feature = "zookeeper")]
+    pub fn zookeeper_readable_by_anyone(mut self, readable: bool) -> Self {
+        self.config.zookeeper_readable_by_anyone = readable;
+        self
+    }
+
     /// The etcd key prefix under which lock lines live (default
     /// `/distributed-locks`), without a trailing `/`.
     #[cfg(feature = "etcd")]
@@ -690,8 +721,14 @@ impl LockClientBuilder {
         use crate::backend::zookeeper::ZooKeeperBackend;
         self.check(connect)?;
         let c = &self.config;
-        let backend =
-            ZooKeeperBackend::new(connect, &c.zookeeper_root, c.session_timeout, c.command_timeout)?;
+        let backend = ZooKeeperBackend::new(
+            connect,
+            &c.zookeeper_root,
+            c.session_timeout,
+            c.command_timeout,
+            c.zookeeper_identity.clone(),
+            c.zookeeper_readable_by_anyone,
+        )?;
         if !c.lazy {
             when_ready(backend.node(), c.startup_timeout, || backend.verify()).await?;
         }

@@ -40,6 +40,25 @@ pub(crate) const DEFAULT_ETCD_LEASE_TTL: Duration = Duration::from_secs(10);
 /// wrong address is reported soon.
 pub(crate) const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A ZooKeeper `digest` identity (`user:password`).
+#[cfg(feature = "zookeeper")]
+#[derive(Clone)]
+pub(crate) struct ZooKeeperIdentity {
+    pub(crate) user: String,
+    pub(crate) password: String,
+}
+
+#[cfg(feature = "zookeeper")]
+impl std::fmt::Debug for ZooKeeperIdentity {
+    // By hand: the password never shows.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZooKeeperIdentity")
+            .field("user", &self.user)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
 /// What every lock call of one client shares.
 #[derive(Debug, Clone)]
 pub(crate) struct ClientConfig {
@@ -81,6 +100,14 @@ pub(crate) struct ClientConfig {
     /// The session timeout asked of a ZooKeeper ensemble.
     #[cfg(feature = "zookeeper")]
     pub(crate) session_timeout: Duration,
+    /// Who a ZooKeeper session authenticates as, the only identity that
+    /// may change the lock nodes it creates; `None`: no authentication,
+    /// open nodes.
+    #[cfg(feature = "zookeeper")]
+    pub(crate) zookeeper_identity: Option<ZooKeeperIdentity>,
+    /// With an identity: anyone may read the lock nodes.
+    #[cfg(feature = "zookeeper")]
+    pub(crate) zookeeper_readable_by_anyone: bool,
     /// The key prefix under which every etcd lock's line lives.
     #[cfg(feature = "etcd")]
     pub(crate) etcd_root: String,
@@ -114,6 +141,10 @@ impl Default for ClientConfig {
             zookeeper_root: DEFAULT_ROOT.into(),
             #[cfg(feature = "zookeeper")]
             session_timeout: DEFAULT_SESSION_TIMEOUT,
+            #[cfg(feature = "zookeeper")]
+            zookeeper_identity: None,
+            #[cfg(feature = "zookeeper")]
+            zookeeper_readable_by_anyone: false,
             #[cfg(feature = "etcd")]
             etcd_root: DEFAULT_ETCD_ROOT.into(),
             #[cfg(feature = "etcd")]

@@ -12,13 +12,21 @@ use std::borrow::Cow;
 /// Generated passwords hold such characters, and the drivers read them
 /// differently: tokio-postgres ends the userinfo at the *first* `@` (the
 /// rest of the password became the host, and was shown as the node name),
-/// the MySQL and Redis parsers stop at `/`, `?` or `#`. One rule for every
-/// backend, the one [`redact_url`] uses: everything between `://` and the
+/// the MySQL and Redis parsers stop at `/`, `?` or `#`.
+///
+/// A URL that is well formed as written is left alone: its authority (up
+/// to the first `/`, `?` or `#`) is `[userinfo@]host[:port]` with a clean
+/// userinfo, and its path holds no `@`. So an `@` in a query
+/// (`?application_name=a@b`) keeps working. Any other URL with an `@` is
+/// read by the rule [`redact_url`] uses: everything between `://` and the
 /// last `@` is the user and password. A `%` followed by two hex digits is
 /// an escape the user already wrote and is kept; any other `%` is a
 /// character of the password. URLs without an authority (Unix sockets) and
 /// connection strings that are not URLs are returned as given.
 pub(crate) fn escape_userinfo(url: &str) -> Cow<'_, str> {
+    if is_key_values(url) {
+        return Cow::Borrowed(url);
+    }
     let Some(start) = url.find("://").map(|i| i + 3) else {
         return Cow::Borrowed(url);
     };
@@ -26,21 +34,60 @@ pub(crate) fn escape_userinfo(url: &str) -> Cow<'_, str> {
     let Some(at) = rest.rfind('@').filter(|_| !rest.starts_with('/')) else {
         return Cow::Borrowed(url);
     };
-    let userinfo = &rest[..at];
-    let allowed = |i: usize, b: u8| match b {
-        b'%' => is_escape(&userinfo.as_bytes()[i..]),
-        b':' => true,
-        _ => unreserved(b) || b"!$&'()*+,;=".contains(&b),
-    };
-    if userinfo.bytes().enumerate().all(|(i, b)| allowed(i, b)) {
+    if well_formed(rest) {
         return Cow::Borrowed(url);
     }
+    let userinfo = &rest[..at];
     // A user name cannot hold a raw `:` in a URL; the password can.
     let escaped = match userinfo.split_once(':') {
         Some((user, password)) => format!("{}:{}", percent_encode(user), percent_encode(password)),
         None => percent_encode(userinfo),
     };
     Cow::Owned(format!("{}{escaped}{}", &url[..start], &rest[at..]))
+}
+
+/// Whether the URL after `://` parses as written: an authority of a clean
+/// userinfo and `host[:port]` (or several, comma-separated, as PostgreSQL
+/// takes them), and a path without `@`.
+fn well_formed(rest: &str) -> bool {
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, after) = rest.split_at(end);
+    let path = &after[..after.find(['?', '#']).unwrap_or(after.len())];
+    if path.contains('@') {
+        return false;
+    }
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let clean = |text: &str| {
+        let bytes = text.as_bytes();
+        bytes.iter().enumerate().all(|(i, &b)| match b {
+            b'%' => is_escape(&bytes[i..]),
+            b':' => true,
+            _ => unreserved(b) || b"!$&'()*+,;=".contains(&b),
+        })
+    };
+    let host_port = |item: &str| {
+        let (host, port) = match item.rsplit_once(':').filter(|(h, _)| !h.ends_with(':')) {
+            Some((host, port)) if !host.starts_with('[') || host.ends_with(']') => (host, Some(port)),
+            _ => (item, None),
+        };
+        !host.is_empty()
+            && !host.contains('@')
+            && port.is_none_or(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    };
+    userinfo.is_none_or(clean) && hosts.split(',').all(host_port)
+}
+
+/// What a URL that did not parse should be told: a URL with credentials
+/// may have failed on its password's characters.
+pub(crate) fn unparsed_hint(url: &str) -> &'static str {
+    if url.contains('@') && !is_key_values(url) {
+        "; if the password holds characters such as `@`, `/`, `?`, `#` or `%`, percent-encode them (`@` as `%40`)"
+    } else {
+        ""
+    }
 }
 
 fn unreserved(b: u8) -> bool {
@@ -107,11 +154,10 @@ pub(crate) fn redact_url(url: &str) -> String {
 /// Whether `text` is a key-value connection string (`host=db ...`) rather
 /// than a URL, well-formed or not: it begins with a word and `=`.
 fn is_key_values(text: &str) -> bool {
-    !text.contains("://")
-        && text.trim_start().split_once('=').is_some_and(|(key, _)| {
-            let key = key.trim_end();
-            !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        })
+    text.trim_start().split_once('=').is_some_and(|(key, _)| {
+        let key = key.trim_end();
+        !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    })
 }
 
 /// A PostgreSQL key-value connection string (`host=db password='a b'`)
@@ -313,6 +359,26 @@ mod tests {
             escape_userinfo("postgres://app:Zq7@/#?:%Wv3@127.0.0.1:5432/locks?sslmode=require"),
             "postgres://app:Zq7%40%2F%23%3F%3A%25Wv3@127.0.0.1:5432/locks?sslmode=require"
         );
+        // Well formed as written: an `@` in the query, a `:` in the
+        // password, several hosts.
+        for kept in [
+            "postgres://db:5432/locks?application_name=a@b",
+            "postgres://app:pw@db/locks?application_name=a@b",
+            "mysql://app:Zq7:Wv3@127.0.0.1:3306/locks",
+            "postgres://app:pw@h1:5432,h2:5433/locks",
+            "postgres://app:pw@[::1]:5432/locks",
+        ] {
+            assert_eq!(escape_userinfo(kept), kept);
+        }
+        assert_eq!(escape_userinfo("redis://:Zq7/Wv3@db"), "redis://:Zq7%2FWv3@db");
+        assert_eq!(
+            escape_userinfo("redis://app:1234/5@db/0"),
+            "redis://app:1234%2F5@db/0"
+        );
+        assert_eq!(
+            escape_userinfo("host=db password=a://b@c dbname=x"),
+            "host=db password=a://b@c dbname=x"
+        );
         // An escape already written is kept; a lone `%` is a character.
         assert_eq!(escape_userinfo("redis://:a%2Fb/c@db"), "redis://:a%2Fb%2Fc@db");
         assert_eq!(escape_userinfo("redis://:100%@db"), "redis://:100%25@db");
@@ -337,6 +403,10 @@ mod tests {
             "{shown}"
         );
         assert!(shown.ends_with("dbname=locks"), "{shown}");
+        assert_eq!(
+            redact_url("host=db password=Zq7://Wv3@x dbname=locks"),
+            "host=db password=*** dbname=locks"
+        );
         let msg = redact_secrets("authentication failed for `Zq7 'q\\ Wv3`", kv);
         assert!(!msg.contains("Zq7"), "{msg}");
     }

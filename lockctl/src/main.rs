@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use lock_runtime::{LockClient, LockError, LockHolder, LockInfo};
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::{Value, json};
 
 #[derive(Debug, Parser)]
@@ -154,7 +155,12 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
 
 async fn connect(target: &Target) -> Result<LockClient, LockError> {
     let builder = || LockClient::builder().key_prefix(target.prefix.clone());
-    let password = password(target)?;
+    // `LOCKCTL_PASSWORD` is for the URL targets: etcd takes none yet, and
+    // a variable set for them must not stop an etcd run.
+    let password = match password(target)? {
+        Some(_) if !target.etcd.is_empty() && target.password_file.is_none() => None,
+        password => password,
+    };
     let target = &match password {
         Some(password) => target.with_password(&password)?,
         None => target.clone(),
@@ -234,7 +240,7 @@ impl Target {
         if !target.etcd.is_empty() {
             return Err(LockError::InvalidConfig {
                 node: "--etcd".into(),
-                reason: "lockctl cannot authenticate to etcd yet; drop the password".into(),
+                reason: "lockctl cannot authenticate to etcd yet; drop --password-file".into(),
             });
         }
         let put = |url: &str| put_password(url, password);
@@ -250,6 +256,11 @@ impl Target {
         if let Some(url) = &target.postgres {
             target.postgres = Some(if url.contains("://") {
                 put(url)?
+            } else if url.split_whitespace().any(|word| word.starts_with("password")) {
+                return Err(LockError::InvalidConfig {
+                    node: "--postgres".into(),
+                    reason: "the connection string holds a password already; give it in one place".into(),
+                });
             } else {
                 // A key-value string: a quoted value, `\` and `'` escaped.
                 let quoted = password.replace('\\', "\\\\").replace('\'', "\\'");
@@ -260,21 +271,38 @@ impl Target {
     }
 }
 
-/// `url` with its password replaced by `password`, percent-encoded: the
-/// user name, host and the rest are kept as given.
+/// `url` (given without a password) with `password`, percent-encoded, as
+/// its password: in the userinfo, or as `pass=` for a Unix socket's URL.
 fn put_password(url: &str, password: &str) -> Result<String, LockError> {
+    // The URL is not quoted: it could hold a password after all.
+    let invalid = |reason: &str| LockError::InvalidConfig {
+        node: "a URL given with LOCKCTL_PASSWORD or --password-file".into(),
+        reason: reason.into(),
+    };
     let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(LockError::InvalidConfig {
-            node: url.into(),
-            reason: "a password can only be added to a URL, `scheme://user@host...`".into(),
-        });
+        return Err(invalid(
+            "a password can only be put into a URL, `scheme://user@host...`",
+        ));
     };
-    let (user, host) = match rest.rsplit_once('@') {
-        Some((userinfo, host)) => (userinfo.split_once(':').map_or(userinfo, |(user, _)| user), host),
-        None => ("", rest),
+    let encoded = utf8_percent_encode(password, NON_ALPHANUMERIC);
+    let already = "the URL holds a password already; give it in one place";
+    if rest.starts_with('/') {
+        if rest.contains("pass=") {
+            return Err(invalid(already));
+        }
+        let separator = if rest.contains('?') { '&' } else { '?' };
+        return Ok(format!("{scheme}://{rest}{separator}pass={encoded}"));
+    }
+    // The authority ends at the first `/`, `?` or `#`: without a password
+    // in it, the URL's user name holds none of them.
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, host) = match authority.rsplit_once('@') {
+        Some((userinfo, _)) if userinfo.contains(':') => return Err(invalid(already)),
+        Some((user, host)) => (user, host),
+        None => ("", authority),
     };
-    let encoded = percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC);
-    Ok(format!("{scheme}://{user}:{encoded}@{host}"))
+    Ok(format!("{scheme}://{user}:{encoded}@{host}{tail}"))
 }
 
 /// `200ms`, `2s`, `1m`: whole numbers only.

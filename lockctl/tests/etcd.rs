@@ -253,16 +253,15 @@ async fn an_election_is_listed_with_its_leader_value_and_epoch() {
     .await
 }
 
-/// etcd authentication is not supported yet: a password given is refused
-/// by name, before any connection, rather than ignored, and not shown.
+/// etcd authentication is not supported yet: a password file given is
+/// refused by name, before any connection, rather than ignored, and not
+/// shown. (`LOCKCTL_PASSWORD`, set for the URL targets, is left out.)
 #[test]
-fn a_password_for_etcd_is_refused_and_not_shown() {
+fn a_password_file_for_etcd_is_refused_and_not_shown() {
     let dir = tempfile::tempdir().expect("a directory for the password file");
-    for from in [PasswordFrom::Environment, PasswordFrom::File] {
-        let args = ["list", "--etcd", "127.0.0.1:1"];
-        let out = lockctl_with_password(&args, "Zq7@/#?:%Wv3", from, dir.path());
-        assert!(!out.status.success());
-        let said = String::from_utf8_lossy(&out.stderr);
-        assert!(said.contains("cannot authenticate to etcd"), "{said}");
-    }
+    let args = ["list", "--etcd", "127.0.0.1:1"];
+    let out = lockctl_with_password(&args, "Zq7@/#?:%Wv3", PasswordFrom::File, dir.path());
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("cannot authenticate to etcd"), "{said}");
 }

@@ -461,13 +461,27 @@ async fn passwords_come_from_the_environment_or_a_file_and_never_show() {
                     .expect("connect");
                 let held = locks.lock("stock:1").acquire().await.expect("free");
                 let url = format!("redis://default@127.0.0.1:{}/", server.port());
-                let args = ["--url", url.as_str(), "--json", "list"];
-                takes_the_password_and_refuses_a_wrong_one(
-                    &args,
+                // One node, and the same server as a Redlock of one.
+                for target in ["--url", "--redlock"] {
+                    let args = [target, url.as_str(), "--json", "list"];
+                    takes_the_password_and_refuses_a_wrong_one(
+                        &args,
+                        &password,
+                        "stock:1",
+                        "refused the credentials",
+                    );
+                }
+                // A password in the URL as well is refused, not replaced.
+                let both = format!("redis://default:other@127.0.0.1:{}/", server.port());
+                let dir = tempfile::tempdir().expect("a directory for the password file");
+                let out = common::lockctl_with_password(
+                    &["--url", both.as_str(), "list"],
                     &password,
-                    "stock:1",
-                    "refused the credentials",
+                    common::PasswordFrom::Environment,
+                    dir.path(),
                 );
+                let said = String::from_utf8_lossy(&out.stderr);
+                assert!(said.contains("holds a password already"), "{said}");
                 held.release().await.expect("release");
             }
         },

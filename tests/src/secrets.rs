@@ -75,3 +75,28 @@ pub fn assert_no_password(what: &str, text: &str) {
         "{what}: a password fragment leaked: {text}"
     );
 }
+
+/// No trace line captured and no metric label recorded holds a piece of a
+/// password, and something was traced and labelled (else the check saw
+/// nothing).
+pub fn assert_nothing_shown(captured: &Captured, metrics: &metrics_util::debugging::Snapshotter) {
+    let traced = captured.text();
+    assert_no_password("tracing output", &traced);
+    assert!(!traced.is_empty(), "nothing was traced: the check saw nothing");
+    let labels: String = metrics
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .flat_map(|(key, ..)| {
+            key.key()
+                .labels()
+                .map(|l| format!("{}={}\n", l.key(), l.value()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_no_password("metric labels", &labels);
+    assert!(
+        !labels.is_empty(),
+        "no metric was labelled: the check saw nothing"
+    );
+}

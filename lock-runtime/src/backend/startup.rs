@@ -99,7 +99,7 @@ where
 
 /// A start-up attempt the server did not answer within `within`: a server
 /// still starting, worth waiting for.
-#[cfg(any(feature = "mysql", feature = "postgres"))]
+#[cfg(any(feature = "mysql", feature = "postgres", feature = "zookeeper"))]
 pub(crate) fn no_answer(node: &str, within: Duration) -> Failure {
     Failure {
         error: LockError::backend(node, None, format!("no answer within {}ms", within.as_millis())),
@@ -134,6 +134,7 @@ pub(crate) fn tls_refused(error: &(dyn std::error::Error + 'static)) -> bool {
 /// An error and each of its causes that it does not already say: the
 /// drivers repeat their own words ("error performing TLS handshake") and
 /// keep the reason (rustls's unknown issuer) at the bottom of the chain.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();

@@ -238,13 +238,30 @@ async fn mysql_over_tls_with_a_private_ca() {
             .expect("join")
             .expect("lock after release");
 
+        // Refused credentials over TLS: said as such, with no word of TLS.
+        let wrong = quick()
+            .tls_root_certificate(ca.clone())
+            .mysql(&format!(
+                "mysql://app:not-this@127.0.0.1:{port}/locks?require_ssl=true"
+            ))
+            .await
+            .expect_err("a wrong password");
+        assert!(matches!(wrong, LockError::InvalidConfig { .. }), "{wrong}");
+        assert!(wrong.to_string().contains("Access denied"), "{wrong}");
+        assert!(!wrong.to_string().contains("requires TLS"), "{wrong}");
+
         server.require_tls().await;
         let plain = quick()
             .mysql(&format!("mysql://root@127.0.0.1:{port}/locks"))
             .await
             .expect_err("the server takes no plain connection");
         assert!(matches!(plain, LockError::InvalidConfig { .. }), "{plain}");
-        assert!(plain.to_string().contains("require_ssl=true"), "{plain}");
+        assert!(
+            plain
+                .to_string()
+                .contains("if the server or the user requires TLS, add `require_ssl=true`"),
+            "{plain}"
+        );
         assert!(
             !plain.to_string().contains("not ready"),
             "refused at once: {plain}"

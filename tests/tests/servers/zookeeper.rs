@@ -772,3 +772,181 @@ async fn a_nested_call_is_trusted_no_longer_than_the_session() {
     )
     .await
 }
+
+/// `zookeeper_digest`: the session authenticates, and every lock node it
+/// creates (the root, the queue, the holder's node) gives all permissions
+/// to that identity alone. Another identity, and a session with none, can
+/// neither delete nor change the holder's node, nor join or list its queue,
+/// nor delete the queue; the lock stays held. A second client of the same
+/// identity waits and gets it. A wrong password (another identity, to
+/// ZooKeeper) is refused at start-up, and no password shows. With
+/// `zookeeper_readable_by_anyone`, anyone may list and read, never write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_identity_keeps_its_lock_nodes_from_every_other_client() {
+    use lock_tests::secrets::assert_no_password;
+    use zookeeper_client as zk;
+    lock_tests::bounded(
+        "a_digest_identity_keeps_its_lock_nodes_from_every_other_client",
+        async move {
+            let zk = ZooKeeper::start();
+            let connect = zk.connect_string();
+            const PASSWORD: &str = "Zq7@/#?:%Wv3";
+            let secured = |root: &str, password: &str| {
+                LockClient::builder()
+                    .zookeeper_root(root)
+                    .zookeeper_digest("locks", password)
+            };
+            let session = async |auth: Option<String>| {
+                let mut connector = zk::Client::connector();
+                if let Some(auth) = auth {
+                    connector = connector.with_auth("digest", auth.as_bytes());
+                }
+                connector.connect(&connect).await.expect("a session")
+            };
+            let owner = session(Some(format!("locks:{PASSWORD}"))).await;
+            let mallory = session(Some("mallory:Pa55".into())).await;
+            let anonymous = session(None).await;
+
+            let locks = secured("/secured", PASSWORD)
+                .zookeeper(&connect)
+                .await
+                .expect("connect as `locks`");
+            let guard = locks.lock("k").acquire().await.expect("acquire");
+            let queue = "/secured/lock:{k}";
+            let children = owner.list_children(queue).await.expect("the owner lists");
+            assert_eq!(children.len(), 1, "{children:?}");
+            let node = format!("{queue}/{}", children[0]);
+            let anyone = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+            for (who, intruder) in [("another identity", &mallory), ("no identity", &anonymous)] {
+                let refused = |r: Result<(), zk::Error>, what: &str| {
+                    assert!(matches!(r, Err(zk::Error::NoAuth)), "{who} could {what}: {r:?}");
+                };
+                refused(intruder.delete(&node, None).await, "delete the holder's node");
+                refused(
+                    intruder.set_data(&node, b"mine", None).await.map(drop),
+                    "change the holder's node",
+                );
+                refused(
+                    intruder
+                        .create(&format!("{queue}/intruder_"), &[], &anyone)
+                        .await
+                        .map(drop),
+                    "join the queue",
+                );
+                refused(intruder.list_children(queue).await.map(drop), "list the queue");
+                refused(intruder.delete(queue, None).await, "delete the queue");
+                refused(
+                    intruder
+                        .create(
+                            "/secured/lock:{other}",
+                            &[],
+                            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+                        )
+                        .await
+                        .map(drop),
+                    "create a queue under the root",
+                );
+            }
+            // The root cannot be deleted (and made again, open): its
+            // `owner` node keeps it from ever being empty.
+            let r = anonymous.delete("/secured", None).await;
+            assert!(r.is_err(), "anyone deleted the secured root");
+            assert!(guard.is_held(), "an intruder's attempts cost the holder its lock");
+            assert_eq!(
+                owner.list_children(queue).await.expect("the owner lists").len(),
+                1
+            );
+
+            let other = secured("/secured", PASSWORD)
+                .zookeeper(&connect)
+                .await
+                .expect("a second client of the same identity");
+            let waiting =
+                tokio::spawn(
+                    async move { other.lock("k").wait(Duration::from_secs(10)).run(async {}).await },
+                );
+            // Until the waiter stands in the queue behind the holder.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while owner.list_children(queue).await.map_or(0, |c| c.len()) < 2 {
+                assert!(Instant::now() < deadline, "the second client never queued");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            guard.release().await.expect("release");
+            tokio::time::timeout(Duration::from_secs(15), waiting)
+                .await
+                .expect("the waiter of the same identity got in")
+                .expect("join")
+                .expect("lock after release");
+
+            let wrong = secured("/secured", "Zq7-wrong-Wv3")
+                .zookeeper(&connect)
+                .await
+                .expect_err("a wrong password is another identity");
+            assert!(matches!(wrong, LockError::InvalidConfig { .. }), "{wrong}");
+            assert!(
+                wrong
+                    .to_string()
+                    .contains("may not create nodes under `/secured`"),
+                "{wrong}"
+            );
+            assert_no_password("a refused identity's error", &format!("{wrong} {wrong:?}"));
+            assert_no_password("a client's Debug", &format!("{locks:?}"));
+            let err = LockClient::builder()
+                .zookeeper_digest("locks:Zq7-Wv3", "")
+                .zookeeper(&connect)
+                .await
+                .expect_err("a user name with `:`");
+            assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
+            assert_no_password("a user name holding a password", &format!("{err} {err:?}"));
+            // A root made open before the identity was set is refused.
+            anonymous
+                .create(
+                    "/open",
+                    &[],
+                    &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+                )
+                .await
+                .expect("an open root");
+            let err = secured("/open", PASSWORD)
+                .zookeeper(&connect)
+                .await
+                .expect_err("an open root");
+            assert!(err.to_string().contains("lets anyone change it"), "{err}");
+
+            let open = secured("/readable", PASSWORD)
+                .zookeeper_readable_by_anyone(true)
+                .zookeeper(&connect)
+                .await
+                .expect("connect, readable by anyone");
+            let held = open.lock("k").acquire().await.expect("acquire");
+            let queue = "/readable/lock:{k}";
+            let listed = anonymous.list_children(queue).await.expect("anyone may list");
+            assert_eq!(listed.len(), 1, "{listed:?}");
+            let node = format!("{queue}/{}", listed[0]);
+            anonymous.get_data(&node).await.expect("anyone may read");
+            for (who, reader) in [("another identity", &mallory), ("no identity", &anonymous)] {
+                let r = reader.delete(&node, None).await;
+                assert!(
+                    matches!(r, Err(zk::Error::NoAuth)),
+                    "{who} deleted the holder's node: {r:?}"
+                );
+                let r = reader.set_data(&node, b"mine", None).await.map(drop);
+                assert!(
+                    matches!(r, Err(zk::Error::NoAuth)),
+                    "{who} changed the holder's node: {r:?}"
+                );
+                let r = reader
+                    .create(&format!("{queue}/intruder_"), &[], &anyone)
+                    .await
+                    .map(drop);
+                assert!(
+                    matches!(r, Err(zk::Error::NoAuth)),
+                    "{who} joined the queue: {r:?}"
+                );
+            }
+            assert!(held.is_held());
+            held.release().await.expect("release");
+        },
+    )
+    .await
+}

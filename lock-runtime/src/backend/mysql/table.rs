@@ -16,7 +16,7 @@ use crate::backend::unanswered::{Answering, Attempt, Unanswered};
 use crate::backend::{startup, tls};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::redact::{redact_secrets, redact_url};
+use crate::redact::{redact_secrets, redact_url, unparsed_hint};
 
 /// A MySQL / MariaDB lock table.
 pub(crate) struct MysqlBackend {
@@ -90,7 +90,13 @@ impl MysqlBackend {
         if let Some(problem) = table_problem(table) {
             return Err(invalid(problem));
         }
-        let opts = Opts::from_url(url).map_err(|e| invalid(redact_secrets(&e.to_string(), url)))?;
+        let opts = Opts::from_url(url).map_err(|e| {
+            invalid(format!(
+                "{}{}",
+                redact_secrets(&e.to_string(), url),
+                unparsed_hint(url)
+            ))
+        })?;
         let Some(db) = opts.db_name().map(str::to_owned) else {
             return Err(invalid(
                 "the URL names no database; give one, `mysql://user:password@host:port/database`".into(),

@@ -16,7 +16,7 @@ use crate::backend::startup::{self, tls_refused};
 use crate::backend::unanswered::{Answering, Attempt, Unanswered};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::redact::{redact_secrets, redact_url};
+use crate::redact::{redact_secrets, redact_url, unparsed_hint};
 
 /// A PostgreSQL lock table.
 pub(crate) struct PostgresBackend {
@@ -198,9 +198,13 @@ impl PostgresBackend {
         if pool_size == 0 {
             return Err(invalid("the pool size must be at least 1".into()));
         }
-        let config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| invalid(redact_secrets(&e.to_string(), url)))?;
+        let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
+            invalid(format!(
+                "{}{}",
+                redact_secrets(&e.to_string(), url),
+                unparsed_hint(url)
+            ))
+        })?;
         let connector = Connector::for_url(&config, tls_root).map_err(&invalid)?;
         let Some(db) = config.get_dbname().map(str::to_owned) else {
             return Err(invalid(

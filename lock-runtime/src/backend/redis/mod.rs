@@ -28,7 +28,7 @@ use super::tls;
 use crate::config::{ClientConfig, ReplicaAcks};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::redact::{redact_secrets, redact_url};
+use crate::redact::{redact_secrets, redact_url, unparsed_hint};
 use crate::spec::Kind;
 use crate::timing::{WRITER_CLAIM, millis, millis_up};
 
@@ -925,7 +925,13 @@ pub(crate) fn open_url(url: &str, tls_root: Option<&[u8]>) -> Result<(redis::Cli
     } else {
         redis::Client::open(url)
     };
-    let client = client.map_err(|e| invalid(redact_secrets(&e.to_string(), url)))?;
+    let client = client.map_err(|e| {
+        invalid(format!(
+            "{}{}",
+            redact_secrets(&e.to_string(), url),
+            unparsed_hint(url)
+        ))
+    })?;
     let node = client.get_connection_info().addr().to_string();
     Ok((client, node))
 }

@@ -42,6 +42,8 @@ use zookeeper_client as zk;
 
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal};
 use super::queue::{InTheWay, in_the_way};
+use super::startup;
+use crate::config::ZooKeeperIdentity;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
@@ -147,7 +149,18 @@ pub(crate) struct ZooKeeperBackend {
     /// late child there lives until the session ends or the call, looking
     /// again, drops it.
     unanswered: Mutex<std::collections::HashSet<String>>,
+    /// The identity the session authenticates as, if any.
+    identity: Option<ZooKeeperIdentity>,
+    /// The ACL of every node this client creates.
+    acls: zk::Acls<'static>,
 }
+
+/// With an identity, and readers allowed: all to the creator's identity,
+/// reading to anyone.
+static CREATOR_ALL_ANYONE_READ: [zk::Acl; 2] = [
+    zk::Acl::new_const(zk::Permission::ALL, "auth", ""),
+    zk::Acl::new_const(zk::Permission::READ, "world", "anyone"),
+];
 
 impl fmt::Debug for ZooKeeperBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -155,6 +168,7 @@ impl fmt::Debug for ZooKeeperBackend {
             .field("connect", &self.connect)
             .field("root", &self.root)
             .field("session_timeout", &self.lease_cap())
+            .field("identity", &self.identity)
             .finish_non_exhaustive()
     }
 }
@@ -271,10 +285,31 @@ impl ZooKeeperBackend {
         root: &str,
         session_timeout: Duration,
         timeout: Duration,
+        identity: Option<ZooKeeperIdentity>,
+        readable_by_anyone: bool,
     ) -> Result<Self, LockError> {
         let invalid = |reason: String| LockError::InvalidConfig {
             node: connect.to_owned(),
             reason,
+        };
+        // Not quoted: a user name given as `user:password` holds one.
+        if let Some(identity) = &identity
+            && (identity.user.is_empty() || identity.user.contains(':'))
+        {
+            return Err(invalid(
+                "the ZooKeeper digest user must be a non-empty name without `:` (the password goes apart)"
+                    .into(),
+            ));
+        }
+        if identity.is_none() && readable_by_anyone {
+            return Err(invalid(
+                "`zookeeper_readable_by_anyone` restricts the nodes of a `zookeeper_digest` identity; without one, every node is open to all".into(),
+            ));
+        }
+        let acls = match (&identity, readable_by_anyone) {
+            (None, _) => zk::Acls::anyone_all(),
+            (Some(_), false) => zk::Acls::creator_all(),
+            (Some(_), true) => zk::Acls::new(&CREATOR_ALL_ANYONE_READ),
         };
         if let Some(problem) = root_problem(root) {
             return Err(invalid(problem));
@@ -295,6 +330,8 @@ impl ZooKeeperBackend {
             children: Arc::new(Mutex::new(HashMap::new())),
             segment_waits: Mutex::new(HashMap::new()),
             unanswered: Mutex::new(std::collections::HashSet::new()),
+            identity,
+            acls,
         })
     }
 
@@ -312,8 +349,86 @@ impl ZooKeeperBackend {
     /// string fails at start-up.
     /// One attempt: an ensemble not serving yet is `transient`, to be
     /// waited for (`startup::when_ready`).
+    ///
+    /// With an identity, it also makes the root safe to lock under, and
+    /// shows this identity may: ZooKeeper accepts any digest password (a
+    /// wrong one is another identity), so only a write tells.
+    /// - The root is created if missing; one whose ACL lets anyone write,
+    ///   create or delete (made before the identity was set) is refused.
+    /// - A persistent `owner` node under the root, with the identity's
+    ///   ACL, keeps the root from ever being empty: ZooKeeper checks a
+    ///   delete against the parent's ACL, and the root's parent (`/`) is
+    ///   usually open to all, so an empty root could be deleted and made
+    ///   again, open, by anyone.
+    /// - A node is created under the root and deleted.
     pub(crate) async fn verify(&self) -> Result<(), Failure> {
-        self.client().await.map(drop)
+        let client = self.client().await?;
+        let Some(identity) = &self.identity else {
+            return Ok(());
+        };
+        let refused = |reason: String| {
+            Failure::permanent(LockError::InvalidConfig {
+                node: self.connect.clone(),
+                reason,
+            })
+        };
+        let probe = async {
+            client
+                .mkdir(&self.root, &zk::CreateMode::Persistent.with_acls(self.acls))
+                .await?;
+            let (acls, _) = client.get_acl(&self.root).await?;
+            let changes = [
+                zk::Permission::WRITE,
+                zk::Permission::CREATE,
+                zk::Permission::DELETE,
+                zk::Permission::ADMIN,
+            ];
+            let open =
+                |acl: &zk::Acl| acl.scheme() == "world" && changes.iter().any(|p| acl.permission().has(*p));
+            if acls.iter().any(open) {
+                return Ok(false);
+            }
+            let persistent = zk::CreateMode::Persistent.with_acls(self.acls);
+            // No `{` in either name: never a lock's queue.
+            match client
+                .create(&format!("{}/owner", self.root), &[], &persistent)
+                .await
+            {
+                Ok(_) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(e),
+            }
+            let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
+            let prefix = format!("{}/access-check_", self.root);
+            let (_, seq) = client.create(&prefix, &[], &ephemeral).await?;
+            client
+                .delete(&format!("{prefix}{seq}"), None)
+                .await
+                .map(|()| true)
+        };
+        match tokio::time::timeout(self.timeout, probe).await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(refused(format!(
+                "the lock root `{}` lets anyone change it (it was made before `zookeeper_digest` was set, or by hand): give the secured clients a new root, or set its ACL to their identity",
+                self.root
+            ))),
+            Ok(Err(zk::Error::NoAuth)) => Err(refused(format!(
+                "the ZooKeeper identity `{}` may not create nodes under `{}`: its ACL gives that to another identity, or the password differs from the one the root was made with (ZooKeeper takes any digest password as another identity)",
+                identity.user, self.root
+            ))),
+            Ok(Err(e)) => {
+                let (transient, reconnecting) = classify(&e);
+                Err(Failure {
+                    error: LockError::backend(
+                        &self.connect,
+                        None,
+                        format!("cannot check the lock root: {e}"),
+                    ),
+                    transient,
+                    reconnecting,
+                })
+            }
+            Err(_) => Err(startup::no_answer(&self.connect, self.timeout)),
+        }
     }
 
     fn children(&self) -> std::sync::MutexGuard<'_, Children> {
@@ -329,10 +444,15 @@ impl ZooKeeperBackend {
         if let Some(c) = self.live() {
             return Ok(c);
         }
-        let connect = zk::Client::connector()
+        let mut connector = zk::Client::connector();
+        connector = connector
             .with_session_timeout(self.asked_timeout)
-            .with_fail_eagerly()
-            .connect(&self.connect);
+            .with_fail_eagerly();
+        if let Some(identity) = &self.identity {
+            let digest = format!("{}:{}", identity.user, identity.password);
+            connector = connector.with_auth("digest", digest.as_bytes());
+        }
+        let connect = connector.connect(&self.connect);
         let bound = self.asked_timeout.max(self.timeout);
         let client = match tokio::time::timeout(bound, connect).await {
             Ok(Ok(client)) => client,
@@ -369,8 +489,14 @@ impl ZooKeeperBackend {
 
     fn failure(&self, key: &LockKey, e: &zk::Error) -> Failure {
         let (transient, reconnecting) = classify(e);
+        let said = match e {
+            zk::Error::NoAuth => format!(
+                "{e}: the lock's nodes belong to another ZooKeeper identity; every client of a root must authenticate as the same one (`zookeeper_digest`)"
+            ),
+            _ => e.to_string(),
+        };
         Failure {
-            error: LockError::backend(&self.connect, Some(&key.name), e.to_string()),
+            error: LockError::backend(&self.connect, Some(&key.name), said),
             transient,
             reconnecting,
         }
@@ -416,9 +542,9 @@ impl ZooKeeperBackend {
         // create cut short (an error, or this future dropped) stays marked,
         // and so does an earlier one's mark.
         let marked_before = !self.unanswered().insert(prefix.clone());
-        let child = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
-        let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let child = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
+        let container = zk::CreateMode::Container.with_acls(self.acls);
+        let persistent = zk::CreateMode::Persistent.with_acls(self.acls);
         for _ in 0..4 {
             match client.create(&prefix, &[], &child).await {
                 Ok((stat, seq)) => {
@@ -1092,6 +1218,8 @@ mod tests {
             DEFAULT_ROOT,
             DEFAULT_SESSION_TIMEOUT,
             Duration::from_secs(1),
+            None,
+            false,
         )
         .expect("valid");
         let key = LockKey::new("lock:", "a/b %c ü..".into()).expect("key");
