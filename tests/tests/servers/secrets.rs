@@ -39,6 +39,32 @@ async fn fails_without_showing_it(
     e
 }
 
+/// With `password` set on the server: each of `forms(password, port)`
+/// connects; with a wrong password each is `InvalidConfig`; to a closed port
+/// each fails; `bad_url` (which does not parse) is `InvalidConfig` and says
+/// to percent-encode. None shows any piece of the password.
+async fn every_form_behaves(
+    password: &str,
+    port: u16,
+    forms: impl Fn(&str, u16) -> Vec<String>,
+    bad_url: &str,
+    connect: impl AsyncFn(&str) -> Result<LockClient, LockError> + Copy,
+) {
+    for url in forms(password, port) {
+        connects_and_keeps_it(&url, connect).await;
+    }
+    for url in forms(&format!("{password}-not"), port) {
+        let e = fails_without_showing_it("a wrong password", &url, connect).await;
+        assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
+    }
+    for url in forms(password, free_port()) {
+        fails_without_showing_it("no server", &url, connect).await;
+    }
+    let e = fails_without_showing_it("a bad URL", bad_url, connect).await;
+    assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
+    assert!(e.to_string().contains("percent-encode"), "{e}");
+}
+
 #[tokio::test]
 async fn postgres_passwords_of_url_characters_connect_and_never_show() {
     lock_tests::bounded(
@@ -55,11 +81,10 @@ async fn postgres_passwords_of_url_characters_connect_and_never_show() {
                     .postgres(url)
                     .await
             };
-            let closed = free_port();
             for password in url_passwords() {
                 server.sql(&format!("ALTER ROLE app PASSWORD '{password}'"));
                 let forms = |password: &str, port: u16| {
-                    [
+                    vec![
                         format!("postgres://app:{password}@127.0.0.1:{port}/locks"),
                         format!(
                             "postgres://app:{}@127.0.0.1:{port}/locks",
@@ -69,20 +94,8 @@ async fn postgres_passwords_of_url_characters_connect_and_never_show() {
                         format!("host=127.0.0.1 port={port} user=app password = '{password}' dbname=locks"),
                     ]
                 };
-                for url in forms(&password, server.port()) {
-                    connects_and_keeps_it(&url, connect).await;
-                }
-                for url in forms(&format!("{password}-not"), server.port()) {
-                    let e = fails_without_showing_it("a wrong password", &url, connect).await;
-                    assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
-                }
-                for url in forms(&password, closed) {
-                    fails_without_showing_it("no server", &url, connect).await;
-                }
-                let url = format!("postgres://app:{password}@[::1/locks");
-                let e = fails_without_showing_it("a bad URL", &url, connect).await;
-                assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
-                assert!(e.to_string().contains("percent-encode"), "{e}");
+                let bad_url = format!("postgres://app:{password}@[::1/locks");
+                every_form_behaves(&password, server.port(), forms, &bad_url, connect).await;
                 for url in [
                     format!("host=127.0.0.1 user=app password='{password} dbname=locks"),
                     format!("host=127.0.0.1 user=app password={password} sslmode=sometimes"),
@@ -116,31 +129,18 @@ async fn mysql_passwords_of_url_characters_connect_and_never_show() {
                     .mysql(url)
                     .await
             };
-            let closed = free_port();
             for password in url_passwords() {
                 server
                     .sql(&format!("ALTER USER 'app'@'%' IDENTIFIED BY '{password}'"))
                     .await;
                 let forms = |password: &str, port: u16| {
-                    [
+                    vec![
                         format!("mysql://app:{password}@127.0.0.1:{port}/locks"),
                         format!("mysql://app:{}@127.0.0.1:{port}/locks", percent_encode(password)),
                     ]
                 };
-                for url in forms(&password, server.port()) {
-                    connects_and_keeps_it(&url, connect).await;
-                }
-                for url in forms(&format!("{password}-not"), server.port()) {
-                    let e = fails_without_showing_it("a wrong password", &url, connect).await;
-                    assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
-                }
-                for url in forms(&password, closed) {
-                    fails_without_showing_it("no server", &url, connect).await;
-                }
-                let url = format!("mysql://app:{password}@[::1/locks");
-                let e = fails_without_showing_it("a bad URL", &url, connect).await;
-                assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
-                assert!(e.to_string().contains("percent-encode"), "{e}");
+                let bad_url = format!("mysql://app:{password}@[::1/locks");
+                every_form_behaves(&password, server.port(), forms, &bad_url, connect).await;
             }
             assert_nothing_shown(&captured, &recorder.snapshotter());
         },

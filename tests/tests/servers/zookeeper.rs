@@ -898,6 +898,13 @@ async fn a_digest_identity_keeps_its_lock_nodes_from_every_other_client() {
                 .expect_err("a user name with `:`");
             assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
             assert_no_password("a user name holding a password", &format!("{err} {err:?}"));
+            // Readers to restrict need an identity whose nodes they are.
+            let err = LockClient::builder()
+                .zookeeper_readable_by_anyone(true)
+                .zookeeper(&connect)
+                .await
+                .expect_err("readers without an identity");
+            assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
             // A root made open before the identity was set is refused.
             anonymous
                 .create(

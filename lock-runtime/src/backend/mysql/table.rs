@@ -103,11 +103,12 @@ impl MysqlBackend {
             ));
         };
         let node = format!("{}:{}/{db}", opts.ip_or_hostname(), opts.tcp_port());
-        let without_tls = opts.ssl_opts().is_none();
-        let ssl = match opts.ssl_opts() {
-            Some(asked) => Some(tls::mysql_ssl_opts(asked, tls_root).map_err(&invalid)?),
-            None => None,
-        };
+        let ssl = opts
+            .ssl_opts()
+            .map(|asked| tls::mysql_ssl_opts(asked, tls_root))
+            .transpose()
+            .map_err(&invalid)?;
+        let without_tls = ssl.is_none();
         let opts = OptsBuilder::from_opts(opts)
             .ssl_opts(ssl)
             // Expiries are compared on the server only, but DATETIME is a
