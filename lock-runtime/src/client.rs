@@ -156,7 +156,11 @@ impl LockClient {
     /// etcd lease past an attempt or a renewal, so a longer `ttl` is
     /// shortened to that. Every kind of lock (a line is `fair` anyway),
     /// with fencing tokens (the key's create revision). Needs the `etcd`
-    /// feature.
+    /// feature. `https://` endpoints (all or none) speak TLS, with the `tls`
+    /// feature: the cluster is verified against the system's roots or
+    /// [`tls_root_certificate`](LockClientBuilder::tls_root_certificate);
+    /// see also [`etcd_client_certificate`](LockClientBuilder::etcd_client_certificate)
+    /// and [`etcd_user`](LockClientBuilder::etcd_user).
     #[cfg(feature = "etcd")]
     pub async fn etcd(endpoints: &[&str]) -> Result<LockClient, LockError> {
         LockClient::builder().etcd(endpoints).await
@@ -321,8 +325,8 @@ impl LockClientBuilder {
     }
 
     /// Verify `rediss://` servers, PostgreSQL servers reached with
-    /// `sslmode=require` and MySQL servers reached with `require_ssl=true`
-    /// against this PEM root certificate (your own CA) instead of the
+    /// `sslmode=require`, MySQL servers reached with `require_ssl=true` and
+    /// etcd members reached at `https://` endpoints against this PEM root certificate (your own CA) instead of the
     /// system's roots. Needs the `tls` feature.
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
@@ -434,6 +438,42 @@ impl LockClientBuilder {
     #[cfg(feature = "etcd")]
     pub fn etcd_lease_ttl(mut self, ttl: Duration) -> Self {
         self.config.etcd_lease_ttl = ttl;
+        self
+    }
+
+    /// Authenticates to etcd as `name` (etcd's users and roles, enabled
+    /// with `etcdctl auth enable`). The user's roles need `readwrite` on
+    /// the prefix `<etcd_root>/` (`etcdctl role grant-permission ROLE
+    /// --prefix=true readwrite /distributed-locks/`); at start-up the
+    /// client checks that grant without writing anything, and a user
+    /// refused, unknown or without it is `InvalidConfig`. The cluster's
+    /// tokens expire (`--auth-token-ttl`, and on a member's restart): the
+    /// client authenticates again when a request is refused for an
+    /// expired token, so a lock outlives its token.
+    #[cfg(feature = "etcd")]
+    pub fn etcd_user(mut self, name: impl Into<String>, password: impl Into<String>) -> Self {
+        self.config.etcd_user = Some(crate::config::EtcdUser {
+            name: name.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// The certificate and private key (PEM) the etcd client shows a
+    /// cluster started with `--client-cert-auth` (mutual TLS). Needs
+    /// `https://` endpoints and the `tls` feature. A certificate or key
+    /// that does not parse is `InvalidConfig`; the key never shows in an
+    /// error or a `Debug`.
+    #[cfg(all(feature = "etcd", feature = "tls"))]
+    pub fn etcd_client_certificate(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.config.etcd_client_certificate = Some(crate::config::ClientCertificate {
+            certificate: certificate_pem.into().into(),
+            key: key_pem.into().into(),
+        });
         self
     }
 
@@ -743,7 +783,12 @@ impl LockClientBuilder {
         let node = format!("etcd({})", endpoints.join(", "));
         self.check(&node)?;
         let c = &self.config;
-        let backend = EtcdBackend::new(endpoints, &c.etcd_root, c.etcd_lease_ttl, c.command_timeout)?;
+        let backend = EtcdBackend::new(endpoints, &c.etcd_root, c.etcd_lease_ttl, c.command_timeout)?
+            .secured(
+                c.etcd_user.as_ref(),
+                c.etcd_client_certificate.as_ref(),
+                c.tls_root.as_deref(),
+            )?;
         if !c.lazy {
             when_ready(backend.node(), c.startup_timeout, || backend.verify()).await?;
         }

@@ -59,6 +59,47 @@ impl std::fmt::Debug for ZooKeeperIdentity {
     }
 }
 
+/// An etcd user (etcd's own authentication, `etcdctl user add`).
+#[cfg(feature = "etcd")]
+#[derive(Clone)]
+pub(crate) struct EtcdUser {
+    pub(crate) name: String,
+    pub(crate) password: String,
+}
+
+#[cfg(feature = "etcd")]
+impl std::fmt::Debug for EtcdUser {
+    // By hand: the password never shows.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdUser")
+            .field("name", &self.name)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
+/// A client certificate and its private key (PEM), for servers that ask
+/// clients for one (mutual TLS).
+#[cfg(feature = "etcd")]
+#[derive(Clone)]
+// Without `tls` nothing sets one (the builder's method needs the feature).
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+pub(crate) struct ClientCertificate {
+    pub(crate) certificate: Arc<[u8]>,
+    pub(crate) key: Arc<[u8]>,
+}
+
+#[cfg(feature = "etcd")]
+impl std::fmt::Debug for ClientCertificate {
+    // By hand: the private key never shows.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCertificate")
+            .field("certificate", &format_args!("{} bytes", self.certificate.len()))
+            .field("key", &"***")
+            .finish()
+    }
+}
+
 /// What every lock call of one client shares.
 #[derive(Debug, Clone)]
 pub(crate) struct ClientConfig {
@@ -114,6 +155,12 @@ pub(crate) struct ClientConfig {
     /// The ttl of the etcd lease each client keeps.
     #[cfg(feature = "etcd")]
     pub(crate) etcd_lease_ttl: Duration,
+    /// Who the etcd client authenticates as, if anyone.
+    #[cfg(feature = "etcd")]
+    pub(crate) etcd_user: Option<EtcdUser>,
+    /// The certificate the etcd client shows the cluster, if asked to.
+    #[cfg(feature = "etcd")]
+    pub(crate) etcd_client_certificate: Option<ClientCertificate>,
 }
 
 impl Default for ClientConfig {
@@ -149,6 +196,10 @@ impl Default for ClientConfig {
             etcd_root: DEFAULT_ETCD_ROOT.into(),
             #[cfg(feature = "etcd")]
             etcd_lease_ttl: DEFAULT_ETCD_LEASE_TTL,
+            #[cfg(feature = "etcd")]
+            etcd_user: None,
+            #[cfg(feature = "etcd")]
+            etcd_client_certificate: None,
         }
     }
 }

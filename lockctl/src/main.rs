@@ -64,12 +64,29 @@ struct Target {
     /// `etcd_root`.
     #[arg(long, global = true, default_value = "/distributed-locks", requires = "etcd")]
     etcd_root: String,
+    /// The etcd user, as the services' `etcd_user`; its password comes
+    /// from `--password-file` or `LOCKCTL_PASSWORD`.
+    #[arg(long, global = true, value_name = "USER", requires = "etcd")]
+    etcd_user: Option<String>,
+    /// The certificate (PEM) lockctl shows an etcd cluster that asks
+    /// clients for one (`--client-cert-auth`), with `--etcd-key`.
+    #[arg(long, global = true, value_name = "FILE", requires_all = ["etcd", "etcd_key"])]
+    etcd_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of `--etcd-cert`.
+    #[arg(long, global = true, value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<std::path::PathBuf>,
+    /// The CA (PEM) that TLS servers are verified against instead of the
+    /// system's roots (`rediss://`, `sslmode=require`, `https://` etcd
+    /// endpoints), as the services' `tls_root_certificate`.
+    #[arg(long, global = true, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
     /// The key prefix the services use.
     #[arg(long, global = true, default_value = "lock:")]
     prefix: String,
     /// Read the password from FILE (its first line) and use it in every
-    /// URL above: a password in an argument shows in `ps`. The variable
-    /// `LOCKCTL_PASSWORD` does the same. Give the URLs without one.
+    /// URL above, or as `--etcd-user`'s: a password in an argument shows
+    /// in `ps`. The variable `LOCKCTL_PASSWORD` does the same. Give the
+    /// URLs without one.
     #[arg(long, global = true, value_name = "FILE")]
     password_file: Option<std::path::PathBuf>,
 }
@@ -154,25 +171,50 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
 }
 
 async fn connect(target: &Target) -> Result<LockClient, LockError> {
-    let builder = || LockClient::builder().key_prefix(target.prefix.clone());
-    // `LOCKCTL_PASSWORD` is for the URL targets: etcd takes none yet, and
-    // a variable set for them must not stop an etcd run.
-    let password = match password(target)? {
-        Some(_) if !target.etcd.is_empty() && target.password_file.is_none() => None,
-        password => password,
+    let ca = target
+        .tls_ca
+        .as_deref()
+        .map(|path| read_file("--tls-ca", path))
+        .transpose()?;
+    let builder = || {
+        let builder = LockClient::builder().key_prefix(target.prefix.clone());
+        match &ca {
+            Some(ca) => builder.tls_root_certificate(ca.clone()),
+            None => builder,
+        }
     };
-    let target = &match password {
-        Some(password) => target.with_password(&password)?,
-        None => target.clone(),
-    };
+    let password = password(target)?;
     if !target.etcd.is_empty() {
         #[cfg(feature = "etcd")]
         {
             let endpoints: Vec<&str> = target.etcd.iter().map(String::as_str).collect();
-            return builder()
-                .etcd_root(target.etcd_root.clone())
-                .etcd(&endpoints)
-                .await;
+            let mut builder = builder().etcd_root(target.etcd_root.clone());
+            match (&target.etcd_user, password) {
+                (Some(user), Some(password)) => builder = builder.etcd_user(user.clone(), password),
+                (Some(_), None) => {
+                    return Err(LockError::InvalidConfig {
+                        node: "--etcd-user".into(),
+                        reason: format!(
+                            "give the user's password with --password-file or {PASSWORD_VARIABLE}"
+                        ),
+                    });
+                }
+                // `LOCKCTL_PASSWORD`, set for the URL targets, must not
+                // stop an etcd run without a user; a file given is an
+                // intent, and refused.
+                (None, Some(_)) if target.password_file.is_some() => {
+                    return Err(LockError::InvalidConfig {
+                        node: "--password-file".into(),
+                        reason: "an etcd password needs its user: give --etcd-user".into(),
+                    });
+                }
+                (None, _) => {}
+            }
+            if let (Some(cert), Some(key)) = (&target.etcd_cert, &target.etcd_key) {
+                builder = builder
+                    .etcd_client_certificate(read_file("--etcd-cert", cert)?, read_file("--etcd-key", key)?);
+            }
+            return builder.etcd(&endpoints).await;
         }
         #[cfg(not(feature = "etcd"))]
         return Err(LockError::InvalidConfig {
@@ -180,6 +222,10 @@ async fn connect(target: &Target) -> Result<LockClient, LockError> {
             reason: "this lockctl was built without its `etcd` feature".into(),
         });
     }
+    let target = &match password {
+        Some(password) => target.with_password(&password)?,
+        None => target.clone(),
+    };
     if let Some(url) = &target.postgres {
         builder()
             .postgres_table(target.postgres_table.clone())
@@ -200,6 +246,14 @@ async fn connect(target: &Target) -> Result<LockClient, LockError> {
     } else {
         builder().connect(&target.url).await
     }
+}
+
+/// The bytes of the file `path`, given as `option`.
+fn read_file(option: &str, path: &std::path::Path) -> Result<Vec<u8>, LockError> {
+    std::fs::read(path).map_err(|e| LockError::InvalidConfig {
+        node: option.into(),
+        reason: format!("cannot read `{}`: {e}", path.display()),
+    })
 }
 
 /// The password from `--password-file` or `LOCKCTL_PASSWORD`, if given.
@@ -237,12 +291,6 @@ impl Target {
     /// The same target with `password` in every URL.
     fn with_password(&self, password: &str) -> Result<Target, LockError> {
         let mut target = self.clone();
-        if !target.etcd.is_empty() {
-            return Err(LockError::InvalidConfig {
-                node: "--etcd".into(),
-                reason: "lockctl cannot authenticate to etcd yet; drop --password-file".into(),
-            });
-        }
         let put = |url: &str| put_password(url, password);
         target.url = put(&target.url)?;
         target.cluster = target.cluster.iter().map(|u| put(u)).collect::<Result<_, _>>()?;

@@ -253,15 +253,93 @@ async fn an_election_is_listed_with_its_leader_value_and_epoch() {
     .await
 }
 
-/// etcd authentication is not supported yet: a password file given is
-/// refused by name, before any connection, rather than ignored, and not
-/// shown. (`LOCKCTL_PASSWORD`, set for the URL targets, is left out.)
-#[test]
-fn a_password_file_for_etcd_is_refused_and_not_shown() {
-    let dir = tempfile::tempdir().expect("a directory for the password file");
-    let args = ["list", "--etcd", "127.0.0.1:1"];
-    let out = lockctl_with_password(&args, "Zq7@/#?:%Wv3", PasswordFrom::File, dir.path());
-    assert!(!out.status.success());
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(said.contains("cannot authenticate to etcd"), "{said}");
+/// An etcd member that asks for client certificates (`--client-cert-auth`)
+/// and authenticates users: `lockctl` lists a held lock given the CA
+/// (`--tls-ca`), its certificate and key (`--etcd-cert`, `--etcd-key`) and
+/// the user (`--etcd-user`), whose password (of every URL character) comes
+/// from `LOCKCTL_PASSWORD` or `--password-file` and never shows; a wrong
+/// one is refused, so is a user without a password and a password file
+/// without a user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secured_etcd_is_read_with_a_certificate_and_a_user() {
+    lock_tests::bounded(
+        "a_secured_etcd_is_read_with_a_certificate_and_a_user",
+        async move {
+            let certs = tempfile::tempdir().expect("cert dir");
+            lock_tests::make_certificates(certs.path());
+            lock_tests::make_client_certificate(certs.path(), "lockctl");
+            let path = |name: &str| certs.path().join(name);
+            let ca_flag = format!("--trusted-ca-file={}", path("ca.crt").display());
+            let etcd = Etcd::start_secured(
+                Some((&path("server.crt"), &path("server.key"))),
+                &["--client-cert-auth", &ca_flag],
+            );
+            let endpoints = etcd.endpoints();
+            let password = "Zq7@/#?:%Wv3";
+            let read = |name: &str| std::fs::read(path(name)).expect("read a certificate file");
+            let tls = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(read("ca.crt")))
+                .identity(etcd_client::Identity::from_pem(
+                    read("lockctl.crt"),
+                    read("lockctl.key"),
+                ));
+            let options = etcd_client::ConnectOptions::new().with_tls(tls);
+            let mut admin = etcd_client::Client::connect(&endpoints, Some(options))
+                .await
+                .expect("connect as the administrator");
+            admin
+                .user_add("root", "root-secret", None)
+                .await
+                .expect("add root");
+            admin.user_grant_role("root", "root").await.expect("root is root");
+            admin.user_add("ops", password, None).await.expect("add ops");
+            admin
+                .user_grant_role("ops", "root")
+                .await
+                .expect("ops may read the locks");
+            admin.auth_enable().await.expect("auth enable");
+
+            let endpoint_list: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+            let locks = LockClient::builder()
+                .etcd_root(ROOT)
+                .etcd_lease_ttl(LEASE_TTL)
+                .tls_root_certificate(read("ca.crt"))
+                .etcd_client_certificate(read("lockctl.crt"), read("lockctl.key"))
+                .etcd_user("ops", password)
+                .etcd(&endpoint_list)
+                .await
+                .expect("a service's client");
+            let guard = locks.lock("secured").acquire().await.expect("free");
+
+            let (ca, cert, key) = (path("ca.crt"), path("lockctl.crt"), path("lockctl.key"));
+            let joined = endpoints.join(",");
+            let mut args = vec!["--json", "list", "--etcd", &joined, "--etcd-root", ROOT];
+            args.extend(["--tls-ca", ca.to_str().expect("utf-8 path")]);
+            args.extend(["--etcd-cert", cert.to_str().expect("utf-8 path")]);
+            args.extend(["--etcd-key", key.to_str().expect("utf-8 path")]);
+            let without_user = args.clone();
+            args.extend(["--etcd-user", "ops"]);
+            common::takes_the_password_and_refuses_a_wrong_one(
+                &args,
+                password,
+                "secured",
+                "refused user `ops`",
+            );
+
+            let dir = tempfile::tempdir().expect("a directory for the password file");
+            let no_password = lock_tests::output_within_limit(
+                std::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+                    .args(&args)
+                    .env_remove("LOCKCTL_PASSWORD"),
+                "lockctl without a password",
+            );
+            assert!(!no_password.status.success());
+            assert!(String::from_utf8_lossy(&no_password.stderr).contains("--password-file"));
+            let no_user = lockctl_with_password(&without_user, password, PasswordFrom::File, dir.path());
+            assert!(!no_user.status.success());
+            assert!(String::from_utf8_lossy(&no_user.stderr).contains("--etcd-user"));
+            guard.release().await.expect("release");
+        },
+    )
+    .await
 }

@@ -4,21 +4,23 @@
 use std::path::Path;
 use std::process::Command;
 
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl (apt-get install openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Writes into `dir` a CA (`ca.crt`, `ca.key`) and a server certificate it
 /// signed for 127.0.0.1 and localhost (`server.crt`, `server.key`).
 pub fn make_certificates(dir: &Path) {
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("run openssl (apt-get install openssl)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let openssl = |args: &[&str]| openssl(dir, args);
     openssl(&[
         "req",
         "-x509",
@@ -65,4 +67,45 @@ pub fn make_certificates(dir: &Path) {
         "-extfile",
         "san.cnf",
     ]);
+}
+
+/// Writes into `dir`, where [`make_certificates`] made its CA, a client
+/// certificate that CA signed for `name` (`<name>.crt`, `<name>.key`): what
+/// a server that asks clients for certificates (etcd's
+/// `--client-cert-auth`) lets in.
+pub fn make_client_certificate(dir: &Path, name: &str) {
+    let (key, csr, crt, ext) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+        format!("{name}.cnf"),
+    );
+    let subject = format!("/CN={name}");
+    openssl(
+        dir,
+        &[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", &subject,
+        ],
+    );
+    std::fs::write(dir.join(&ext), "extendedKeyUsage=clientAuth\n").expect("write the extension file");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ],
+    );
 }

@@ -9,7 +9,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -35,11 +35,18 @@ struct Member {
     /// `name=peer URL` of every member: the cluster it first forms.
     initial_cluster: String,
     token: String,
+    /// `https` when the member serves clients over TLS, else `http`.
+    client_scheme: &'static str,
+    /// Where `/health` and `/metrics` are read: the client port, or a
+    /// plain-HTTP metrics port when clients must speak TLS.
+    health_port: u16,
+    /// Security flags (`--cert-file`, `--client-cert-auth`, `--auth-token`…).
+    extra: Vec<String>,
 }
 
 impl Member {
     fn spawn(&mut self) -> std::io::Result<()> {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let client = format!("{}://127.0.0.1:{}", self.client_scheme, self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -74,6 +81,7 @@ impl Member {
             .arg(format!("--heartbeat-interval={}", HEARTBEAT.as_millis()))
             .arg(format!("--election-timeout={}", ELECTION_TIMEOUT.as_millis()))
             .args(["--logger", "zap", "--log-level", "warn"])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -254,7 +262,7 @@ impl Etcd {
     fn wait_until_healthy(&mut self, members: &[usize]) -> bool {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
-            if members.iter().all(|&i| healthy(self.members[i].client_port)) {
+            if members.iter().all(|&i| healthy(self.members[i].health_port)) {
                 return true;
             }
             if members.iter().any(|&i| !self.members[i].running()) {
@@ -265,11 +273,50 @@ impl Etcd {
         false
     }
 
+    /// One member alone whose clients must speak TLS when `tls` holds
+    /// (`https://` endpoints, the server's certificate and key as
+    /// `--cert-file` and `--key-file`) and which is also started with
+    /// `flags` (`--client-cert-auth`, `--trusted-ca-file`,
+    /// `--auth-token-ttl`, …). Its health is read from a plain-HTTP
+    /// metrics port, which needs neither a certificate nor a user.
+    pub fn start_secured(tls: Option<(&Path, &Path)>, flags: &[&str]) -> Etcd {
+        let dir = tempfile::tempdir().expect("temp dir for etcd");
+        let mut etcd = Etcd {
+            members: Vec::new(),
+            _dir: dir,
+        };
+        for attempt in 0..20 {
+            let member_dir = etcd._dir.path().join(format!("alone-{attempt}"));
+            let token = cluster_token(etcd._dir.path());
+            let ports = free_ports(3);
+            let mut alone = member(member_dir, "alone", &token, (ports[0], ports[1]));
+            alone.health_port = ports[2];
+            alone.extra = vec![format!("--listen-metrics-urls=http://127.0.0.1:{}", ports[2])];
+            if let Some((cert, key)) = tls {
+                alone.client_scheme = "https";
+                alone.extra.push(format!("--cert-file={}", cert.display()));
+                alone.extra.push(format!("--key-file={}", key.display()));
+            }
+            alone.extra.extend(flags.iter().map(|f| (*f).to_owned()));
+            etcd.members = vec![alone];
+            etcd.members[0].initial_cluster = etcd.initial_cluster();
+            etcd.members[0].spawn().unwrap_or_else(|e| panic!("{e}"));
+            if etcd.wait_until_healthy(&[0]) {
+                return etcd;
+            }
+            etcd.members[0].kill();
+        }
+        panic!(
+            "could not start a secured etcd on any free ports: {}",
+            etcd.members[0].log_tail()
+        );
+    }
+
     /// Every member's client URL, as a client is given them.
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("{}://127.0.0.1:{}", m.client_scheme, m.client_port))
             .collect()
     }
 
@@ -280,7 +327,8 @@ impl Etcd {
 
     /// The member that leads the cluster (or serves alone), by its own word.
     pub fn leader(&self) -> Option<usize> {
-        (0..self.members.len()).find(|&i| metric(self.port(i), "etcd_server_is_leader") == Some(1.0))
+        (0..self.members.len())
+            .find(|&i| metric(self.members[i].health_port, "etcd_server_is_leader") == Some(1.0))
     }
 
     /// How many members there are.
@@ -347,6 +395,9 @@ fn member(dir: PathBuf, name: &str, token: &str, (client_port, peer_port): (u16,
         token: token.to_owned(),
         dir,
         initial_cluster: String::new(),
+        client_scheme: "http",
+        health_port: client_port,
+        extra: Vec::new(),
     }
 }
 

@@ -134,7 +134,7 @@ pub(crate) fn tls_refused(error: &(dyn std::error::Error + 'static)) -> bool {
 /// An error and each of its causes that it does not already say: the
 /// drivers repeat their own words ("error performing TLS handshake") and
 /// keep the reason (rustls's unknown issuer) at the bottom of the chain.
-#[cfg(any(feature = "mysql", feature = "postgres"))]
+#[cfg(any(feature = "mysql", feature = "postgres", feature = "etcd"))]
 pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();

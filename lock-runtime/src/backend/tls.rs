@@ -132,3 +132,114 @@ pub(crate) fn mysql_ssl_opts(
 ) -> Result<mysql_async::SslOpts, String> {
     Err("`require_ssl=true` needs TLS support: enable lock-runtime's `tls` feature".into())
 }
+
+/// `options` with the TLS settings of an etcd client with `https://` endpoints: the
+/// cluster verified against `root_pem` when given, else the system's
+/// roots, and `certificate` shown to a cluster that asks for one. The PEM
+/// is parsed here so that a bad one is refused before any connection;
+/// a parse error names what failed, never the key's bytes.
+#[cfg(all(feature = "tls", feature = "etcd"))]
+pub(crate) fn etcd_with_tls(
+    options: etcd_client::ConnectOptions,
+    root_pem: Option<&[u8]>,
+    certificate: Option<&crate::config::ClientCertificate>,
+) -> Result<etcd_client::ConnectOptions, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    install_tls_provider();
+    let mut tls = etcd_client::TlsOptions::new();
+    match root_pem {
+        Some(pem) => {
+            let mut certs = 0;
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                cert.map_err(|e| format!("the root certificate is not PEM: {e}"))?;
+                certs += 1;
+            }
+            if certs == 0 {
+                return Err("the root certificate PEM holds no certificate".into());
+            }
+            tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+        }
+        None => tls = tls.with_native_roots(),
+    }
+    if let Some(certificate) = certificate {
+        let mut certs = 0;
+        for cert in CertificateDer::pem_slice_iter(&certificate.certificate) {
+            cert.map_err(|e| format!("the client certificate is not PEM: {e}"))?;
+            certs += 1;
+        }
+        if certs == 0 {
+            return Err("the client certificate PEM holds no certificate".into());
+        }
+        // The key's own error could quote it: say only what kind it was.
+        PrivateKeyDer::from_pem_slice(&certificate.key).map_err(|e| {
+            let kind = match e {
+                rustls::pki_types::pem::Error::NoItemsFound => "holds no private key",
+                _ => "is not a PEM private key",
+            };
+            format!("the client certificate's key {kind}")
+        })?;
+        tls = tls.identity(etcd_client::Identity::from_pem(
+            &certificate.certificate,
+            &certificate.key,
+        ));
+    }
+    Ok(options.with_tls(tls))
+}
+
+#[cfg(all(not(feature = "tls"), feature = "etcd"))]
+pub(crate) fn etcd_with_tls(
+    _options: etcd_client::ConnectOptions,
+    _root_pem: Option<&[u8]>,
+    _certificate: Option<&crate::config::ClientCertificate>,
+) -> Result<etcd_client::ConnectOptions, String> {
+    Err("`https://` endpoints need TLS support: enable lock-runtime's `tls` feature".into())
+}
+
+/// Whether the server at `host:port` answers a TLS ClientHello as a TLS
+/// server does (a handshake or an alert record), within `within`: how a
+/// plain client that a server closed on tells a TLS-only server from one
+/// still starting. Written here because no kept crate offers the probe;
+/// rustls makes the hello, so nothing of the protocol is by hand.
+#[cfg(feature = "tls")]
+pub(crate) async fn answers_tls(host: &str, port: u16, within: std::time::Duration) -> bool {
+    use std::io::{Read, Write};
+
+    install_tls_provider();
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let Ok(name) = rustls::pki_types::ServerName::try_from(host.to_owned()) else {
+        return false;
+    };
+    let Ok(mut hello_maker) = rustls::ClientConnection::new(std::sync::Arc::new(config), name) else {
+        return false;
+    };
+    let mut hello = Vec::new();
+    if hello_maker.write_tls(&mut hello).is_err() {
+        return false;
+    }
+    let address = format!("{host}:{port}");
+    let probe = move || -> std::io::Result<u8> {
+        use std::net::ToSocketAddrs;
+        let to = address
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| std::io::Error::other("no address"))?;
+        let mut stream = std::net::TcpStream::connect_timeout(&to, within)?;
+        stream.set_read_timeout(Some(within))?;
+        stream.set_write_timeout(Some(within))?;
+        stream.write_all(&hello)?;
+        let mut first = [0u8; 1];
+        stream.read_exact(&mut first)?;
+        Ok(first[0])
+    };
+    // A TLS record of type handshake (22) or alert (21).
+    matches!(tokio::task::spawn_blocking(probe).await, Ok(Ok(21 | 22)))
+}
+
+#[cfg(not(feature = "tls"))]
+pub(crate) async fn answers_tls(_host: &str, _port: u16, _within: std::time::Duration) -> bool {
+    false
+}

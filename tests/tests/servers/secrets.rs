@@ -147,3 +147,117 @@ async fn mysql_passwords_of_url_characters_connect_and_never_show() {
     )
     .await
 }
+
+/// The lock's line in etcd's keys, for the grants below: `<root>/`.
+const ETCD_LOCK_PREFIX: &str = "/distributed-locks/";
+
+/// etcd with authentication on and tokens that expire after a second idle
+/// (`--auth-token-ttl=1`): a client without a user, with a wrong password,
+/// or as a user without `readwrite` on the lock prefix is refused at
+/// start-up with `InvalidConfig`; the lock user, whose password holds
+/// `@ / # ? : %`, takes a lock and keeps it through renewals spaced wider
+/// than the token's life (each finds its token expired and authenticates
+/// again), and a second client gets it after the release. No piece of the
+/// password shows in an error, a `Debug`, a trace or a metric label.
+#[tokio::test]
+async fn etcd_users_authenticate_again_past_the_token_ttl_and_never_show() {
+    lock_tests::bounded(
+        "etcd_users_authenticate_again_past_the_token_ttl_and_never_show",
+        async move {
+            let etcd = lock_tests::Etcd::start_secured(None, &["--auth-token=simple", "--auth-token-ttl=1"]);
+            let endpoints = etcd.endpoints();
+            let password = url_passwords().pop().expect("a password of every URL character");
+            let mut admin = etcd_client::Client::connect(&endpoints, None)
+                .await
+                .expect("connect as the administrator");
+            admin
+                .user_add("root", "root-secret", None)
+                .await
+                .expect("add root");
+            admin.user_grant_role("root", "root").await.expect("root is root");
+            admin.role_add("locks").await.expect("add the locks role");
+            let grant = etcd_client::Permission::read_write(ETCD_LOCK_PREFIX).with_prefix();
+            admin
+                .role_grant_permission("locks", grant)
+                .await
+                .expect("grant the prefix");
+            admin
+                .user_add("app", password.as_str(), None)
+                .await
+                .expect("add app");
+            admin.user_grant_role("app", "locks").await.expect("app locks");
+            admin
+                .user_add("stranger", password.as_str(), None)
+                .await
+                .expect("add stranger");
+            admin.auth_enable().await.expect("auth enable");
+
+            let (captured, _tracing) = capture_tracing();
+            let recorder = DebuggingRecorder::new();
+            let _metrics = metrics::set_default_local_recorder(&recorder);
+            let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+            // Renewals every third of a 4 s lease: wider than the token's 1 s.
+            let builder = || {
+                LockClient::builder()
+                    .startup_timeout(Duration::from_secs(2))
+                    .etcd_lease_ttl(Duration::from_secs(6))
+            };
+            let refused = async |what: &str, builder: lock_runtime::LockClientBuilder, says: &str| {
+                let shown = format!("{builder:?}");
+                assert_no_password(what, &shown);
+                let Err(e) = builder.etcd(&endpoints).await else {
+                    panic!("{what}: a client started");
+                };
+                assert_no_password(what, &format!("{e} {e:?}"));
+                assert!(matches!(e, LockError::InvalidConfig { .. }), "{what}: {e}");
+                assert!(e.to_string().contains(says), "{what}: {e}");
+            };
+            refused("no user", builder(), "etcd_user").await;
+            let wrong = format!("{password}-not");
+            refused(
+                "a wrong password",
+                builder().etcd_user("app", wrong),
+                "refused user `app`",
+            )
+            .await;
+            refused(
+                "a user without the grant",
+                builder().etcd_user("stranger", password.as_str()),
+                "readwrite on the prefix `/distributed-locks/`",
+            )
+            .await;
+
+            let locks = builder()
+                .etcd_user("app", password.as_str())
+                .etcd(&endpoints)
+                .await
+                .expect("the lock user");
+            let guard = locks.lock("k").acquire().await.expect("acquire as app");
+            assert_no_password("a client and its guard", &format!("{locks:?} {guard:?}"));
+            let mut renewed = 0;
+            let mut valid_until = guard.valid_until();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            while renewed < 3 {
+                assert!(guard.is_held(), "the lock was lost after {renewed} renewals");
+                assert!(tokio::time::Instant::now() < deadline, "3 renewals within 20 s");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if guard.valid_until() > valid_until {
+                    renewed += 1;
+                    valid_until = guard.valid_until();
+                }
+            }
+            assert!(guard.is_held(), "held through renewals past the token's life");
+            let other = builder()
+                .etcd_user("app", password.as_str())
+                .etcd(&endpoints)
+                .await
+                .expect("a second client");
+            let waiting = other.lock("k").wait(Duration::from_secs(10)).run(async {});
+            let (released, got) = tokio::join!(guard.release(), waiting);
+            released.expect("release as app");
+            got.expect("the second client got the lock after the release");
+            assert_nothing_shown(&captured, &recorder.snapshotter());
+        },
+    )
+    .await
+}

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{RedisServer, free_port, make_certificates};
+use lock_tests::{RedisServer, free_port, make_certificates, make_client_certificate};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_over_tls_with_a_private_ca() {
@@ -266,6 +266,138 @@ async fn mysql_over_tls_with_a_private_ca() {
             !plain.to_string().contains("not ready"),
             "refused at once: {plain}"
         );
+    })
+    .await
+}
+
+/// etcd at `https://` endpoints with the `tls` feature, started with
+/// `--client-cert-auth`: the member is verified (an unknown issuer refused
+/// at once), it lets in only a client showing a certificate its CA signed,
+/// a plain `http://` client is refused, and with the CA and the client's
+/// certificate a lock is taken and handed to a waiter (the watch goes over
+/// TLS too). Bad settings are refused before any connection, and no error
+/// or `Debug` shows the private key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_over_mutual_tls_with_a_private_ca() {
+    lock_tests::bounded("etcd_over_mutual_tls_with_a_private_ca", async move {
+        let certs = tempfile::tempdir().expect("cert dir");
+        make_certificates(certs.path());
+        make_client_certificate(certs.path(), "locks");
+        let path = |name: &str| certs.path().join(name);
+        let read = |name: &str| std::fs::read(path(name)).expect("read a certificate file");
+        let ca_flag = format!("--trusted-ca-file={}", path("ca.crt").display());
+        let etcd = lock_tests::Etcd::start_secured(
+            Some((&path("server.crt"), &path("server.key"))),
+            &["--client-cert-auth", &ca_flag],
+        );
+        let endpoints = etcd.endpoints();
+        let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+        assert!(endpoints[0].starts_with("https://"), "{endpoints:?}");
+        let (ca, cert, key) = (read("ca.crt"), read("locks.crt"), read("locks.key"));
+        let key_text = String::from_utf8(key.clone()).expect("PEM is text");
+        let key_body = key_text.lines().nth(1).expect("a key line").to_owned();
+        let quick = || {
+            LockClient::builder()
+                .command_timeout(Duration::from_secs(2))
+                .startup_timeout(Duration::from_secs(5))
+                .etcd_lease_ttl(Duration::from_secs(4))
+        };
+        let refused_at_once = |what: &str, err: &LockError| {
+            assert!(matches!(err, LockError::InvalidConfig { .. }), "{what}: {err}");
+            assert!(
+                !err.to_string().contains("not ready"),
+                "{what}: refused at once: {err}"
+            );
+            let shown = format!("{err} {err:?}");
+            assert!(
+                !shown.contains(&key_body),
+                "{what}: the private key shows: {shown}"
+            );
+        };
+
+        let unverified = quick()
+            .etcd_client_certificate(cert.clone(), key.clone())
+            .etcd(&endpoints)
+            .await
+            .expect_err("an unknown issuer is refused");
+        refused_at_once("no CA", &unverified);
+        assert!(
+            unverified.to_string().to_lowercase().contains("certificate"),
+            "{unverified}"
+        );
+
+        let anonymous = quick()
+            .tls_root_certificate(ca.clone())
+            .etcd(&endpoints)
+            .await
+            .expect_err("a client without a certificate is refused");
+        refused_at_once("no client certificate", &anonymous);
+
+        let plain = endpoints[0].replacen("https://", "http://", 1);
+        let err = quick().etcd(&[&plain]).await.expect_err("plain to a TLS member");
+        refused_at_once("plain http", &err);
+
+        // Refused before any connection.
+        let mixed = [endpoints[0], "http://127.0.0.1:1"];
+        let err = quick()
+            .tls_root_certificate(ca.clone())
+            .etcd(&mixed)
+            .await
+            .expect_err("mixed schemes");
+        refused_at_once("mixed schemes", &err);
+        let err = quick()
+            .etcd_client_certificate(cert.clone(), key.clone())
+            .etcd(&[&plain])
+            .await
+            .expect_err("a certificate without TLS");
+        refused_at_once("a certificate over http", &err);
+        let mut broken_key = key.clone();
+        broken_key.truncate(key.len() / 2);
+        let err = quick()
+            .tls_root_certificate(ca.clone())
+            .etcd_client_certificate(cert.clone(), broken_key)
+            .etcd(&endpoints)
+            .await
+            .expect_err("half a key");
+        refused_at_once("half a key", &err);
+        assert!(err.to_string().contains("key"), "{err}");
+
+        let secured = || {
+            quick()
+                .tls_root_certificate(ca.clone())
+                .etcd_client_certificate(cert.clone(), key.clone())
+        };
+        let builder = secured();
+        assert!(
+            !format!("{builder:?}").contains(&key_body),
+            "the builder's Debug shows the key"
+        );
+        let locks = builder.etcd(&endpoints).await.expect("CA and client certificate");
+        assert!(
+            !format!("{locks:?}").contains(&key_body),
+            "the client's Debug shows the key"
+        );
+        let guard = locks
+            .lock("tls:1")
+            .fencing(true)
+            .acquire()
+            .await
+            .expect("lock over TLS");
+        assert!(guard.fencing_token().is_some());
+        let other = secured().etcd(&endpoints).await.expect("a second client");
+        let waiting = tokio::spawn(async move {
+            other
+                .lock("tls:1")
+                .wait(Duration::from_secs(10))
+                .run(async {})
+                .await
+        });
+        guard.release().await.expect("release over TLS");
+        tokio::time::timeout(Duration::from_secs(15), waiting)
+            .await
+            .expect("the waiter got in")
+            .expect("join")
+            .expect("lock after release");
     })
     .await
 }

@@ -46,6 +46,7 @@ use super::contract::{
     AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal, recorded_value,
 };
 use super::queue::{InTheWay, in_the_way};
+use crate::config::{ClientCertificate, EtcdUser};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
@@ -258,6 +259,17 @@ pub(crate) struct EtcdBackend {
     /// The lease ttl asked of the cluster, in whole seconds.
     asked_ttl: Duration,
     timeout: Duration,
+    /// How the driver connects: timeouts, and the user and TLS settings
+    /// [`secured`](Self::secured) adds. Holds the password: never shown
+    /// (the `Debug` below leaves it out).
+    options: etcd::ConnectOptions,
+    /// Who the client authenticates as, for messages.
+    user: Option<String>,
+    /// Whether the client speaks TLS (`https://` endpoints).
+    tls: bool,
+    /// Whether the last failure was a member closing the connection on
+    /// us: at start-up, what a TLS-only member does to a plain client.
+    closed_on_us: std::sync::atomic::AtomicBool,
     /// Boxed: the client is large, and every backend shares one enum.
     client: tokio::sync::OnceCell<Box<etcd::Client>>,
     /// Shared with the tasks that finish unanswered deletions: they stop
@@ -275,6 +287,7 @@ impl fmt::Debug for EtcdBackend {
             .field("endpoints", &self.endpoints)
             .field("root", &self.root)
             .field("lease_ttl", &self.asked_ttl)
+            .field("user", &self.user)
             .finish_non_exhaustive()
     }
 }
@@ -305,6 +318,45 @@ fn classify(e: &etcd::Error) -> (bool, bool) {
         etcd::Error::LeaseKeepAliveError(_) | etcd::Error::WatchError(_) => (true, false),
         _ => (false, false),
     }
+}
+
+/// Whether `e` is the other end closing the connection (reset, or an end
+/// of stream mid-exchange).
+fn closed_by_peer(e: &etcd::Error) -> bool {
+    use std::io::ErrorKind;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd::Error::GRpcStatus(status) => Some(status),
+        other => Some(other),
+    };
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                ErrorKind::ConnectionReset | ErrorKind::UnexpectedEof | ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// `(host, port)` of an endpoint, `http://host:port` or `host:port`.
+fn host_and_port(endpoint: &str) -> Option<(&str, u16)> {
+    let authority = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+    let authority = authority.split('/').next()?;
+    let (host, port) = authority.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host, port.parse().ok()?))
+}
+
+/// What a handshake that TLS refused says, and what mends it.
+fn tls_failed(error: &(dyn std::error::Error + 'static)) -> String {
+    format!(
+        "TLS to the etcd cluster failed: {}; give the cluster's CA with `tls_root_certificate`, and a client certificate with `etcd_client_certificate` if the cluster asks for one (`--client-cert-auth`)",
+        super::startup::with_causes(error)
+    )
 }
 
 /// Whether the cluster said our lease does not exist (expired or revoked).
@@ -345,12 +397,73 @@ impl EtcdBackend {
             root: root.to_owned(),
             asked_ttl: Duration::from_secs(lease_ttl.as_secs()),
             timeout,
+            options: etcd::ConnectOptions::new()
+                .with_connect_timeout(timeout)
+                .with_timeout(timeout)
+                // A member cut off from the others fails requests at once
+                // instead of holding them: the client tries another.
+                .with_require_leader(true),
+            user: None,
+            tls: false,
+            closed_on_us: std::sync::atomic::AtomicBool::new(false),
             client: tokio::sync::OnceCell::new(),
             lease: Arc::new(Mutex::new(None)),
             granting: tokio::sync::Mutex::new(()),
             entries: Arc::new(Mutex::new(Entries::default())),
             segment_waits: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The same backend authenticating as `user`, and speaking TLS when
+    /// its endpoints are `https://` (verified against `root_pem` or the
+    /// system's roots, showing `certificate` when given). Mixed schemes, a
+    /// certificate without `https://`, and PEM that does not parse are
+    /// refused here, before any connection.
+    pub(crate) fn secured(
+        mut self,
+        user: Option<&EtcdUser>,
+        certificate: Option<&ClientCertificate>,
+        root_pem: Option<&[u8]>,
+    ) -> Result<Self, LockError> {
+        let invalid = |reason: String| LockError::InvalidConfig {
+            node: self.node.clone(),
+            reason,
+        };
+        let https = self
+            .endpoints
+            .iter()
+            .filter(|e| e.starts_with("https://"))
+            .count();
+        if https > 0 && self.endpoints.iter().any(|e| e.starts_with("http://")) {
+            return Err(invalid(
+                "give every endpoint as `https://` or none: the client speaks TLS to all members or to none"
+                    .into(),
+            ));
+        }
+        if https == 0 && certificate.is_some() {
+            return Err(invalid(
+                "a client certificate is shown over TLS only: give the endpoints as `https://host:port`"
+                    .into(),
+            ));
+        }
+        if https > 0 {
+            self.options = super::tls::etcd_with_tls(self.options, root_pem, certificate).map_err(invalid)?;
+            self.tls = true;
+        }
+        if let Some(user) = user {
+            if user.name.is_empty() {
+                return Err(invalid("the etcd user name is empty".into()));
+            }
+            // The cluster's tokens expire (`--auth-token-ttl`, a member's
+            // restart): a refused token is renewed and the request sent
+            // again, once.
+            self.options = self
+                .options
+                .with_user(user.name.clone(), user.password.clone())
+                .with_auto_token_refresh(true);
+            self.user = Some(user.name.clone());
+        }
+        Ok(self)
     }
 
     pub(crate) fn node(&self) -> &str {
@@ -370,18 +483,77 @@ impl EtcdBackend {
     /// connections, is `transient`, to be waited for
     /// (`startup::when_ready`).
     pub(crate) async fn verify(&self) -> Result<(), Failure> {
-        match tokio::time::timeout(self.timeout * 2, self.lease_id()).await {
-            Ok(result) => result.map(drop),
+        let ready = async {
+            self.lease_id().await?;
+            self.access_check().await
+        };
+        self.closed_on_us
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        match tokio::time::timeout(self.timeout * 3, ready).await {
+            Ok(Err(failure))
+                if failure.transient && self.closed_on_us.load(std::sync::atomic::Ordering::Relaxed) =>
+            {
+                // A plain client that a member closed on: a member that
+                // speaks only TLS, or one going down. Only the first
+                // answers a TLS hello.
+                for endpoint in &self.endpoints {
+                    if let Some((host, port)) = host_and_port(endpoint)
+                        && super::tls::answers_tls(host, port, self.timeout).await
+                    {
+                        return Err(Failure {
+                            error: LockError::InvalidConfig {
+                                node: self.node.clone(),
+                                reason: format!(
+                                    "the member at `{endpoint}` speaks TLS only: give its endpoint as `https://{host}:{port}`"
+                                ),
+                            },
+                            transient: false,
+                            reconnecting: false,
+                        });
+                    }
+                }
+                Err(failure)
+            }
+            Ok(result) => result,
             Err(_) => Err(Failure {
                 error: LockError::backend(
                     &self.node,
                     None,
-                    format!("no lease granted within {}ms", (self.timeout * 2).as_millis()),
+                    format!("no lease granted within {}ms", (self.timeout * 3).as_millis()),
                 ),
                 transient: true,
                 reconnecting: false,
             }),
         }
+    }
+
+    /// Whether this client may read and write every key under the root,
+    /// asked without writing anything: etcd checks the permissions of both
+    /// branches of a transaction before it evaluates its condition, and
+    /// this one's (a create revision below zero) never holds. On a cluster
+    /// without authentication every request is allowed.
+    async fn access_check(&self) -> Result<(), Failure> {
+        // Two keys: etcd refuses a transaction that puts and deletes one.
+        let (put, delete) = (
+            format!("{}/%access-check/put", self.root),
+            format!("{}/%access-check/delete", self.root),
+        );
+        let line = format!("{}/", self.root);
+        let never = etcd::Compare::create_revision(put.as_str(), etcd::CompareOp::Less, 0);
+        let txn = etcd::Txn::new().when([never]).and_then([
+            etcd::TxnOp::get(
+                line,
+                Some(etcd::GetOptions::new().with_prefix().with_count_only()),
+            ),
+            etcd::TxnOp::put(put, "", None),
+            etcd::TxnOp::delete(delete, None),
+        ]);
+        let mut client = self.client().await?;
+        client
+            .txn(txn)
+            .await
+            .map(drop)
+            .map_err(|e| self.failure(None, &e))
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
@@ -398,13 +570,7 @@ impl EtcdBackend {
 
     async fn client(&self) -> Result<etcd::Client, Failure> {
         let connect = || async {
-            let options = etcd::ConnectOptions::new()
-                .with_connect_timeout(self.timeout)
-                .with_timeout(self.timeout)
-                // A member cut off from the others fails requests at once
-                // instead of holding them: the client tries another.
-                .with_require_leader(true);
-            etcd::Client::connect(&self.endpoints, Some(options))
+            etcd::Client::connect(&self.endpoints, Some(self.options.clone()))
                 .await
                 .map(Box::new)
         };
@@ -416,11 +582,64 @@ impl EtcdBackend {
     }
 
     fn failure(&self, key: Option<&LockKey>, e: &etcd::Error) -> Failure {
+        if !self.tls && closed_by_peer(e) {
+            self.closed_on_us
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if let Some(reason) = self.refusal(e) {
+            return Failure {
+                error: LockError::InvalidConfig {
+                    node: self.node.clone(),
+                    reason,
+                },
+                transient: false,
+                reconnecting: false,
+            };
+        }
         let (transient, reconnecting) = classify(e);
         Failure {
             error: LockError::backend(&self.node, key.map(|k| k.name.as_str()), e.to_string()),
             transient,
             reconnecting,
+        }
+    }
+
+    /// Why the cluster refuses this client, if that is what `e` says:
+    /// credentials, grants or a certificate, which waiting cannot mend.
+    fn refusal(&self, e: &etcd::Error) -> Option<String> {
+        use tonic::Code;
+        let root = &self.root;
+        let user = self.user.as_deref().unwrap_or_default();
+        match e {
+            // tonic reports a refused handshake as `Unavailable` with the
+            // rustls error among its causes.
+            // (the driver's error does not name the status as its source).
+            etcd::Error::GRpcStatus(status) if super::startup::tls_refused(status) => {
+                Some(tls_failed(status))
+            }
+            _ if super::startup::tls_refused(e) => Some(tls_failed(e)),
+            etcd::Error::GRpcStatus(status) => {
+                let said = status.message();
+                match status.code() {
+                    Code::InvalidArgument if said.contains("authentication failed") => Some(format!(
+                        "etcd refused user `{user}`: {said} (`etcd_user` gives the user and its password)"
+                    )),
+                    Code::InvalidArgument if said.contains("user name is empty") => Some(format!(
+                        "this etcd cluster requires authentication: give a user with `etcd_user` ({said})"
+                    )),
+                    Code::FailedPrecondition if said.contains("authentication is not enabled") => {
+                        Some(format!(
+                            "`etcd_user` was given but this etcd cluster does not authenticate ({said}); enable it (`etcdctl auth enable`) or drop the user"
+                        ))
+                    }
+                    Code::PermissionDenied => Some(format!(
+                        "etcd user `{user}` may not read and write the lock keys: {said}; grant one of its roles readwrite on the prefix `{root}/` (`etcdctl role grant-permission ROLE --prefix=true readwrite {root}/`)"
+                    )),
+                    _ => None,
+                }
+            }
+            etcd::Error::InvalidArgs(said) => Some(said.clone()),
+            _ => None,
         }
     }
 
