@@ -56,8 +56,9 @@ struct Target {
         requires = "postgres"
     )]
     postgres_table: String,
-    /// An etcd cluster: one or more endpoints, `host:port` or
-    /// `http://host:port` (comma-separated or repeated).
+    /// An etcd cluster: one or more endpoints, `host:port`,
+    /// `http://host:port` or `https://host:port` (comma-separated or
+    /// repeated).
     #[arg(long, global = true, value_delimiter = ',', num_args = 1..)]
     etcd: Vec<String>,
     /// The key under which the services' etcd locks live, as their

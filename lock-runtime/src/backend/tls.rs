@@ -220,7 +220,11 @@ pub(crate) async fn answers_tls(host: &str, port: u16, within: std::time::Durati
     if hello_maker.write_tls(&mut hello).is_err() {
         return false;
     }
-    let address = format!("{host}:{port}");
+    let address = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
     let probe = move || -> std::io::Result<u8> {
         use std::net::ToSocketAddrs;
         let to = address

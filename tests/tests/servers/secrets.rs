@@ -152,7 +152,8 @@ async fn mysql_passwords_of_url_characters_connect_and_never_show() {
 const ETCD_LOCK_PREFIX: &str = "/distributed-locks/";
 
 /// etcd with authentication on and tokens that expire after a second idle
-/// (`--auth-token-ttl=1`): a client without a user, with a wrong password,
+/// (`--auth-token-ttl=1`): a user given before authentication is on is
+/// refused; then a client without a user, with a wrong password,
 /// or as a user without `readwrite` on the lock prefix is refused at
 /// start-up with `InvalidConfig`; the lock user, whose password holds
 /// `@ / # ? : %`, takes a lock and keeps it through renewals spaced wider
@@ -190,17 +191,30 @@ async fn etcd_users_authenticate_again_past_the_token_ttl_and_never_show() {
                 .user_add("stranger", password.as_str(), None)
                 .await
                 .expect("add stranger");
+            let endpoint_list: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+            let Err(e) = LockClient::builder()
+                .etcd_user("app", password.as_str())
+                .etcd(&endpoint_list)
+                .await
+            else {
+                panic!("a user was taken by a cluster without authentication");
+            };
+            assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
+            assert!(e.to_string().contains("does not authenticate"), "{e}");
             admin.auth_enable().await.expect("auth enable");
 
             let (captured, _tracing) = capture_tracing();
             let recorder = DebuggingRecorder::new();
             let _metrics = metrics::set_default_local_recorder(&recorder);
             let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
-            // Renewals every third of a 4 s lease: wider than the token's 1 s.
+            // A lock's lease is two thirds of the 12 s etcd lease, renewed
+            // every third of that (2.7 s): each renewal comes after the
+            // token has expired (1 s idle) and etcd, which sweeps expired
+            // tokens once a second, has removed it.
             let builder = || {
                 LockClient::builder()
                     .startup_timeout(Duration::from_secs(2))
-                    .etcd_lease_ttl(Duration::from_secs(6))
+                    .etcd_lease_ttl(Duration::from_secs(12))
             };
             let refused = async |what: &str, builder: lock_runtime::LockClientBuilder, says: &str| {
                 let shown = format!("{builder:?}");
@@ -236,10 +250,10 @@ async fn etcd_users_authenticate_again_past_the_token_ttl_and_never_show() {
             assert_no_password("a client and its guard", &format!("{locks:?} {guard:?}"));
             let mut renewed = 0;
             let mut valid_until = guard.valid_until();
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
             while renewed < 3 {
                 assert!(guard.is_held(), "the lock was lost after {renewed} renewals");
-                assert!(tokio::time::Instant::now() < deadline, "3 renewals within 20 s");
+                assert!(tokio::time::Instant::now() < deadline, "3 renewals within 30 s");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 if guard.valid_until() > valid_until {
                     renewed += 1;

@@ -381,7 +381,7 @@ impl EtcdBackend {
         }
         if endpoints.is_empty() || endpoints.iter().any(|e| e.trim().is_empty()) {
             return Err(invalid(
-                "give at least one endpoint, `host:port` or `http://host:port`, and no empty one".into(),
+                "give at least one endpoint, `host:port`, `http://host:port` or `https://host:port`, and no empty one".into(),
             ));
         }
         // etcd grants whole seconds; asking less than 2 s leaves a
@@ -500,6 +500,11 @@ impl EtcdBackend {
                     if let Some((host, port)) = host_and_port(endpoint)
                         && super::tls::answers_tls(host, port, self.timeout).await
                     {
+                        let host = if host.contains(':') {
+                            format!("[{host}]")
+                        } else {
+                            host.to_owned()
+                        };
                         return Err(Failure {
                             error: LockError::InvalidConfig {
                                 node: self.node.clone(),
