@@ -36,6 +36,28 @@ pub(crate) fn tls_certificates(root_pem: &[u8]) -> redis::TlsCertificates {
     }
 }
 
+/// The certificates in `pem`, at least one, or why not: `what` names the
+/// PEM in the message.
+#[cfg(all(
+    feature = "tls",
+    any(feature = "mysql", feature = "postgres", feature = "etcd")
+))]
+fn certificates_of(
+    pem: &[u8],
+    what: &str,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{what} is not PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{what} PEM holds no certificate"));
+    }
+    Ok(certs)
+}
+
 /// The TLS connector of a PostgreSQL client: its server is verified against
 /// `root_pem` (a private CA) when given, else against the system's roots.
 /// Hostname and chain are always checked: stricter than libpq's
@@ -44,21 +66,14 @@ pub(crate) fn tls_certificates(root_pem: &[u8]) -> redis::TlsCertificates {
 pub(crate) fn postgres_connector(
     root_pem: Option<&[u8]>,
 ) -> Result<tokio_postgres_rustls::MakeRustlsConnect, String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-
     install_tls_provider();
     let mut roots = rustls::RootCertStore::empty();
     match root_pem {
         Some(pem) => {
-            for cert in CertificateDer::pem_slice_iter(pem) {
-                let cert = cert.map_err(|e| format!("the root certificate is not PEM: {e}"))?;
+            for cert in certificates_of(pem, "the root certificate")? {
                 roots
                     .add(cert)
                     .map_err(|e| format!("the root certificate cannot be used: {e}"))?;
-            }
-            if roots.is_empty() {
-                return Err("the root certificate PEM holds no certificate".into());
             }
         }
         None => {
@@ -87,9 +102,6 @@ pub(crate) fn mysql_ssl_opts(
     asked: &mysql_async::SslOpts,
     root_pem: Option<&[u8]>,
 ) -> Result<mysql_async::SslOpts, String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-
     if asked.accept_invalid_certs() || asked.skip_domain_validation() {
         return Err(
             "`verify_ca=false` and `verify_identity=false` are refused: a lock server that is not verified can be anyone; give a private CA with `tls_root_certificate`".into(),
@@ -99,14 +111,7 @@ pub(crate) fn mysql_ssl_opts(
     // PEM or DER, one certificate or several per buffer: the driver reads both.
     let roots: Vec<Vec<u8>> = match root_pem {
         Some(pem) => {
-            let mut certs = 0;
-            for cert in CertificateDer::pem_slice_iter(pem) {
-                cert.map_err(|e| format!("the root certificate is not PEM: {e}"))?;
-                certs += 1;
-            }
-            if certs == 0 {
-                return Err("the root certificate PEM holds no certificate".into());
-            }
+            certificates_of(pem, "the root certificate")?;
             vec![pem.to_vec()]
         }
         None => {
@@ -144,34 +149,20 @@ pub(crate) fn etcd_with_tls(
     root_pem: Option<&[u8]>,
     certificate: Option<&crate::config::ClientCertificate>,
 ) -> Result<etcd_client::ConnectOptions, String> {
+    use rustls::pki_types::PrivateKeyDer;
     use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
     install_tls_provider();
     let mut tls = etcd_client::TlsOptions::new();
     match root_pem {
         Some(pem) => {
-            let mut certs = 0;
-            for cert in CertificateDer::pem_slice_iter(pem) {
-                cert.map_err(|e| format!("the root certificate is not PEM: {e}"))?;
-                certs += 1;
-            }
-            if certs == 0 {
-                return Err("the root certificate PEM holds no certificate".into());
-            }
+            certificates_of(pem, "the root certificate")?;
             tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
         }
         None => tls = tls.with_native_roots(),
     }
     if let Some(certificate) = certificate {
-        let mut certs = 0;
-        for cert in CertificateDer::pem_slice_iter(&certificate.certificate) {
-            cert.map_err(|e| format!("the client certificate is not PEM: {e}"))?;
-            certs += 1;
-        }
-        if certs == 0 {
-            return Err("the client certificate PEM holds no certificate".into());
-        }
+        certificates_of(&certificate.certificate, "the client certificate")?;
         // The key's own error could quote it: say only what kind it was.
         PrivateKeyDer::from_pem_slice(&certificate.key).map_err(|e| {
             let kind = match e {
@@ -202,7 +193,7 @@ pub(crate) fn etcd_with_tls(
 /// plain client that a server closed on tells a TLS-only server from one
 /// still starting. Written here because no kept crate offers the probe;
 /// rustls makes the hello, so nothing of the protocol is by hand.
-#[cfg(feature = "tls")]
+#[cfg(all(feature = "tls", feature = "etcd"))]
 pub(crate) async fn answers_tls(host: &str, port: u16, within: std::time::Duration) -> bool {
     use std::io::{Read, Write};
 
@@ -243,7 +234,7 @@ pub(crate) async fn answers_tls(host: &str, port: u16, within: std::time::Durati
     matches!(tokio::task::spawn_blocking(probe).await, Ok(Ok(21 | 22)))
 }
 
-#[cfg(not(feature = "tls"))]
+#[cfg(all(not(feature = "tls"), feature = "etcd"))]
 pub(crate) async fn answers_tls(_host: &str, _port: u16, _within: std::time::Duration) -> bool {
     false
 }
