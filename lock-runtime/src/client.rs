@@ -656,7 +656,8 @@ impl LockClientBuilder {
                 link.connection()
                     .await
                     .map_err(|e| startup_failure(&name, e, &seeds))?;
-                backend.verify(&seeds).await
+                backend.verify(&seeds).await?;
+                backend.check_access(&self.config.prefix, &seeds).await
             })
             .await?;
         }
@@ -710,7 +711,11 @@ impl LockClientBuilder {
             .one_connection();
         if !self.config.lazy {
             // Asks Sentinel for the master, connects, checks the credentials.
-            when_ready(&name, self.config.startup_timeout, || backend.verify(&seeds)).await?;
+            when_ready(&name, self.config.startup_timeout, || async {
+                backend.verify(&seeds).await?;
+                backend.check_access(&self.config.prefix, &seeds).await
+            })
+            .await?;
             backend.check_eviction_policy().await;
         }
         let notifier = Notifier::over(vec![backend.topology().clone()], self.config.command_timeout);
@@ -905,9 +910,21 @@ async fn redlock_masters(
         masters.push((node.one_connection(), answered));
     }
     let mut seen: Vec<(String, &str)> = Vec::new();
-    for (node, _) in &masters {
-        let Ok((run_id, clustered)) = node.identity().await else {
-            continue;
+    for (node, answered) in &masters {
+        let (run_id, clustered) = match node.identity().await {
+            Ok(identity) => identity,
+            Err(e) => {
+                // A master down now is checked by no one; one that answers
+                // but may not run INFO (a least-privilege ACL) is said so.
+                if *answered {
+                    tracing::warn!(
+                        node = node.node(),
+                        error = %e,
+                        "could not check that this Redlock master is a server of its own (INFO failed); list only independent masters"
+                    );
+                }
+                continue;
+            }
         };
         if clustered {
             return Err(invalid(format!(

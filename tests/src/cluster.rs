@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::server::RedisServer;
+use crate::server::{LOCK_USER_CLUSTER_RULES, RedisServer, lock_user_arguments};
 
 /// A port that is free, and whose cluster bus port (+10000) is free too.
 fn free_cluster_port() -> u16 {
@@ -36,7 +36,23 @@ pub struct Cluster {
 impl Cluster {
     /// `masters` masters with `replicas` replicas each, node timeout 1 s.
     pub fn start(masters: usize, replicas: usize) -> Cluster {
-        let extra = [
+        Self::start_with(masters, replicas, &[], false)
+    }
+
+    /// [`start`](Self::start), every node with the ACL user
+    /// [`LOCK_USER`](crate::LOCK_USER) granted only
+    /// [`LOCK_USER_RULES`](crate::LOCK_USER_RULES) and
+    /// [`LOCK_USER_CLUSTER_RULES`]; [`lock_user_urls`](Self::lock_user_urls)
+    /// log in as it, and each node fails the test on drop if its ACL
+    /// refused anything (as [`RedisServer::start_with_lock_user`]).
+    pub fn start_with_lock_user(masters: usize, replicas: usize) -> Cluster {
+        let user = lock_user_arguments(LOCK_USER_CLUSTER_RULES);
+        let user: Vec<&str> = user.iter().map(String::as_str).collect();
+        Self::start_with(masters, replicas, &user, true)
+    }
+
+    fn start_with(masters: usize, replicas: usize, more: &[&str], audited: bool) -> Cluster {
+        let mut extra = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-node-timeout",
@@ -44,8 +60,12 @@ impl Cluster {
             "--cluster-config-file",
             "nodes.conf",
         ];
+        extra.extend_from_slice(more);
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
-            .map(|_| RedisServer::start_on(free_cluster_port, &extra))
+            .map(|_| {
+                let node = RedisServer::start_on(free_cluster_port, &extra);
+                if audited { node.audited() } else { node }
+            })
             .collect();
         let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
         let output = Command::new("redis-cli")
@@ -99,6 +119,12 @@ impl Cluster {
     /// Seed URLs: every node.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Seed URLs as the lock user of
+    /// [`start_with_lock_user`](Self::start_with_lock_user).
+    pub fn lock_user_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::lock_user_url).collect()
     }
 
     /// The index in `nodes` of the master that owns `key`'s slot, waiting up

@@ -19,7 +19,26 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    /// Whether dropping the server checks that its ACL refused nothing.
+    audited: bool,
 }
+
+/// The ACL user that [`RedisServer::start_with_lock_user`] adds.
+pub const LOCK_USER: &str = "locks";
+
+/// The least a lock client needs on one Redis node (or a Sentinel's
+/// master), with the default prefix `lock:`: the rules docs/backends.md
+/// gives operators, word for word (a test checks that it does).
+pub const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all +ping +evalsha +script|load \
++set +get +mget +exists +type +pttl +pexpire +append +incr +del +time +zadd +zcard +zrange \
++zrangebyscore +zscore +zrem +zremrangebyscore +publish +subscribe +unsubscribe";
+
+/// What a Redis Cluster adds to [`LOCK_USER_RULES`], also as
+/// docs/backends.md gives it.
+pub const LOCK_USER_CLUSTER_RULES: &str = "+spublish +ssubscribe +sunsubscribe +cluster|slots +asking";
+
+/// The lock user's password; not a secret, the servers are the tests' own.
+const LOCK_USER_PASSWORD: &str = "lock-user-password";
 
 /// The `redis-server` binary: `$REDIS_SERVER`, else the first on `PATH`,
 /// else Debian's location. `.ci/run` installs it when it is missing.
@@ -53,6 +72,25 @@ impl RedisServer {
         Self::start_with(&["--requirepass", password])
     }
 
+    /// Starts a fresh server with, beside the default user the harness
+    /// inspects it as, the ACL user [`LOCK_USER`] granted only
+    /// [`LOCK_USER_RULES`] (and `more` rules): what a lock client is given
+    /// in production. [`lock_user_url`](Self::lock_user_url) logs in as it.
+    /// Dropping the server fails the test if its ACL refused any command
+    /// but `CONFIG GET` (the eviction-policy check, which only warns):
+    /// a refusal the client swallowed would otherwise go unseen.
+    pub fn start_with_lock_user(more: &str) -> RedisServer {
+        let arguments = lock_user_arguments(more);
+        Self::start_with(&arguments.iter().map(String::as_str).collect::<Vec<_>>()).audited()
+    }
+
+    /// Checks on drop that the server's ACL refused nothing (see
+    /// [`start_with_lock_user`](Self::start_with_lock_user)).
+    pub(crate) fn audited(mut self) -> Self {
+        self.audited = true;
+        self
+    }
+
     /// Starts a server whose port comes from `pick`, retried while taken.
     pub(crate) fn start_on(pick: fn() -> u16, extra: &[&str]) -> RedisServer {
         // A port found free can be taken before redis binds it: retry.
@@ -62,6 +100,7 @@ impl RedisServer {
                 port: pick(),
                 dir: tempfile::tempdir().expect("temp dir for redis-server"),
                 extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+                audited: false,
             };
             if server.spawn() {
                 return server;
@@ -150,6 +189,36 @@ impl RedisServer {
     pub fn url_with_password(&self) -> String {
         let password = self.password().unwrap_or_default();
         format!("redis://:{}@127.0.0.1:{}/", percent_encode(password), self.port)
+    }
+
+    /// `redis://locks:<password>@127.0.0.1:<port>/`: the URL of the ACL
+    /// user of [`start_with_lock_user`](Self::start_with_lock_user).
+    pub fn lock_user_url(&self) -> String {
+        format!(
+            "redis://{LOCK_USER}:{LOCK_USER_PASSWORD}@127.0.0.1:{}/",
+            self.port
+        )
+    }
+
+    /// What the server's ACL refused since it started or the log was
+    /// reset (`ACL LOG`): each entry's user and command, key or channel,
+    /// as `user: object`.
+    pub fn acl_refusals(&self) -> redis::RedisResult<Vec<String>> {
+        let mut conn = self.sync_connection()?;
+        // A paused server must not hang a dropping test.
+        conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let entries: Vec<std::collections::HashMap<String, redis::Value>> =
+            redis::cmd("ACL").arg("LOG").query(&mut conn)?;
+        let text = |entry: &std::collections::HashMap<String, redis::Value>, field: &str| {
+            entry
+                .get(field)
+                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                .unwrap_or_default()
+        };
+        Ok(entries
+            .iter()
+            .map(|entry| format!("{}: {}", text(entry, "username"), text(entry, "object")))
+            .collect())
     }
 
     fn password(&self) -> Option<&str> {
@@ -349,8 +418,31 @@ impl Drop for RedisServer {
                 Signal::SIGCONT,
             );
         }
+        let refused = if self.audited && self.child.is_some() && !std::thread::panicking() {
+            self.acl_refusals()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|refusal| !refusal.ends_with(": config|get"))
+                .collect()
+        } else {
+            Vec::new()
+        };
         self.kill();
+        assert!(
+            refused.is_empty(),
+            "the server's ACL refused the lock user: {refused:?}; grant it in LOCK_USER_RULES and docs/backends.md, or stop sending it"
+        );
     }
+}
+
+/// `--user locks on ><password> <rules> <more>`: redis-server reads the
+/// words after `--user` up to the next `--` as one `user` directive.
+pub(crate) fn lock_user_arguments(more: &str) -> Vec<String> {
+    let mut arguments = vec!["--user".to_owned(), LOCK_USER.to_owned(), "on".to_owned()];
+    arguments.push(format!(">{LOCK_USER_PASSWORD}"));
+    arguments.extend(LOCK_USER_RULES.split_whitespace().map(str::to_owned));
+    arguments.extend(more.split_whitespace().map(str::to_owned));
+    arguments
 }
 
 /// Spawns `command` so that the child dies with this process, even when the

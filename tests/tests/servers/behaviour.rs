@@ -27,11 +27,15 @@ async fn in_memory() -> Fixture {
     }
 }
 
+/// As the least-privilege ACL user of docs/backends.md, not the default
+/// user: every behaviour is also a check of that ACL.
 async fn redis() -> Fixture {
-    let server = RedisServer::start();
+    let server = RedisServer::start_with_lock_user("");
     Fixture {
-        locks: LockClient::connect(&server.url()).await.expect("connect"),
-        target: Some(server.url()),
+        locks: LockClient::connect(&server.lock_user_url())
+            .await
+            .expect("connect"),
+        target: Some(server.lock_user_url()),
         _server: Some(Box::new(server)),
     }
 }

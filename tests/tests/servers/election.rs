@@ -26,11 +26,16 @@ async fn in_memory() -> Replicas {
     }
 }
 
+/// As the least-privilege ACL user of docs/backends.md.
 async fn redis() -> Replicas {
-    let server = RedisServer::start();
+    let server = RedisServer::start_with_lock_user("");
     Replicas {
-        a: LockClient::connect(&server.url()).await.expect("connect"),
-        b: LockClient::connect(&server.url()).await.expect("connect"),
+        a: LockClient::connect(&server.lock_user_url())
+            .await
+            .expect("connect"),
+        b: LockClient::connect(&server.lock_user_url())
+            .await
+            .expect("connect"),
         _server: Box::new(server),
     }
 }

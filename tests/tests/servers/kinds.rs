@@ -58,18 +58,24 @@ async fn in_memory() -> Fixture {
     }
 }
 
+/// One node and a cluster run every kind as the least-privilege ACL user
+/// of docs/backends.md: each kind's scripts are a check of that ACL.
 async fn redis() -> Fixture {
-    let server = RedisServer::start();
+    let server = RedisServer::start_with_lock_user("");
     Fixture {
-        locks: LockClient::connect(&server.url()).await.expect("connect"),
+        locks: LockClient::connect(&server.lock_user_url())
+            .await
+            .expect("connect"),
         servers: Servers::One(server),
     }
 }
 
 async fn cluster() -> Fixture {
-    let cluster = Cluster::start(3, 0);
+    let cluster = Cluster::start_with_lock_user(3, 0);
     Fixture {
-        locks: LockClient::cluster(cluster.urls()).await.expect("cluster client"),
+        locks: LockClient::cluster(cluster.lock_user_urls())
+            .await
+            .expect("cluster client"),
         servers: Servers::Cluster(cluster),
     }
 }
@@ -115,8 +121,12 @@ impl Fixture {
     async fn another(&self) -> LockClient {
         match &self.servers {
             Servers::None => self.locks.clone(),
-            Servers::One(server) => LockClient::connect(&server.url()).await.expect("connect"),
-            Servers::Cluster(cluster) => LockClient::cluster(cluster.urls()).await.expect("cluster client"),
+            Servers::One(server) => LockClient::connect(&server.lock_user_url())
+                .await
+                .expect("connect"),
+            Servers::Cluster(cluster) => LockClient::cluster(cluster.lock_user_urls())
+                .await
+                .expect("cluster client"),
             Servers::Masters(masters) => {
                 let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
                 LockClient::redlock(&urls).await.expect("redlock client")

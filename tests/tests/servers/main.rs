@@ -14,6 +14,7 @@
 //! of their own: a constructor that runs before `main` would run before
 //! every test here.
 
+mod acl;
 mod bad_input_and_server_errors;
 mod behaviour;
 mod cluster;

@@ -70,6 +70,56 @@ static HAND_OVER: LazyLock<Script> = script!("hand_over.lua");
 static KEEP: LazyLock<Script> = script!("keep.lua");
 static PROCLAIM: LazyLock<Script> = script!("proclaim.lua");
 static LEADER: LazyLock<Script> = script!("leader.lua");
+/// Without the prelude: it reads no lock.
+static ACCESS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/access.lua")));
+
+/// Every command a lock call sends or its scripts run, on every topology:
+/// its ACL name, and its words for `access.lua` (`k` a key under the lock
+/// prefix, `c` a channel), as many as the command takes (fewer crash a
+/// Redis 7.0 asked about them). The least-privilege ACL in
+/// docs/backends.md grants exactly these, with [`ONE_NODE_COMMANDS`] or
+/// [`CLUSTER_COMMANDS`]; a script that starts to run a new command adds it
+/// here, and `check_access` then asks the ACL for it.
+const COMMANDS: [(&str, &str); 21] = [
+    ("ping", "PING"),
+    ("evalsha", "EVALSHA 0 1 k"),
+    ("script|load", "SCRIPT LOAD return"),
+    ("set", "SET k v"),
+    ("get", "GET k"),
+    ("mget", "MGET k"),
+    ("exists", "EXISTS k"),
+    ("type", "TYPE k"),
+    ("pttl", "PTTL k"),
+    ("pexpire", "PEXPIRE k 1"),
+    ("append", "APPEND k v"),
+    ("incr", "INCR k"),
+    ("del", "DEL k"),
+    ("time", "TIME"),
+    ("zadd", "ZADD k 1 m"),
+    ("zcard", "ZCARD k"),
+    ("zrange", "ZRANGE k 0 0"),
+    ("zrangebyscore", "ZRANGEBYSCORE k 0 0"),
+    ("zscore", "ZSCORE k m"),
+    ("zrem", "ZREM k m"),
+    ("zremrangebyscore", "ZREMRANGEBYSCORE k 0 0"),
+];
+
+/// Release notices on one node (or a Sentinel's master).
+const ONE_NODE_COMMANDS: [(&str, &str); 3] = [
+    ("publish", "PUBLISH c m"),
+    ("subscribe", "SUBSCRIBE c"),
+    ("unsubscribe", "UNSUBSCRIBE c"),
+];
+
+/// Release notices on a cluster go to the slot's shard; the client learns
+/// the slots and follows a slot being migrated.
+const CLUSTER_COMMANDS: [(&str, &str); 5] = [
+    ("spublish", "SPUBLISH c m"),
+    ("ssubscribe", "SSUBSCRIBE c"),
+    ("sunsubscribe", "SUNSUBSCRIBE c"),
+    ("cluster|slots", "CLUSTER SLOTS"),
+    ("asking", "ASKING"),
+];
 
 /// What a connection to Redis must offer: the redis crate's async
 /// connection, cheap to clone (clones share the connection), that can wait
@@ -247,6 +297,7 @@ impl RedisBackend {
         let backend = RedisBackend::new(conn, lane, Topology::Single(client.clone()), node)
             .with_replica_acks(config.replica_acks());
         backend.verify(&[url]).await?;
+        backend.check_access(&config.prefix, &[url]).await?;
         backend.check_eviction_policy().await;
         Ok(backend)
     }
@@ -341,6 +392,88 @@ impl<C: Connection> RedisBackend<C> {
             .await
             .map_err(|e| startup_failure(&self.node, e, urls))?;
         Ok(())
+    }
+
+    /// Asks the server's ACL whether the client's user may run every
+    /// command a lock call sends, on keys and channels under `prefix`
+    /// (`access.lua`; nothing is written). A missing grant is
+    /// `InvalidConfig` at start-up, naming what to grant, rather than a
+    /// refusal at the first contended lock in production, or, for
+    /// SUBSCRIBE, waiters silently slowed to polling. A server too old to
+    /// be asked (before 7.0) passes.
+    pub(crate) async fn check_access(&self, prefix: &str, urls: &[&str]) -> Result<(), Failure> {
+        let key = format!("{prefix}{{%access-check}}");
+        let channel = format!("{key}:released");
+        let commands = self.commands();
+        let mut call = ScriptCall::new(&ACCESS, 2, 2 + commands.len());
+        call.arg(&key).arg(&channel);
+        for (_, words) in &commands {
+            call.arg(*words);
+        }
+        let user = urls
+            .first()
+            .map_or_else(|| "default".to_owned(), |url| user_of(url));
+        let refusal = |missing: String, grant: String| {
+            Failure::permanent(LockError::InvalidConfig {
+                node: self.node.clone(),
+                reason: format!(
+                    "the server's ACL refuses user `{user}` what a lock needs: {missing}; grant it with `ACL SETUSER {user} {grant}` (docs/backends.md gives the least a lock client needs)"
+                ),
+            })
+        };
+        let reply: Option<Vec<String>> = match call.invoke(&mut self.conn.clone()).await {
+            Ok(reply) => reply,
+            // The check itself is refused: the server's words name what.
+            Err(e) if e.code() == Some("NOPERM") => {
+                return Err(refusal(
+                    redact_error(e, urls),
+                    format!("+evalsha +script|load ~{prefix}*"),
+                ));
+            }
+            Err(e) => return Err(startup_failure(&self.node, e, urls)),
+        };
+        let refused = reply.unwrap_or_default();
+        if refused.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = refused
+            .iter()
+            .filter_map(|words| commands.iter().find(|(_, w)| w == words).map(|(name, _)| *name))
+            .collect();
+        let listed = names
+            .iter()
+            .map(|name| format!("`{name}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut grant: Vec<String> = names.iter().map(|name| format!("+{name}")).collect();
+        // The script's keys were let through, its channel was not asked
+        // about: a refused notice may be the channel's.
+        let notices = refused
+            .iter()
+            .any(|words| words.split(' ').any(|word| word == "c"));
+        if notices {
+            grant.push(format!("&{prefix}*"));
+        }
+        let on = if notices {
+            format!(", or not on channels under `{prefix}`")
+        } else {
+            String::new()
+        };
+        Err(refusal(format!("it may not run {listed}{on}"), grant.join(" ")))
+    }
+
+    /// The commands `check_access` asks about: [`COMMANDS`], and those of
+    /// this topology and configuration.
+    fn commands(&self) -> Vec<(&'static str, &'static str)> {
+        let mut commands = COMMANDS.to_vec();
+        match self.topology {
+            Topology::Single(_) | Topology::Sentinel(_) => commands.extend(ONE_NODE_COMMANDS),
+            Topology::Cluster { .. } => commands.extend(CLUSTER_COMMANDS),
+        }
+        if self.acks.is_some() {
+            commands.push(("wait", "WAIT 0 0"));
+        }
+        commands
     }
 
     fn failure(&self, key: &LockKey, e: RedisError) -> Failure {
@@ -932,6 +1065,14 @@ pub(crate) fn open_url(url: &str, tls_root: Option<&[u8]>) -> Result<(redis::Cli
             unparsed_hint(url)
         ))
     })?;
+    // The redis crate's `#insecure` fragment accepts any certificate when
+    // some crate in the build enables its `tls-rustls-insecure`: refused,
+    // as MySQL's `verify_ca=false` is, whatever the build.
+    if let redis::ConnectionAddr::TcpTls { insecure: true, .. } = client.get_connection_info().addr() {
+        return Err(invalid(
+            "`#insecure` would accept any certificate from the server; give a private CA with `tls_root_certificate` instead".into(),
+        ));
+    }
     let node = client.get_connection_info().addr().to_string();
     Ok((client, node))
 }
@@ -973,6 +1114,14 @@ pub(crate) fn startup_failure(node: &str, e: RedisError, urls: &[&str]) -> Failu
     }
 }
 
+/// The ACL user a URL logs in as.
+fn user_of(url: &str) -> String {
+    redis::IntoConnectionInfo::into_connection_info(url)
+        .ok()
+        .and_then(|info| info.redis_settings().username().map(str::to_owned))
+        .unwrap_or_else(|| "default".to_owned())
+}
+
 /// A cluster client's first connections fail as one I/O error whose detail
 /// is the text of a seed's own error: the only place its cause shows.
 fn seeds_cause(e: &RedisError) -> Option<&str> {
@@ -983,9 +1132,21 @@ fn seeds_cause(e: &RedisError) -> Option<&str> {
 /// are the configuration's fault, and retrying cannot fix them: they are
 /// `InvalidConfig`, everything else `Backend`.
 pub(crate) fn connect_error(node: &str, e: RedisError, urls: &[&str]) -> LockError {
-    const REFUSALS: [&str; 4] = ["NOAUTH", "WRONGPASS", "NOPERM", "AuthenticationFailed"];
+    const REFUSALS: [&str; 3] = ["NOAUTH", "WRONGPASS", "AuthenticationFailed"];
+    let forbidden =
+        e.code() == Some("NOPERM") || seeds_cause(&e).is_some_and(|cause| cause.contains("NOPERM"));
+    if forbidden {
+        // The server names the command, key or channel it refused.
+        return LockError::InvalidConfig {
+            node: node.to_owned(),
+            reason: format!(
+                "the server's ACL refuses the client's user what a lock needs ({}); docs/backends.md gives the least a lock client needs",
+                redact_error(e, urls)
+            ),
+        };
+    }
     let refused = e.kind() == ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
         || seeds_cause(&e).is_some_and(|cause| REFUSALS.iter().any(|code| cause.contains(code)));
     if refused {
         return LockError::InvalidConfig {
@@ -1033,5 +1194,27 @@ mod without_the_feature {
             }
             other => panic!("expected InvalidConfig, got {other:?}"),
         }
+    }
+}
+
+#[cfg(all(test, feature = "tls"))]
+mod with_the_feature {
+    use super::open_url;
+    use crate::error::LockError;
+
+    #[test]
+    fn insecure_tls_is_refused_without_showing_the_password() {
+        match open_url("rediss://app:Zq7secretWv3@127.0.0.1:6380/#insecure", None) {
+            Err(LockError::InvalidConfig { node, reason }) => {
+                assert!(reason.contains("`#insecure`"), "{reason}");
+                assert!(reason.contains("tls_root_certificate"), "{reason}");
+                assert!(
+                    !format!("{node} {reason}").contains("Zq7secretWv3"),
+                    "{node} {reason}"
+                );
+            }
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
+        assert!(open_url("rediss://app:Zq7secretWv3@127.0.0.1:6380/", None).is_ok());
     }
 }

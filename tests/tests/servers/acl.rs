@@ -1,0 +1,80 @@
+//! Redis behind its least-privilege ACL (#58): the rules docs/backends.md
+//! gives operators are the ones the behaviour, kinds and election suites
+//! run as (`LOCK_USER_RULES`, each server checking on drop that it refused
+//! nothing), and a user missing any one grant is refused at start-up by an
+//! error that names it, not at the first lock in production.
+
+use lock_runtime::{LockClient, LockError};
+use lock_tests::{LOCK_USER, LOCK_USER_CLUSTER_RULES, LOCK_USER_RULES, RedisServer};
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn the_documented_acl_is_the_one_the_tests_run_as() {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/backends.md"))
+        .expect("read docs/backends.md");
+    let docs = one_line(&docs);
+    for rules in [LOCK_USER_RULES, LOCK_USER_CLUSTER_RULES] {
+        assert!(
+            docs.contains(&one_line(rules)),
+            "docs/backends.md does not give the ACL the tests run as: {rules}"
+        );
+    }
+}
+
+/// Changes the lock user's ACL through the harness's default user.
+fn set_user(server: &RedisServer, rules: &str) {
+    let mut command = redis::cmd("ACL");
+    command
+        .arg("SETUSER")
+        .arg(LOCK_USER)
+        .arg(rules.split_whitespace().collect::<Vec<_>>());
+    server.query::<()>(&mut command);
+}
+
+async fn refusal(server: &RedisServer) -> String {
+    match LockClient::connect(&server.lock_user_url()).await {
+        Err(LockError::InvalidConfig { reason, .. }) => reason,
+        Err(other) => panic!("a missing grant is a configuration error, got {other}"),
+        Ok(_) => panic!("a client without a needed grant started"),
+    }
+}
+
+#[tokio::test]
+async fn a_user_missing_a_grant_is_refused_at_start_up_by_name() {
+    let server = RedisServer::start_with_lock_user("");
+    LockClient::connect(&server.lock_user_url())
+        .await
+        .expect("the documented ACL is enough to start");
+    let grants: Vec<&str> = LOCK_USER_RULES
+        .split_whitespace()
+        .filter_map(|rule| rule.strip_prefix('+'))
+        .collect();
+    assert_eq!(grants.len(), 24, "every command of the documented ACL is tried");
+    for command in grants {
+        set_user(&server, &format!("-{command}"));
+        let reason = refusal(&server).await;
+        // Named as a grant to add, or in the server's own refusal.
+        assert!(
+            reason.contains(&format!("+{command}")) || reason.contains(&format!("'{command}'")),
+            "without `{command}`: {reason}"
+        );
+        set_user(&server, &format!("+{command}"));
+    }
+    for (narrowed, shown, restored) in [
+        ("resetkeys ~other:*", "~lock:*", "resetkeys ~lock:*"),
+        ("resetchannels &other:*", "&lock:*", "resetchannels &lock:*"),
+    ] {
+        set_user(&server, narrowed);
+        let reason = refusal(&server).await;
+        assert!(reason.contains(shown), "with `{narrowed}`: {reason}");
+        set_user(&server, restored);
+    }
+    LockClient::connect(&server.lock_user_url())
+        .await
+        .expect("the ACL restored is enough again");
+    // The refusals above were asked for: the server's drop must not count them.
+    server.query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
+}
