@@ -422,6 +422,24 @@ impl LockClientBuilder {
         self
     }
 
+    /// The certificate and private key (PEM) the ZooKeeper client shows an
+    /// ensemble that asks for one (`ssl.clientAuth=need`, ZooKeeper's
+    /// default on its `secureClientPort`). Needs `tcp+tls://` members and
+    /// the `tls` feature. A certificate or key that does not parse is
+    /// `InvalidConfig`; the key never shows in an error or a `Debug`.
+    #[cfg(all(feature = "zookeeper", feature = "tls"))]
+    pub fn zookeeper_client_certificate(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.config.zookeeper_client_certificate = Some(crate::config::ClientCertificate {
+            certificate: certificate_pem.into().into(),
+            key: key_pem.into().into(),
+        });
+        self
+    }
+
     /// The etcd key prefix under which lock lines live (default
     /// `/distributed-locks`), without a trailing `/`.
     #[cfg(feature = "etcd")]
@@ -711,12 +729,12 @@ impl LockClientBuilder {
             .one_connection();
         if !self.config.lazy {
             // Asks Sentinel for the master, connects, checks the credentials.
-            when_ready(&name, self.config.startup_timeout, || async {
+            let readable = when_ready(&name, self.config.startup_timeout, || async {
                 backend.verify(&seeds).await?;
                 backend.check_access(&self.config.prefix, &seeds).await
             })
             .await?;
-            backend.check_eviction_policy().await;
+            backend.check_eviction_policy(readable).await;
         }
         let notifier = Notifier::over(vec![backend.topology().clone()], self.config.command_timeout);
         Ok(self.build(AnyBackend::Sentinel(backend), notifier, name))
@@ -773,7 +791,8 @@ impl LockClientBuilder {
             c.command_timeout,
             c.zookeeper_identity.clone(),
             c.zookeeper_readable_by_anyone,
-        )?;
+        )?
+        .secured(c.tls_root.as_deref(), c.zookeeper_client_certificate.as_ref())?;
         if !c.lazy {
             when_ready(backend.node(), c.startup_timeout, || backend.verify()).await?;
         }

@@ -80,7 +80,7 @@ impl std::fmt::Debug for EtcdUser {
 
 /// A client certificate and its private key (PEM), for servers that ask
 /// clients for one (mutual TLS).
-#[cfg(feature = "etcd")]
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
 #[derive(Clone)]
 // Without `tls` nothing sets one (the builder's method needs the feature).
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
@@ -89,7 +89,7 @@ pub(crate) struct ClientCertificate {
     pub(crate) key: Arc<[u8]>,
 }
 
-#[cfg(feature = "etcd")]
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
 impl std::fmt::Debug for ClientCertificate {
     // By hand: the private key never shows.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -149,6 +149,9 @@ pub(crate) struct ClientConfig {
     /// With an identity: anyone may read the lock nodes.
     #[cfg(feature = "zookeeper")]
     pub(crate) zookeeper_readable_by_anyone: bool,
+    /// The certificate the ZooKeeper client shows a `tcp+tls://` ensemble.
+    #[cfg(feature = "zookeeper")]
+    pub(crate) zookeeper_client_certificate: Option<ClientCertificate>,
     /// The key prefix under which every etcd lock's line lives.
     #[cfg(feature = "etcd")]
     pub(crate) etcd_root: String,
@@ -192,6 +195,8 @@ impl Default for ClientConfig {
             zookeeper_identity: None,
             #[cfg(feature = "zookeeper")]
             zookeeper_readable_by_anyone: false,
+            #[cfg(feature = "zookeeper")]
+            zookeeper_client_certificate: None,
             #[cfg(feature = "etcd")]
             etcd_root: DEFAULT_ETCD_ROOT.into(),
             #[cfg(feature = "etcd")]

@@ -6,7 +6,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::proxy::Proxy;
-use crate::server::{RedisServer, free_port, redis_server_binary, spawn_owned};
+use crate::server::{
+    LOCK_USER, LOCK_USER_PASSWORD, LOCK_USER_SENTINEL_MASTER_RULES, LOCK_USER_SENTINEL_RULES, RedisServer,
+    free_port, lock_user_arguments, redis_server_binary, spawn_owned,
+};
 
 /// The name the sentinels know the master by.
 pub const MASTER_NAME: &str = "lockmaster";
@@ -38,12 +41,30 @@ impl Drop for SentinelProcess {
 impl Replicated {
     /// A master with `replicas` replicas, without sentinels.
     pub fn start_without_sentinels(replicas: usize) -> Replicated {
+        Self::start_nodes(replicas, false)
+    }
+
+    /// Every node, audited, with the ACL user [`LOCK_USER`](crate::LOCK_USER)
+    /// given [`LOCK_USER_RULES`](crate::LOCK_USER_RULES) and
+    /// [`LOCK_USER_SENTINEL_MASTER_RULES`], when `lock_user`.
+    fn start_nodes(replicas: usize, lock_user: bool) -> Replicated {
+        let user = if lock_user {
+            lock_user_arguments(LOCK_USER_SENTINEL_MASTER_RULES)
+        } else {
+            Vec::new()
+        };
+        let start = |extra: &[&str]| {
+            let mut arguments: Vec<&str> = extra.to_vec();
+            arguments.extend(user.iter().map(String::as_str));
+            let node = RedisServer::start_with(&arguments);
+            if lock_user { node.audited() } else { node }
+        };
         // No 5 s pause before the first sync (the default waits for more
         // replicas to join it).
-        let master = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]);
+        let master = start(&["--repl-diskless-sync-delay", "0"]);
         let replicaof = master.port().to_string();
         let replicas = (0..replicas)
-            .map(|_| RedisServer::start_with(&["--replicaof", "127.0.0.1", &replicaof]))
+            .map(|_| start(&["--replicaof", "127.0.0.1", &replicaof]))
             .collect();
         let replicated = Replicated {
             master,
@@ -61,7 +82,9 @@ impl Replicated {
     /// its link is up, and fail over again and again (seen with 500 ms).
     pub fn start(replicas: usize) -> Replicated {
         let mut replicated = Replicated::start_without_sentinels(replicas);
-        replicated.sentinels = (0..3).map(|_| start_sentinel(replicated.master.port())).collect();
+        replicated.sentinels = (0..3)
+            .map(|_| start_sentinel(replicated.master.port(), ""))
+            .collect();
         replicated.wait_for_sentinels(Duration::from_secs(30));
         replicated
     }
@@ -71,8 +94,31 @@ impl Replicated {
     /// not wait the seconds the sentinels take to find each other.
     pub fn start_named(replicas: usize) -> Replicated {
         let mut replicated = Replicated::start_without_sentinels(replicas);
-        replicated.sentinels = (0..3).map(|_| start_sentinel(replicated.master.port())).collect();
+        replicated.sentinels = (0..3)
+            .map(|_| start_sentinel(replicated.master.port(), ""))
+            .collect();
         replicated
+    }
+
+    /// [`start_named`](Self::start_named), every node and sentinel with
+    /// the least-privilege ACL user of docs/backends.md, which
+    /// [`lock_user_sentinel_urls`](Self::lock_user_sentinel_urls) log in as.
+    pub fn start_named_with_lock_user(replicas: usize) -> Replicated {
+        let mut replicated = Replicated::start_nodes(replicas, true);
+        let user = format!("user {LOCK_USER} on >{LOCK_USER_PASSWORD} {LOCK_USER_SENTINEL_RULES}\n");
+        replicated.sentinels = (0..3)
+            .map(|_| start_sentinel(replicated.master.port(), &user))
+            .collect();
+        replicated
+    }
+
+    /// The sentinels' URLs as the lock user of
+    /// [`start_named_with_lock_user`](Self::start_named_with_lock_user).
+    pub fn lock_user_sentinel_urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("redis://{LOCK_USER}:{LOCK_USER_PASSWORD}@127.0.0.1:{}/", s.port))
+            .collect()
     }
 
     /// `redis://127.0.0.1:<port>/` of every sentinel.
@@ -206,7 +252,8 @@ fn node_role(node: &RedisServer) -> Option<String> {
     redis::from_redis_value_ref::<String>(role.first()?).ok()
 }
 
-fn start_sentinel(master_port: u16) -> SentinelProcess {
+/// `more`: further lines of its configuration.
+fn start_sentinel(master_port: u16, more: &str) -> SentinelProcess {
     let dir = tempfile::tempdir().expect("sentinel dir");
     for _ in 0..20 {
         let port = free_port();
@@ -218,7 +265,7 @@ fn start_sentinel(master_port: u16) -> SentinelProcess {
                  sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
                  sentinel down-after-milliseconds {MASTER_NAME} 2000\n\
                  sentinel failover-timeout {MASTER_NAME} 30000\n\
-                 sentinel parallel-syncs {MASTER_NAME} 1\n"
+                 sentinel parallel-syncs {MASTER_NAME} 1\n{more}"
             ),
         )
         .expect("write sentinel.conf");
@@ -258,6 +305,16 @@ fn start_sentinel(master_port: u16) -> SentinelProcess {
         let _ = child.wait();
     }
     panic!("could not start a sentinel on any free port");
+}
+
+/// [`client`] as the lock user of
+/// [`Replicated::start_named_with_lock_user`].
+pub async fn lock_user_client(group: &Replicated) -> lock_runtime::LockClient {
+    lock_runtime::LockClient::builder()
+        .replica_acks(1)
+        .sentinel(MASTER_NAME, group.lock_user_sentinel_urls())
+        .await
+        .expect("connect through the test sentinels as the lock user")
 }
 
 /// A client that finds `group`'s master through its sentinels and has

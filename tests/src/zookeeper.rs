@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::server::{free_port, free_ports, spawn_owned};
+use crate::server::{free_ports, spawn_owned};
 
 /// The server's tick: sessions are granted between 2 and 200 ticks.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -51,12 +51,20 @@ pub async fn client(zk: &ZooKeeper) -> lock_runtime::LockClient {
 }
 
 /// Where Debian's `zookeeper` package puts its jars and their dependencies.
-const JARS: [&str; 8] = [
+/// Netty (for the TLS port, whose server needs `NettyServerCnxnFactory`)
+/// jar by jar: Debian's `netty-all.jar` holds no classes.
+const JARS: [&str; 14] = [
     "zookeeper.jar",
     "zookeeper-jute.jar",
     "slf4j-api.jar",
     "slf4j-nop.jar",
-    "netty-all.jar",
+    "netty-buffer.jar",
+    "netty-codec.jar",
+    "netty-common.jar",
+    "netty-handler.jar",
+    "netty-resolver.jar",
+    "netty-transport.jar",
+    "netty-transport-native-unix-common.jar",
     "commons-cli.jar",
     "metrics-core.jar",
     "snappy-java.jar",
@@ -82,6 +90,8 @@ fn classpath() -> String {
 struct Member {
     child: Option<Child>,
     port: u16,
+    /// The TLS port, when the server serves one.
+    secure_port: u16,
     dir: PathBuf,
     /// `QuorumPeerMain` for an ensemble member, else `ZooKeeperServerMain`.
     quorum: bool,
@@ -155,6 +165,8 @@ impl Member {
 #[derive(Debug)]
 pub struct ZooKeeper {
     members: Vec<Member>,
+    /// Whether it serves TLS too ([`ZooKeeper::start_with_tls`]).
+    tls: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -181,7 +193,8 @@ fn monitor_values(port: u16) -> Option<std::collections::HashMap<String, String>
     )
 }
 
-fn write_config(dir: &Path, port: u16, peers: &[(u16, u16)]) {
+/// `extra`: further lines of `zoo.cfg`.
+fn write_config(dir: &Path, port: u16, peers: &[(u16, u16)], extra: &str) {
     std::fs::create_dir_all(dir.join("data")).expect("data dir");
     let mut cfg = format!(
         "tickTime={}\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
@@ -196,25 +209,64 @@ fn write_config(dir: &Path, port: u16, peers: &[(u16, u16)]) {
     for (i, (quorum, election)) in peers.iter().enumerate() {
         cfg.push_str(&format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1));
     }
+    cfg.push_str(extra);
     std::fs::write(dir.join("zoo.cfg"), cfg).expect("zoo.cfg");
 }
 
 impl ZooKeeper {
     /// One standalone server on a free port, with a fresh data directory.
     pub fn start() -> ZooKeeper {
+        Self::start_standalone(|_| String::new())
+    }
+
+    /// One standalone server that also serves TLS, on a second port
+    /// ([`tls_connect_string`](Self::tls_connect_string)): its certificate
+    /// is `certs`' `server.crt` (from [`make_certificates`](crate::make_certificates)),
+    /// and with `client_auth` it lets in only clients showing a
+    /// certificate from that CA (ZooKeeper's default on a secure port).
+    /// The plain port stays, for the harness's probes.
+    pub fn start_with_tls(certs: &Path, client_auth: bool) -> ZooKeeper {
+        // ZooKeeper's PEM key store takes the key and its certificate in
+        // one file.
+        let key = std::fs::read_to_string(certs.join("server.key")).expect("read server.key");
+        let certificate = std::fs::read_to_string(certs.join("server.crt")).expect("read server.crt");
+        let key_store = certs.join("server-key-store.pem");
+        std::fs::write(&key_store, format!("{key}{certificate}")).expect("write the key store");
+        let trust_store = certs.join("ca.crt");
+        let mut zk = Self::start_standalone(|secure_port| {
+            format!(
+                "secureClientPort={secure_port}\n\
+                 serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                 ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+                 ssl.trustStore.location={}\nssl.trustStore.type=PEM\n\
+                 ssl.clientAuth={}\nssl.hostnameVerification=false\n",
+                key_store.display(),
+                trust_store.display(),
+                if client_auth { "need" } else { "none" },
+            )
+        });
+        zk.tls = true;
+        zk
+    }
+
+    /// `config(secure_port)` gives `zoo.cfg`'s further lines.
+    fn start_standalone(config: impl Fn(u16) -> String) -> ZooKeeper {
         let dir = tempfile::tempdir().expect("temp dir for ZooKeeper");
         let mut zk = ZooKeeper {
             members: Vec::new(),
+            tls: false,
             _dir: dir,
         };
         // A port found free can be taken before the server binds it: retry.
         for attempt in 0..20 {
-            let port = free_port();
+            let ports = free_ports(2);
+            let (port, secure_port) = (ports[0], ports[1]);
             let member_dir = zk._dir.path().join(format!("standalone-{attempt}"));
-            write_config(&member_dir, port, &[]);
+            write_config(&member_dir, port, &[], &config(secure_port));
             let mut member = Member {
                 child: None,
                 port,
+                secure_port,
                 dir: member_dir,
                 quorum: false,
             };
@@ -238,18 +290,23 @@ impl ZooKeeper {
         let mut members = Vec::new();
         for (i, port) in ports.iter().enumerate() {
             let member_dir = dir.path().join(format!("member-{}", i + 1));
-            write_config(&member_dir, *port, &peers);
+            write_config(&member_dir, *port, &peers, "");
             std::fs::write(member_dir.join("data").join("myid"), format!("{}\n", i + 1)).expect("myid");
             let mut member = Member {
                 child: None,
                 port: *port,
+                secure_port: 0,
                 dir: member_dir,
                 quorum: true,
             };
             member.spawn().unwrap_or_else(|e| panic!("{e}"));
             members.push(member);
         }
-        let mut zk = ZooKeeper { members, _dir: dir };
+        let mut zk = ZooKeeper {
+            members,
+            tls: false,
+            _dir: dir,
+        };
         assert!(
             zk.wait_until_serving(&[0, 1, 2]),
             "the 3-node ZooKeeper ensemble did not form within 60 s (ports {ports:?}, peers {peers:?})"
@@ -286,6 +343,13 @@ impl ZooKeeper {
             .map(|m| format!("127.0.0.1:{}", m.port))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// The connect string of the TLS port of a server started with
+    /// [`start_with_tls`](Self::start_with_tls): `tcp+tls://127.0.0.1:p`.
+    pub fn tls_connect_string(&self) -> String {
+        assert!(self.tls, "this ZooKeeper serves no TLS");
+        format!("tcp+tls://127.0.0.1:{}", self.members[0].secure_port)
     }
 
     /// The client port of member `i`.

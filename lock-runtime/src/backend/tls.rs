@@ -3,16 +3,22 @@
 //! it, a clear error instead of a connection that cannot work.
 
 #[cfg(feature = "tls")]
-pub(crate) fn open(url: &str, tls_root: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
+pub(crate) fn open(
+    info: redis::ConnectionInfo,
+    tls_root: Option<&[u8]>,
+) -> redis::RedisResult<redis::Client> {
     install_tls_provider();
     match tls_root {
-        Some(pem) => redis::Client::build_with_tls(url, tls_certificates(pem)),
-        None => redis::Client::open(url),
+        Some(pem) => redis::Client::build_with_tls(info, tls_certificates(pem)),
+        None => redis::Client::open(info),
     }
 }
 
 #[cfg(not(feature = "tls"))]
-pub(crate) fn open(_url: &str, _tls_root: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
+pub(crate) fn open(
+    _info: redis::ConnectionInfo,
+    _tls_root: Option<&[u8]>,
+) -> redis::RedisResult<redis::Client> {
     Err(redis::RedisError::from((
         redis::ErrorKind::InvalidClientConfig,
         "`rediss://` needs TLS support",
@@ -40,7 +46,12 @@ pub(crate) fn tls_certificates(root_pem: &[u8]) -> redis::TlsCertificates {
 /// PEM in the message.
 #[cfg(all(
     feature = "tls",
-    any(feature = "mysql", feature = "postgres", feature = "etcd")
+    any(
+        feature = "mysql",
+        feature = "postgres",
+        feature = "etcd",
+        feature = "zookeeper"
+    )
 ))]
 fn certificates_of(
     pem: &[u8],
@@ -149,9 +160,6 @@ pub(crate) fn etcd_with_tls(
     root_pem: Option<&[u8]>,
     certificate: Option<&crate::config::ClientCertificate>,
 ) -> Result<etcd_client::ConnectOptions, String> {
-    use rustls::pki_types::PrivateKeyDer;
-    use rustls::pki_types::pem::PemObject;
-
     install_tls_provider();
     let mut tls = etcd_client::TlsOptions::new();
     match root_pem {
@@ -162,21 +170,72 @@ pub(crate) fn etcd_with_tls(
         None => tls = tls.with_native_roots(),
     }
     if let Some(certificate) = certificate {
-        certificates_of(&certificate.certificate, "the client certificate")?;
-        // The key's own error could quote it: say only what kind it was.
-        PrivateKeyDer::from_pem_slice(&certificate.key).map_err(|e| {
-            let kind = match e {
-                rustls::pki_types::pem::Error::NoItemsFound => "holds no private key",
-                _ => "is not a PEM private key",
-            };
-            format!("the client certificate's key {kind}")
-        })?;
+        client_certificate_problem(certificate)?;
         tls = tls.identity(etcd_client::Identity::from_pem(
             &certificate.certificate,
             &certificate.key,
         ));
     }
     Ok(options.with_tls(tls))
+}
+
+/// Why a client certificate and its key cannot be used, if they cannot.
+#[cfg(all(feature = "tls", any(feature = "etcd", feature = "zookeeper")))]
+fn client_certificate_problem(certificate: &crate::config::ClientCertificate) -> Result<(), String> {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject;
+
+    certificates_of(&certificate.certificate, "the client certificate")?;
+    // The key's own error could quote it: say only what kind it was.
+    PrivateKeyDer::from_pem_slice(&certificate.key).map_err(|e| {
+        let kind = match e {
+            rustls::pki_types::pem::Error::NoItemsFound => "holds no private key",
+            _ => "is not a PEM private key",
+        };
+        format!("the client certificate's key {kind}")
+    })?;
+    Ok(())
+}
+
+/// The TLS options of a ZooKeeper client with `tcp+tls://` members: the
+/// ensemble verified against `root_pem`, which is required (the
+/// ZooKeeper client reads no system roots, and ZooKeeper's TLS is served
+/// with a private CA), and `certificate` shown to an ensemble that asks
+/// for one. Parsed here, so that a bad PEM is refused before any
+/// connection, by a message that never quotes the key.
+#[cfg(all(feature = "tls", feature = "zookeeper"))]
+pub(crate) fn zookeeper_tls(
+    root_pem: Option<&[u8]>,
+    certificate: Option<&crate::config::ClientCertificate>,
+) -> Result<zookeeper_client::TlsOptions, String> {
+    // The ZooKeeper client builds its rustls configuration with the
+    // process's provider; two are built in, so one must be installed.
+    install_tls_provider();
+    let Some(root_pem) = root_pem else {
+        return Err(
+            "ZooKeeper over TLS needs the certificate of the CA that signed the servers' (`tls_root_certificate`): the ZooKeeper client reads no system roots"
+                .into(),
+        );
+    };
+    certificates_of(root_pem, "the root certificate")?;
+    let text = |pem: &[u8], what: &str| {
+        std::str::from_utf8(pem)
+            .map(str::to_owned)
+            .map_err(|_| format!("{what} is not PEM text"))
+    };
+    let mut tls = zookeeper_client::TlsOptions::new()
+        .with_pem_ca(&text(root_pem, "the root certificate")?)
+        .map_err(|e| format!("the root certificate: {e}"))?;
+    if let Some(certificate) = certificate {
+        client_certificate_problem(certificate)?;
+        tls = tls
+            .with_pem_identity(
+                &text(&certificate.certificate, "the client certificate")?,
+                &text(&certificate.key, "the client certificate's key")?,
+            )
+            .map_err(|_| "the client certificate or its key was refused".to_owned())?;
+    }
+    Ok(tls)
 }
 
 #[cfg(all(not(feature = "tls"), feature = "etcd"))]

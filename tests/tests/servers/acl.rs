@@ -5,7 +5,10 @@
 //! error that names it, not at the first lock in production.
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{LOCK_USER, LOCK_USER_CLUSTER_RULES, LOCK_USER_RULES, RedisServer};
+use lock_tests::{
+    Cluster, LOCK_USER, LOCK_USER_CLUSTER_RULES, LOCK_USER_RULES, LOCK_USER_SENTINEL_MASTER_RULES,
+    LOCK_USER_SENTINEL_RULES, RedisServer,
+};
 
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -16,7 +19,12 @@ fn the_documented_acl_is_the_one_the_tests_run_as() {
     let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/backends.md"))
         .expect("read docs/backends.md");
     let docs = one_line(&docs);
-    for rules in [LOCK_USER_RULES, LOCK_USER_CLUSTER_RULES] {
+    for rules in [
+        LOCK_USER_RULES,
+        LOCK_USER_CLUSTER_RULES,
+        LOCK_USER_SENTINEL_MASTER_RULES,
+        LOCK_USER_SENTINEL_RULES,
+    ] {
         assert!(
             docs.contains(&one_line(rules)),
             "docs/backends.md does not give the ACL the tests run as: {rules}"
@@ -34,12 +42,29 @@ fn set_user(server: &RedisServer, rules: &str) {
     server.query::<()>(&mut command);
 }
 
-async fn refusal(server: &RedisServer) -> String {
-    match LockClient::connect(&server.lock_user_url()).await {
+fn reason(started: Result<LockClient, LockError>) -> String {
+    match started {
         Err(LockError::InvalidConfig { reason, .. }) => reason,
         Err(other) => panic!("a missing grant is a configuration error, got {other}"),
         Ok(_) => panic!("a client without a needed grant started"),
     }
+}
+
+async fn refusal(server: &RedisServer) -> String {
+    reason(LockClient::connect(&server.lock_user_url()).await)
+}
+
+/// Named as a grant to add, or in the server's own refusal.
+fn names(reason: &str, command: &str) -> bool {
+    reason.contains(&format!("+{command}")) || reason.contains(&format!("'{command}'"))
+}
+
+/// The `+command` grants of `rules`.
+fn grants(rules: &str) -> Vec<&str> {
+    rules
+        .split_whitespace()
+        .filter_map(|rule| rule.strip_prefix('+'))
+        .collect()
 }
 
 #[tokio::test]
@@ -48,19 +73,12 @@ async fn a_user_missing_a_grant_is_refused_at_start_up_by_name() {
     LockClient::connect(&server.lock_user_url())
         .await
         .expect("the documented ACL is enough to start");
-    let grants: Vec<&str> = LOCK_USER_RULES
-        .split_whitespace()
-        .filter_map(|rule| rule.strip_prefix('+'))
-        .collect();
+    let grants = grants(LOCK_USER_RULES);
     assert_eq!(grants.len(), 24, "every command of the documented ACL is tried");
     for command in grants {
         set_user(&server, &format!("-{command}"));
         let reason = refusal(&server).await;
-        // Named as a grant to add, or in the server's own refusal.
-        assert!(
-            reason.contains(&format!("+{command}")) || reason.contains(&format!("'{command}'")),
-            "without `{command}`: {reason}"
-        );
+        assert!(names(&reason, command), "without `{command}`: {reason}");
         set_user(&server, &format!("+{command}"));
     }
     for (narrowed, shown, restored) in [
@@ -72,9 +90,41 @@ async fn a_user_missing_a_grant_is_refused_at_start_up_by_name() {
         assert!(reason.contains(shown), "with `{narrowed}`: {reason}");
         set_user(&server, restored);
     }
+    // A database other than 0 needs SELECT.
+    let database_one = format!("{}1", server.lock_user_url());
+    let reason = reason(LockClient::connect(&database_one).await);
+    assert!(names(&reason, "select"), "database 1 without `select`: {reason}");
+    set_user(&server, "+select");
+    LockClient::connect(&database_one)
+        .await
+        .expect("with `select`, database 1");
     LockClient::connect(&server.lock_user_url())
         .await
         .expect("the ACL restored is enough again");
     // The refusals above were asked for: the server's drop must not count them.
     server.query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
+}
+
+#[tokio::test]
+async fn a_cluster_user_missing_a_grant_is_refused_at_start_up_by_name() {
+    let cluster = Cluster::start_with_lock_user(3, 0);
+    let connect = || LockClient::cluster(cluster.lock_user_urls());
+    connect()
+        .await
+        .expect("the documented cluster ACL is enough to start");
+    for command in grants(LOCK_USER_CLUSTER_RULES) {
+        // ACLs are each node's own: taken away on every node.
+        for node in &cluster.nodes {
+            set_user(node, &format!("-{command}"));
+        }
+        let reason = reason(connect().await);
+        assert!(names(&reason, command), "without `{command}`: {reason}");
+        for node in &cluster.nodes {
+            set_user(node, &format!("+{command}"));
+        }
+    }
+    connect().await.expect("the ACL restored is enough again");
+    for node in &cluster.nodes {
+        node.query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
+    }
 }

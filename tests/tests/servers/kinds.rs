@@ -89,10 +89,11 @@ async fn redlock() -> Fixture {
     }
 }
 
+/// As the least-privilege ACL user, on the nodes and the sentinels.
 async fn sentinel() -> Fixture {
-    let group = Replicated::start_named(1);
+    let group = Replicated::start_named_with_lock_user(1);
     Fixture {
-        locks: lock_tests::sentinel::client(&group).await,
+        locks: lock_tests::sentinel::lock_user_client(&group).await,
         servers: Servers::Sentinel(group),
     }
 }
@@ -131,7 +132,7 @@ impl Fixture {
                 let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
                 LockClient::redlock(&urls).await.expect("redlock client")
             }
-            Servers::Sentinel(group) => lock_tests::sentinel::client(group).await,
+            Servers::Sentinel(group) => lock_tests::sentinel::lock_user_client(group).await,
             Servers::Mysql(server) => LockClient::mysql(&server.url()).await.expect("mysql client"),
             Servers::ZooKeeper(zk) => zookeeper_client(zk).await,
             Servers::Etcd(etcd) => lock_tests::etcd::client(etcd).await,

@@ -377,27 +377,144 @@ async fn etcd_over_mutual_tls_with_a_private_ca() {
             !format!("{locks:?}").contains(&key_body),
             "the client's Debug shows the key"
         );
-        let guard = locks
-            .lock("tls:1")
-            .fencing(true)
-            .acquire()
-            .await
-            .expect("lock over TLS");
-        assert!(guard.fencing_token().is_some());
         let other = secured().etcd(&endpoints).await.expect("a second client");
-        let waiting = tokio::spawn(async move {
-            other
-                .lock("tls:1")
-                .wait(Duration::from_secs(10))
-                .run(async {})
-                .await
-        });
-        guard.release().await.expect("release over TLS");
-        tokio::time::timeout(Duration::from_secs(15), waiting)
+        fenced_lock_handed_over(&locks, other).await;
+    })
+    .await
+}
+
+/// `locks` takes a fenced lock over TLS, `other` waits for it, refused
+/// while it is held, and gets it once it is released.
+async fn fenced_lock_handed_over(locks: &LockClient, other: LockClient) {
+    let guard = locks
+        .lock("tls:1")
+        .fencing(true)
+        .acquire()
+        .await
+        .expect("lock over TLS");
+    assert!(guard.fencing_token().is_some());
+    let busy = other
+        .lock("tls:1")
+        .wait(Duration::from_millis(300))
+        .run(async {})
+        .await;
+    assert!(matches!(busy, Err(LockError::Timeout { .. })), "{busy:?}");
+    let waiting = tokio::spawn(async move {
+        other
+            .lock("tls:1")
+            .wait(Duration::from_secs(10))
+            .run(async {})
             .await
-            .expect("the waiter got in")
-            .expect("join")
-            .expect("lock after release");
+    });
+    guard.release().await.expect("release over TLS");
+    tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("the waiter got in")
+        .expect("join")
+        .expect("lock after release");
+}
+
+/// ZooKeeper's `secureClientPort` (Netty, PEM key and trust stores), asking
+/// clients for a certificate, as ZooKeeper does by default there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_over_mutual_tls_with_a_private_ca() {
+    lock_tests::bounded("zookeeper_over_mutual_tls_with_a_private_ca", async move {
+        let certs = tempfile::tempdir().expect("cert dir");
+        make_certificates(certs.path());
+        make_client_certificate(certs.path(), "locks");
+        let read = |name: &str| std::fs::read(certs.path().join(name)).expect("read a certificate file");
+        let zk = lock_tests::ZooKeeper::start_with_tls(certs.path(), true);
+        let connect = zk.tls_connect_string();
+        let (ca, cert, key) = (read("ca.crt"), read("locks.crt"), read("locks.key"));
+        let key_text = String::from_utf8(key.clone()).expect("PEM is text");
+        let key_body = key_text.lines().nth(1).expect("a key line").to_owned();
+        let quick = || {
+            LockClient::builder()
+                .command_timeout(Duration::from_secs(2))
+                .startup_timeout(Duration::from_secs(3))
+        };
+        let refused_at_once = |what: &str, err: &LockError| {
+            assert!(matches!(err, LockError::InvalidConfig { .. }), "{what}: {err}");
+            let shown = format!("{err} {err:?}");
+            assert!(
+                !shown.contains(&key_body),
+                "{what}: the private key shows: {shown}"
+            );
+        };
+
+        // Refused before any connection.
+        let err = quick()
+            .zookeeper_client_certificate(cert.clone(), key.clone())
+            .zookeeper(&connect)
+            .await
+            .expect_err("TLS without the CA");
+        refused_at_once("no CA", &err);
+        assert!(err.to_string().contains("tls_root_certificate"), "{err}");
+        let mixed = format!("{connect},127.0.0.1:{}", zk.port(0));
+        let err = quick()
+            .tls_root_certificate(ca.clone())
+            .zookeeper(&mixed)
+            .await
+            .expect_err("mixed members");
+        refused_at_once("mixed members", &err);
+        let err = quick()
+            .tls_root_certificate(ca.clone())
+            .zookeeper_client_certificate(cert.clone(), key.clone())
+            .zookeeper(&zk.connect_string())
+            .await
+            .expect_err("a certificate without TLS");
+        refused_at_once("a certificate to a plain member", &err);
+        let mut broken_key = key.clone();
+        broken_key.truncate(key.len() / 2);
+        let err = quick()
+            .tls_root_certificate(ca.clone())
+            .zookeeper_client_certificate(cert.clone(), broken_key)
+            .zookeeper(&connect)
+            .await
+            .expect_err("half a key");
+        refused_at_once("half a key", &err);
+        assert!(err.to_string().contains("key"), "{err}");
+        let err = quick()
+            .tls_root_certificate(ca.clone())
+            .zookeeper("tcp+tls://bad_host!:2281")
+            .await
+            .expect_err("a host no certificate can name");
+        refused_at_once("a bad host", &err);
+
+        // The server's certificate from another CA, and no certificate of
+        // our own: neither gets a session.
+        let other = tempfile::tempdir().expect("cert dir");
+        make_certificates(other.path());
+        let other_ca = std::fs::read(other.path().join("ca.crt")).expect("read the other CA");
+        let err = quick()
+            .tls_root_certificate(other_ca)
+            .zookeeper_client_certificate(cert.clone(), key.clone())
+            .zookeeper(&connect)
+            .await
+            .expect_err("a server certificate from another CA");
+        assert!(err.to_string().contains("no available hosts"), "{err}");
+        quick()
+            .tls_root_certificate(ca.clone())
+            .zookeeper(&connect)
+            .await
+            .expect_err("a client without a certificate");
+
+        let secured = || {
+            quick()
+                .tls_root_certificate(ca.clone())
+                .zookeeper_client_certificate(cert.clone(), key.clone())
+        };
+        let builder = secured();
+        assert!(
+            !format!("{builder:?}").contains(&key_body),
+            "the builder's Debug shows the key"
+        );
+        let locks = builder
+            .zookeeper(&connect)
+            .await
+            .expect("CA and client certificate");
+        let other = secured().zookeeper(&connect).await.expect("a second client");
+        fenced_lock_handed_over(&locks, other).await;
     })
     .await
 }

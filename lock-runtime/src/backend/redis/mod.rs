@@ -111,6 +111,11 @@ const ONE_NODE_COMMANDS: [(&str, &str); 3] = [
     ("unsubscribe", "UNSUBSCRIBE c"),
 ];
 
+/// Commands the client does without when refused: the eviction-policy
+/// check's (which then warns that it could not verify the policy, rather
+/// than leave a refusal in the server's ACL log at every start).
+const OPTIONAL_COMMANDS: [(&str, &str); 1] = [("config|get", "CONFIG GET maxmemory-policy")];
+
 /// Release notices on a cluster go to the slot's shard; the client learns
 /// the slots and follows a slot being migrated.
 const CLUSTER_COMMANDS: [(&str, &str); 5] = [
@@ -297,8 +302,8 @@ impl RedisBackend {
         let backend = RedisBackend::new(conn, lane, Topology::Single(client.clone()), node)
             .with_replica_acks(config.replica_acks());
         backend.verify(&[url]).await?;
-        backend.check_access(&config.prefix, &[url]).await?;
-        backend.check_eviction_policy().await;
+        let readable = backend.check_access(&config.prefix, &[url]).await?;
+        backend.check_eviction_policy(readable).await;
         Ok(backend)
     }
 
@@ -358,7 +363,16 @@ impl<C: Connection> RedisBackend<C> {
     /// `noeviction` (the `volatile-*` ones first) may delete a held lock under
     /// memory pressure, and a second holder then gets in. That is a deployment
     /// choice the library cannot undo, so it says so once, at connect.
-    pub(crate) async fn check_eviction_policy(&self) {
+    /// `readable`: whether the ACL lets the user read it
+    /// ([`check_access`](Self::check_access)).
+    pub(crate) async fn check_eviction_policy(&self, readable: bool) {
+        if !readable {
+            tracing::warn!(
+                node = %self.node,
+                "could not verify the eviction policy (CONFIG GET is refused by the ACL, or renamed away); lock servers need `maxmemory-policy noeviction`"
+            );
+            return;
+        }
         let reply: Result<Vec<String>, RedisError> = redis::cmd("CONFIG")
             .arg("GET")
             .arg("maxmemory-policy")
@@ -400,14 +414,15 @@ impl<C: Connection> RedisBackend<C> {
     /// `InvalidConfig` at start-up, naming what to grant, rather than a
     /// refusal at the first contended lock in production, or, for
     /// SUBSCRIBE, waiters silently slowed to polling. A server too old to
-    /// be asked (before 7.0) passes.
-    pub(crate) async fn check_access(&self, prefix: &str, urls: &[&str]) -> Result<(), Failure> {
+    /// be asked (before 7.0) passes. Says whether the user may read the
+    /// eviction policy ([`OPTIONAL_COMMANDS`]).
+    pub(crate) async fn check_access(&self, prefix: &str, urls: &[&str]) -> Result<bool, Failure> {
         let key = format!("{prefix}{{%access-check}}");
         let channel = format!("{key}:released");
         let commands = self.commands();
         let mut call = ScriptCall::new(&ACCESS, 2, 2 + commands.len());
         call.arg(&key).arg(&channel);
-        for (_, words) in &commands {
+        for (_, words) in commands.iter().chain(&OPTIONAL_COMMANDS) {
             call.arg(*words);
         }
         let user = urls
@@ -423,7 +438,8 @@ impl<C: Connection> RedisBackend<C> {
         };
         let reply: Option<Vec<String>> = match call.invoke(&mut self.conn.clone()).await {
             Ok(reply) => reply,
-            // The check itself is refused: the server's words name what.
+            // The check itself is refused: the server's words name what
+            // (the command, or the keys under the prefix).
             Err(e) if e.code() == Some("NOPERM") => {
                 return Err(refusal(
                     redact_error(e, urls),
@@ -432,9 +448,12 @@ impl<C: Connection> RedisBackend<C> {
             }
             Err(e) => return Err(startup_failure(&self.node, e, urls)),
         };
-        let refused = reply.unwrap_or_default();
+        let (optional, refused): (Vec<String>, Vec<String>) = reply
+            .unwrap_or_default()
+            .into_iter()
+            .partition(|words| OPTIONAL_COMMANDS.iter().any(|(_, w)| w == words));
         if refused.is_empty() {
-            return Ok(());
+            return Ok(optional.is_empty());
         }
         let names: Vec<&str> = refused
             .iter()
@@ -455,11 +474,14 @@ impl<C: Connection> RedisBackend<C> {
             grant.push(format!("&{prefix}*"));
         }
         let on = if notices {
-            format!(", or not on channels under `{prefix}`")
+            format!(" (on channels under `{prefix}`, the command or the channel is not granted)")
         } else {
             String::new()
         };
-        Err(refusal(format!("it may not run {listed}{on}"), grant.join(" ")))
+        Err(refusal(
+            format!("it may not run {listed}{on} (or the server renamed them away)"),
+            grant.join(" "),
+        ))
     }
 
     /// The commands `check_access` asks about: [`COMMANDS`], and those of
@@ -467,7 +489,12 @@ impl<C: Connection> RedisBackend<C> {
     fn commands(&self) -> Vec<(&'static str, &'static str)> {
         let mut commands = COMMANDS.to_vec();
         match self.topology {
-            Topology::Single(_) | Topology::Sentinel(_) => commands.extend(ONE_NODE_COMMANDS),
+            Topology::Single(_) => commands.extend(ONE_NODE_COMMANDS),
+            Topology::Sentinel(_) => {
+                commands.extend(ONE_NODE_COMMANDS);
+                // The redis crate confirms the master Sentinel named.
+                commands.push(("role", "ROLE"));
+            }
             Topology::Cluster { .. } => commands.extend(CLUSTER_COMMANDS),
         }
         if self.acks.is_some() {
@@ -1053,11 +1080,13 @@ pub(crate) fn open_url(url: &str, tls_root: Option<&[u8]>) -> Result<(redis::Cli
         node: redact_url(url),
         reason,
     };
-    let client = if url.starts_with("rediss://") {
-        tls::open(url, tls_root)
-    } else {
-        redis::Client::open(url)
-    };
+    let client = redis::IntoConnectionInfo::into_connection_info(url).and_then(|info| {
+        if url.starts_with("rediss://") {
+            tls::open(info, tls_root)
+        } else {
+            redis::Client::open(info)
+        }
+    });
     let client = client.map_err(|e| {
         invalid(format!(
             "{}{}",
@@ -1114,11 +1143,17 @@ pub(crate) fn startup_failure(node: &str, e: RedisError, urls: &[&str]) -> Failu
     }
 }
 
-/// The ACL user a URL logs in as.
+/// The ACL user a URL logs in as: a user name counts only beside a
+/// password (without one the crate sends no `AUTH`, and the session is
+/// `default`'s), and a lone userinfo may be a password written without its
+/// `:`, which must not show.
 fn user_of(url: &str) -> String {
     redis::IntoConnectionInfo::into_connection_info(url)
         .ok()
-        .and_then(|info| info.redis_settings().username().map(str::to_owned))
+        .and_then(|info| {
+            let settings = info.redis_settings();
+            settings.password().and(settings.username()).map(str::to_owned)
+        })
         .unwrap_or_else(|| "default".to_owned())
 }
 
@@ -1133,8 +1168,21 @@ fn seeds_cause(e: &RedisError) -> Option<&str> {
 /// `InvalidConfig`, everything else `Backend`.
 pub(crate) fn connect_error(node: &str, e: RedisError, urls: &[&str]) -> LockError {
     const REFUSALS: [&str; 3] = ["NOAUTH", "WRONGPASS", "AuthenticationFailed"];
-    let forbidden =
-        e.code() == Some("NOPERM") || seeds_cause(&e).is_some_and(|cause| cause.contains("NOPERM"));
+    // A refused SELECT (a database other than 0) comes as the crate's own
+    // error, the server's words in its detail.
+    let database = e.to_string().contains("refused to switch database");
+    let forbidden = e.code() == Some("NOPERM")
+        || seeds_cause(&e).is_some_and(|cause| cause.contains("NOPERM"))
+        || (database && e.detail().is_some_and(|detail| detail.contains("no permissions")));
+    if database && !forbidden {
+        return LockError::InvalidConfig {
+            node: node.to_owned(),
+            reason: format!(
+                "the server refused to switch to the URL's database ({})",
+                redact_error(e, urls)
+            ),
+        };
+    }
     if forbidden {
         // The server names the command, key or channel it refused.
         return LockError::InvalidConfig {

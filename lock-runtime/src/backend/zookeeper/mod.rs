@@ -43,7 +43,7 @@ use zookeeper_client as zk;
 use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal};
 use super::queue::{InTheWay, in_the_way};
 use super::startup;
-use crate::config::ZooKeeperIdentity;
+use crate::config::{ClientCertificate, ZooKeeperIdentity};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
@@ -85,6 +85,57 @@ pub(crate) fn unsupported(kind: Kind) -> Option<&'static str> {
 /// server's container sweep (once a minute by default), and would take a
 /// new place in the lock's queue behind the waiters.
 pub(crate) const NO_HOLD: &str = "`hold_at_least` on ZooKeeper (a lock node is ephemeral and ends with its session; a node that outlives it, a TTL node, needs the server's `zookeeper.extendedTypesEnabled` and would lose its place in the queue); use Redis, PostgreSQL, MySQL or etcd for such jobs";
+
+/// How a connect string names a member served over TLS (the ZooKeeper
+/// client's syntax).
+const TLS_SCHEME: &str = "tcp+tls://";
+
+/// What the ZooKeeper client is given for TLS; nothing can be without the
+/// feature.
+#[cfg(feature = "tls")]
+type Tls = zk::TlsOptions;
+#[cfg(not(feature = "tls"))]
+type Tls = std::convert::Infallible;
+
+/// The TLS options for `members`, all `tcp+tls://`.
+#[cfg(feature = "tls")]
+fn tls_options(
+    members: &[&str],
+    root_pem: Option<&[u8]>,
+    certificate: Option<&ClientCertificate>,
+) -> Result<Tls, String> {
+    // The ZooKeeper client would panic on a host a certificate cannot
+    // name: refused here instead.
+    for member in members {
+        let host = tls_host(member);
+        if rustls::pki_types::ServerName::try_from(host.to_owned()).is_err() {
+            return Err(format!(
+                "`{host}` is not a host name or an IP address a certificate can name"
+            ));
+        }
+    }
+    super::tls::zookeeper_tls(root_pem, certificate)
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_options(
+    _members: &[&str],
+    _root_pem: Option<&[u8]>,
+    _certificate: Option<&ClientCertificate>,
+) -> Result<Tls, String> {
+    Err("`tcp+tls://` members need TLS support: enable lock-runtime's `tls` feature".into())
+}
+
+/// The host of a `tcp+tls://host:port[/chroot]` member, without brackets.
+#[cfg(feature = "tls")]
+fn tls_host(member: &str) -> &str {
+    let address = member.strip_prefix(TLS_SCHEME).unwrap_or(member);
+    let address = address.split('/').next().unwrap_or(address);
+    if let Some(bracketed) = address.strip_prefix('[') {
+        return bracketed.split(']').next().unwrap_or(bracketed);
+    }
+    address.rsplit_once(':').map_or(address, |(host, _)| host)
+}
 
 /// Whether `root` can be the parent of every lock node.
 pub(crate) fn root_problem(root: &str) -> Option<String> {
@@ -151,6 +202,9 @@ pub(crate) struct ZooKeeperBackend {
     unanswered: Mutex<std::collections::HashSet<String>>,
     /// The identity the session authenticates as, if any.
     identity: Option<ZooKeeperIdentity>,
+    /// TLS to `tcp+tls://` members.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    tls: Option<Tls>,
     /// The ACL of every node this client creates.
     acls: zk::Acls<'static>,
 }
@@ -331,8 +385,43 @@ impl ZooKeeperBackend {
             segment_waits: Mutex::new(HashMap::new()),
             unanswered: Mutex::new(std::collections::HashSet::new()),
             identity,
+            tls: None,
             acls,
         })
+    }
+
+    /// TLS for a connect string whose members are `tcp+tls://host:port`
+    /// (all of them or none: a secret sent to one plain member is sent in
+    /// clear text), with `root_pem` the CA the members are verified
+    /// against and `certificate` shown to an ensemble that asks for one.
+    pub(crate) fn secured(
+        mut self,
+        root_pem: Option<&[u8]>,
+        certificate: Option<&ClientCertificate>,
+    ) -> Result<Self, LockError> {
+        let invalid = |reason: String| LockError::InvalidConfig {
+            node: self.connect.clone(),
+            reason,
+        };
+        let members: Vec<&str> = self.connect.split(',').map(str::trim).collect();
+        let secure = members.iter().filter(|m| m.starts_with(TLS_SCHEME)).count();
+        if secure == 0 {
+            if certificate.is_some() {
+                return Err(invalid(
+                    "a client certificate is shown over TLS only: give the members as `tcp+tls://host:port`"
+                        .into(),
+                ));
+            }
+            return Ok(self);
+        }
+        if secure < members.len() {
+            return Err(invalid(
+                "give every member as `tcp+tls://` or none: the client speaks TLS to all members or to none"
+                    .into(),
+            ));
+        }
+        self.tls = Some(tls_options(&members, root_pem, certificate).map_err(invalid)?);
+        Ok(self)
     }
 
     pub(crate) fn node(&self) -> &str {
@@ -451,6 +540,10 @@ impl ZooKeeperBackend {
         if let Some(identity) = &self.identity {
             let digest = format!("{}:{}", identity.user, identity.password);
             connector = connector.with_auth("digest", digest.as_bytes());
+        }
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            connector = connector.with_tls(tls.clone());
         }
         let connect = connector.connect(&self.connect);
         let bound = self.asked_timeout.max(self.timeout);
@@ -1201,6 +1294,37 @@ impl Backend for ZooKeeperBackend {
 mod tests {
     use super::*;
     use crate::config::{DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT};
+
+    fn backend(connect: &str) -> ZooKeeperBackend {
+        ZooKeeperBackend::new(
+            connect,
+            DEFAULT_ROOT,
+            DEFAULT_SESSION_TIMEOUT,
+            Duration::from_secs(1),
+            None,
+            false,
+        )
+        .expect("a usable connect string")
+    }
+
+    #[test]
+    fn tls_is_for_every_member_or_none() {
+        let mixed = backend("tcp+tls://a:2281,b:2181").secured(None, None);
+        assert!(
+            matches!(&mixed, Err(LockError::InvalidConfig { reason, .. }) if reason.contains("every member")),
+            "{mixed:?}"
+        );
+        assert!(backend("a:2181,tcp://b:2181/chroot").secured(None, None).is_ok());
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_hosts_are_read_without_port_chroot_or_brackets() {
+        assert_eq!(tls_host("tcp+tls://zk1.example:2281"), "zk1.example");
+        assert_eq!(tls_host("tcp+tls://zk1:2281/app/locks"), "zk1");
+        assert_eq!(tls_host("tcp+tls://[::1]:2281"), "::1");
+        assert_eq!(tls_host("tcp+tls://zk1"), "zk1");
+    }
 
     #[test]
     fn roots_are_absolute_paths() {
