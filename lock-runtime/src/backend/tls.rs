@@ -3,22 +3,16 @@
 //! it, a clear error instead of a connection that cannot work.
 
 #[cfg(feature = "tls")]
-pub(crate) fn open(
-    info: redis::ConnectionInfo,
-    tls_root: Option<&[u8]>,
-) -> redis::RedisResult<redis::Client> {
+pub(crate) fn open(url: &str, tls_root: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
     install_tls_provider();
     match tls_root {
-        Some(pem) => redis::Client::build_with_tls(info, tls_certificates(pem)),
-        None => redis::Client::open(info),
+        Some(pem) => redis::Client::build_with_tls(url, tls_certificates(pem)),
+        None => redis::Client::open(url),
     }
 }
 
 #[cfg(not(feature = "tls"))]
-pub(crate) fn open(
-    _info: redis::ConnectionInfo,
-    _tls_root: Option<&[u8]>,
-) -> redis::RedisResult<redis::Client> {
+pub(crate) fn open(_url: &str, _tls_root: Option<&[u8]>) -> redis::RedisResult<redis::Client> {
     Err(redis::RedisError::from((
         redis::ErrorKind::InvalidClientConfig,
         "`rediss://` needs TLS support",

@@ -1080,13 +1080,11 @@ pub(crate) fn open_url(url: &str, tls_root: Option<&[u8]>) -> Result<(redis::Cli
         node: redact_url(url),
         reason,
     };
-    let client = redis::IntoConnectionInfo::into_connection_info(url).and_then(|info| {
-        if url.starts_with("rediss://") {
-            tls::open(info, tls_root)
-        } else {
-            redis::Client::open(info)
-        }
-    });
+    let client = if url.starts_with("rediss://") {
+        tls::open(url, tls_root)
+    } else {
+        redis::Client::open(url)
+    };
     let client = client.map_err(|e| {
         invalid(format!(
             "{}{}",
