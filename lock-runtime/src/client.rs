@@ -125,7 +125,9 @@ impl LockClient {
         LockClient::builder().postgres(url).await
     }
 
-    /// A ZooKeeper ensemble: `host:port[,host:port…][/chroot]`. Each lock
+    /// A ZooKeeper ensemble: `host:port[,host:port…][/chroot]`, or every
+    /// member as `tcp+tls://host:port` (the `tls` feature; see
+    /// `LockClientBuilder::tls_root_certificate`). Each lock
     /// is a queue of ephemeral sequential nodes under `/distributed-locks`
     /// (see [`zookeeper_root`](LockClientBuilder::zookeeper_root)): the
     /// first in line holds it, each waiter watches only the one before it,
@@ -326,8 +328,10 @@ impl LockClientBuilder {
 
     /// Verify `rediss://` servers, PostgreSQL servers reached with
     /// `sslmode=require`, MySQL servers reached with `require_ssl=true` and
-    /// etcd members reached at `https://` endpoints against this PEM root certificate (your own CA) instead of the
-    /// system's roots. Needs the `tls` feature.
+    /// etcd members reached at `https://` endpoints against this PEM root
+    /// certificate (your own CA) instead of the system's roots; ZooKeeper
+    /// members given as `tcp+tls://host:port` are verified against it
+    /// alone, and need it. Needs the `tls` feature.
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.config.tls_root = Some(pem.into().into());
