@@ -126,7 +126,7 @@ impl LockClient {
     }
 
     /// A ZooKeeper ensemble: `host:port[,host:port…][/chroot]`, or every
-    /// member as `tcp+tls://host:port` (the `tls` feature; see
+    /// member as `tcp+tls://host:port` (the `zookeeper-tls` feature; see
     /// `LockClientBuilder::tls_root_certificate`). Each lock
     /// is a queue of ephemeral sequential nodes under `/distributed-locks`
     /// (see [`zookeeper_root`](LockClientBuilder::zookeeper_root)): the
@@ -330,8 +330,9 @@ impl LockClientBuilder {
     /// `sslmode=require`, MySQL servers reached with `require_ssl=true` and
     /// etcd members reached at `https://` endpoints against this PEM root
     /// certificate (your own CA) instead of the system's roots; ZooKeeper
-    /// members given as `tcp+tls://host:port` are verified against it
-    /// alone, and need it. Needs the `tls` feature.
+    /// members given as `tcp+tls://host:port` (the `zookeeper-tls`
+    /// feature) are verified against it alone, and need it. Needs the
+    /// `tls` feature.
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.config.tls_root = Some(pem.into().into());
@@ -429,9 +430,10 @@ impl LockClientBuilder {
     /// The certificate and private key (PEM) the ZooKeeper client shows an
     /// ensemble that asks for one (`ssl.clientAuth=need`, ZooKeeper's
     /// default on its `secureClientPort`). Needs `tcp+tls://` members and
-    /// the `tls` feature. A certificate or key that does not parse is
-    /// `InvalidConfig`; the key never shows in an error or a `Debug`.
-    #[cfg(all(feature = "zookeeper", feature = "tls"))]
+    /// the `zookeeper-tls` feature. A certificate or key that does not
+    /// parse, or a key that is not the certificate's, is `InvalidConfig`;
+    /// the key never shows in an error or a `Debug`.
+    #[cfg(feature = "zookeeper-tls")]
     pub fn zookeeper_client_certificate(
         mut self,
         certificate_pem: impl Into<Vec<u8>>,

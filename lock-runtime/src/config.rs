@@ -82,8 +82,12 @@ impl std::fmt::Debug for EtcdUser {
 /// clients for one (mutual TLS).
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 #[derive(Clone)]
-// Without `tls` nothing sets one (the builder's method needs the feature).
-#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+// Nothing sets one without TLS to a backend that shows it (the builder's
+// methods need `tls` with etcd, or `zookeeper-tls`).
+#[cfg_attr(
+    not(any(all(feature = "tls", feature = "etcd"), feature = "zookeeper-tls")),
+    allow(dead_code)
+)]
 pub(crate) struct ClientCertificate {
     pub(crate) certificate: Arc<[u8]>,
     pub(crate) key: Arc<[u8]>,

@@ -40,12 +40,17 @@
 //! - `etcd`: `LockClient::etcd` and `LockClientBuilder::etcd`, locks as
 //!   keys on one lease per client on etcd 3.4+, through `etcd-client`
 //!   (whose build needs `protoc`).
-//! - `testing`: [`testing::simulated`], a lock server simulated in the
+//! - `testing`: `testing::simulated`, a lock server simulated in the
 //!   process on tokio's clock, with injected faults, for testing code that
 //!   takes locks without a server (`docs/testing.md`).
-//! - `tls`: `rediss://` URLs, through rustls with its `ring` provider
-//!   (installed when a TLS connection is opened, unless the application
-//!   installed one first).
+//! - `tls`: `rediss://` URLs, PostgreSQL's `sslmode=require`, MySQL's
+//!   `require_ssl=true` and `https://` etcd endpoints, through rustls with
+//!   its `ring` provider (installed when a TLS connection is opened,
+//!   unless the application installed one first).
+//! - `zookeeper-tls`: `tcp+tls://` ZooKeeper members (with `tls` and
+//!   `zookeeper`). The ZooKeeper client's TLS builds a second rustls
+//!   provider, so a program with this feature should install one when it
+//!   starts.
 //!
 //! Redis (one node, Cluster, Sentinel, Redlock) and the in-process backend
 //! need no feature.

@@ -43,6 +43,10 @@ pub(crate) use contract::{
 
 /// The backend a client was built with.
 #[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per client, behind its Arc; which variant is largest depends on the backends built"
+)]
 pub(crate) enum AnyBackend {
     Redis(redis::RedisBackend),
     Memory(memory::MemoryBackend),

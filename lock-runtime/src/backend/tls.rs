@@ -44,7 +44,7 @@ pub(crate) fn tls_certificates(root_pem: &[u8]) -> redis::TlsCertificates {
         feature = "mysql",
         feature = "postgres",
         feature = "etcd",
-        feature = "zookeeper"
+        feature = "zookeeper-tls"
     )
 ))]
 fn certificates_of(
@@ -164,7 +164,7 @@ pub(crate) fn etcd_with_tls(
         None => tls = tls.with_native_roots(),
     }
     if let Some(certificate) = certificate {
-        client_certificate_problem(certificate)?;
+        client_certificate_of(certificate)?;
         tls = tls.identity(etcd_client::Identity::from_pem(
             &certificate.certificate,
             &certificate.key,
@@ -173,35 +173,63 @@ pub(crate) fn etcd_with_tls(
     Ok(options.with_tls(tls))
 }
 
-/// Why a client certificate and its key cannot be used, if they cannot.
-#[cfg(all(feature = "tls", any(feature = "etcd", feature = "zookeeper")))]
-fn client_certificate_problem(certificate: &crate::config::ClientCertificate) -> Result<(), String> {
+/// A client certificate's chain and key, or why they cannot be used: a
+/// PEM that does not parse, or a key that is not the certificate's (which
+/// a server would otherwise report only as a failed handshake).
+#[cfg(all(feature = "tls", any(feature = "etcd", feature = "zookeeper-tls")))]
+fn client_certificate_of(
+    certificate: &crate::config::ClientCertificate,
+) -> Result<
+    (
+        Vec<rustls::pki_types::CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    ),
+    String,
+> {
     use rustls::pki_types::PrivateKeyDer;
     use rustls::pki_types::pem::PemObject;
 
-    certificates_of(&certificate.certificate, "the client certificate")?;
+    let chain = certificates_of(&certificate.certificate, "the client certificate")?;
     // The key's own error could quote it: say only what kind it was.
-    PrivateKeyDer::from_pem_slice(&certificate.key).map_err(|e| {
+    let key = PrivateKeyDer::from_pem_slice(&certificate.key).map_err(|e| {
         let kind = match e {
             rustls::pki_types::pem::Error::NoItemsFound => "holds no private key",
             _ => "is not a PEM private key",
         };
         format!("the client certificate's key {kind}")
     })?;
-    Ok(())
+    let provider = rustls::crypto::ring::default_provider();
+    rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &provider).map_err(|e| match e {
+        rustls::Error::InconsistentKeys(_) => {
+            "the client certificate's key is not the key of that certificate".to_owned()
+        }
+        _ => "the client certificate's key is of a kind TLS cannot sign with here (RSA, ECDSA P-256/P-384 and Ed25519 can)".to_owned(),
+    })?;
+    Ok((chain, key))
 }
 
-/// The TLS options of a ZooKeeper client with `tcp+tls://` members: the
+/// What a ZooKeeper client with `tcp+tls://` members is given: the
+/// ZooKeeper client's own TLS options, and the same trust and certificate
+/// as a rustls configuration, with which a member that gives no session
+/// is asked why (`certificate_refusal`).
+#[cfg(feature = "zookeeper-tls")]
+#[derive(Clone)]
+pub(crate) struct ZooKeeperTls {
+    pub(crate) options: zookeeper_client::TlsOptions,
+    pub(crate) probe: std::sync::Arc<rustls::ClientConfig>,
+}
+
+/// The TLS settings of a ZooKeeper client with `tcp+tls://` members: the
 /// ensemble verified against `root_pem`, which is required (the
 /// ZooKeeper client reads no system roots, and ZooKeeper's TLS is served
 /// with a private CA), and `certificate` shown to an ensemble that asks
 /// for one. Parsed here, so that a bad PEM is refused before any
 /// connection, by a message that never quotes the key.
-#[cfg(all(feature = "tls", feature = "zookeeper"))]
+#[cfg(feature = "zookeeper-tls")]
 pub(crate) fn zookeeper_tls(
     root_pem: Option<&[u8]>,
     certificate: Option<&crate::config::ClientCertificate>,
-) -> Result<zookeeper_client::TlsOptions, String> {
+) -> Result<ZooKeeperTls, String> {
     // The ZooKeeper client builds its rustls configuration with the
     // process's provider; two are built in, so one must be installed.
     install_tls_provider();
@@ -211,25 +239,107 @@ pub(crate) fn zookeeper_tls(
                 .into(),
         );
     };
-    certificates_of(root_pem, "the root certificate")?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certificates_of(root_pem, "the root certificate")? {
+        roots
+            .add(cert)
+            .map_err(|e| format!("the root certificate cannot be used: {e}"))?;
+    }
     let text = |pem: &[u8], what: &str| {
         std::str::from_utf8(pem)
             .map(str::to_owned)
             .map_err(|_| format!("{what} is not PEM text"))
     };
-    let mut tls = zookeeper_client::TlsOptions::new()
+    let mut options = zookeeper_client::TlsOptions::new()
         .with_pem_ca(&text(root_pem, "the root certificate")?)
         .map_err(|e| format!("the root certificate: {e}"))?;
-    if let Some(certificate) = certificate {
-        client_certificate_problem(certificate)?;
-        tls = tls
-            .with_pem_identity(
-                &text(&certificate.certificate, "the client certificate")?,
-                &text(&certificate.key, "the client certificate's key")?,
-            )
-            .map_err(|_| "the client certificate or its key was refused".to_owned())?;
-    }
-    Ok(tls)
+    let probe = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("TLS cannot be set up: {e}"))?
+    .with_root_certificates(roots);
+    let probe = match certificate {
+        Some(certificate) => {
+            let (chain, key) = client_certificate_of(certificate)?;
+            options = options
+                .with_pem_identity(
+                    &text(&certificate.certificate, "the client certificate")?,
+                    &text(&certificate.key, "the client certificate's key")?,
+                )
+                .map_err(|_| "the client certificate or its key was refused".to_owned())?;
+            probe
+                .with_client_auth_cert(chain, key)
+                .map_err(|_| "the client certificate or its key was refused".to_owned())?
+        }
+        None => probe.with_no_client_auth(),
+    };
+    Ok(ZooKeeperTls {
+        options,
+        probe: std::sync::Arc::new(probe),
+    })
+}
+
+/// Why the member at `host:port` gives no TLS session to a client with
+/// `config`, when a certificate is the reason, which waiting cannot mend:
+/// the member's certificate is not one `config` verifies, or the member
+/// refused the client's (an alert, which a TLS 1.3 server sends after its
+/// handshake). `None` when the session opens or fails for another reason
+/// (a member down or still starting, to be waited for). Asked because the
+/// ZooKeeper client reports every failed handshake as "no available
+/// hosts"; rustls does the TLS, so nothing of the protocol is by hand.
+#[cfg(feature = "zookeeper-tls")]
+pub(crate) async fn certificate_refusal(
+    host: &str,
+    port: u16,
+    config: std::sync::Arc<rustls::ClientConfig>,
+    within: std::time::Duration,
+) -> Option<String> {
+    use std::io::Read;
+
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned()).ok()?;
+    let address = socket_address(host, port);
+    let probe = move || -> Option<String> {
+        let said = |e: std::io::Error| -> Option<String> {
+            let e = e.get_ref()?.downcast_ref::<rustls::Error>()?;
+            match e {
+                rustls::Error::InvalidCertificate(_) => Some(format!(
+                    "shows a certificate that `tls_root_certificate` does not verify ({e})"
+                )),
+                rustls::Error::AlertReceived(
+                    rustls::AlertDescription::BadCertificate
+                    | rustls::AlertDescription::CertificateRequired
+                    | rustls::AlertDescription::UnknownCA
+                    | rustls::AlertDescription::UnsupportedCertificate
+                    | rustls::AlertDescription::CertificateExpired
+                    | rustls::AlertDescription::CertificateRevoked
+                    | rustls::AlertDescription::CertificateUnknown
+                    | rustls::AlertDescription::AccessDenied,
+                ) => Some(format!(
+                    "refused the client's certificate ({e}): it asks for one its CA signed (`zookeeper_client_certificate`)"
+                )),
+                _ => None,
+            }
+        };
+        let mut tcp = connect_with_timeouts(&address, within).ok()?;
+        let mut tls = rustls::ClientConnection::new(config, name).ok()?;
+        while tls.is_handshaking() {
+            if let Err(e) = tls.complete_io(&mut tcp) {
+                return said(e);
+            }
+        }
+        // A TLS 1.3 server judges the client's certificate after the
+        // handshake: its refusal is the first record read. A server that
+        // took it says nothing until asked.
+        tcp.set_read_timeout(Some(within.min(std::time::Duration::from_secs(1))))
+            .ok()?;
+        let mut first = [0u8; 1];
+        rustls::Stream::new(&mut tls, &mut tcp)
+            .read_exact(&mut first)
+            .err()
+            .and_then(said)
+    };
+    tokio::task::spawn_blocking(probe).await.ok().flatten()
 }
 
 #[cfg(all(not(feature = "tls"), feature = "etcd"))]
@@ -241,12 +351,38 @@ pub(crate) fn etcd_with_tls(
     Err("`https://` endpoints need TLS support: enable lock-runtime's `tls` feature".into())
 }
 
+/// `host:port`, with an IPv6 address in brackets.
+#[cfg(all(feature = "tls", any(feature = "etcd", feature = "zookeeper")))]
+fn socket_address(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// A blocking connection to `address`, whose connect, reads and writes
+/// each give up after `within`.
+#[cfg(all(feature = "tls", any(feature = "etcd", feature = "zookeeper")))]
+fn connect_with_timeouts(address: &str, within: std::time::Duration) -> std::io::Result<std::net::TcpStream> {
+    use std::net::ToSocketAddrs;
+
+    let to = address
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other("no address"))?;
+    let stream = std::net::TcpStream::connect_timeout(&to, within)?;
+    stream.set_read_timeout(Some(within))?;
+    stream.set_write_timeout(Some(within))?;
+    Ok(stream)
+}
+
 /// Whether the server at `host:port` answers a TLS ClientHello as a TLS
 /// server does (a handshake or an alert record), within `within`: how a
 /// plain client that a server closed on tells a TLS-only server from one
 /// still starting. Written here because no kept crate offers the probe;
 /// rustls makes the hello, so nothing of the protocol is by hand.
-#[cfg(all(feature = "tls", feature = "etcd"))]
+#[cfg(all(feature = "tls", any(feature = "etcd", feature = "zookeeper")))]
 pub(crate) async fn answers_tls(host: &str, port: u16, within: std::time::Duration) -> bool {
     use std::io::{Read, Write};
 
@@ -264,20 +400,9 @@ pub(crate) async fn answers_tls(host: &str, port: u16, within: std::time::Durati
     if hello_maker.write_tls(&mut hello).is_err() {
         return false;
     }
-    let address = if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
+    let address = socket_address(host, port);
     let probe = move || -> std::io::Result<u8> {
-        use std::net::ToSocketAddrs;
-        let to = address
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| std::io::Error::other("no address"))?;
-        let mut stream = std::net::TcpStream::connect_timeout(&to, within)?;
-        stream.set_read_timeout(Some(within))?;
-        stream.set_write_timeout(Some(within))?;
+        let mut stream = connect_with_timeouts(&address, within)?;
         stream.write_all(&hello)?;
         let mut first = [0u8; 1];
         stream.read_exact(&mut first)?;
@@ -287,7 +412,7 @@ pub(crate) async fn answers_tls(host: &str, port: u16, within: std::time::Durati
     matches!(tokio::task::spawn_blocking(probe).await, Ok(Ok(21 | 22)))
 }
 
-#[cfg(all(not(feature = "tls"), feature = "etcd"))]
+#[cfg(all(not(feature = "tls"), any(feature = "etcd", feature = "zookeeper")))]
 pub(crate) async fn answers_tls(_host: &str, _port: u16, _within: std::time::Duration) -> bool {
     false
 }

@@ -283,6 +283,7 @@ async fn etcd_over_mutual_tls_with_a_private_ca() {
         let certs = tempfile::tempdir().expect("cert dir");
         make_certificates(certs.path());
         make_client_certificate(certs.path(), "locks");
+        make_client_certificate(certs.path(), "stranger");
         let path = |name: &str| certs.path().join(name);
         let read = |name: &str| std::fs::read(path(name)).expect("read a certificate file");
         let ca_flag = format!("--trusted-ca-file={}", path("ca.crt").display());
@@ -361,6 +362,17 @@ async fn etcd_over_mutual_tls_with_a_private_ca() {
             .expect_err("half a key");
         refused_at_once("half a key", &err);
         assert!(err.to_string().contains("key"), "{err}");
+        let err = quick()
+            .tls_root_certificate(ca.clone())
+            .etcd_client_certificate(cert.clone(), read("stranger.key"))
+            .etcd(&endpoints)
+            .await
+            .expect_err("another certificate's key");
+        refused_at_once("another certificate's key", &err);
+        assert!(
+            err.to_string().contains("not the key of that certificate"),
+            "{err}"
+        );
 
         let secured = || {
             quick()
@@ -422,6 +434,7 @@ async fn zookeeper_over_mutual_tls_with_a_private_ca() {
         let certs = tempfile::tempdir().expect("cert dir");
         make_certificates(certs.path());
         make_client_certificate(certs.path(), "locks");
+        make_client_certificate(certs.path(), "stranger");
         let read = |name: &str| std::fs::read(certs.path().join(name)).expect("read a certificate file");
         let zk = lock_tests::ZooKeeper::start_with_tls(certs.path(), true);
         let connect = zk.tls_connect_string();
@@ -502,8 +515,28 @@ async fn zookeeper_over_mutual_tls_with_a_private_ca() {
         refused_at_once("a bad host", &err);
         assert!(err.to_string().contains("bad_host!"), "{err}");
 
-        // The server's certificate from another CA, and no certificate of
-        // our own: neither gets a session.
+        let err = quick()
+            .tls_root_certificate(ca.clone())
+            .zookeeper_client_certificate(cert.clone(), read("stranger.key"))
+            .zookeeper(&connect)
+            .await
+            .expect_err("another certificate's key");
+        refused_at_once("another certificate's key", &err);
+        assert!(
+            err.to_string().contains("not the key of that certificate"),
+            "{err}"
+        );
+
+        // Refused by the server, and told at once (the ZooKeeper client
+        // says only "no available hosts"): the server's certificate from
+        // another CA, no certificate of our own, and a plain client at
+        // the TLS port.
+        let refused_by_server = |what: &str, err: &LockError, said: &str| {
+            refused_at_once(what, err);
+            let shown = err.to_string();
+            assert!(!shown.contains("not ready"), "{what}: refused at once: {shown}");
+            assert!(shown.contains(said), "{what}: {shown}");
+        };
         let other = tempfile::tempdir().expect("cert dir");
         make_certificates(other.path());
         let other_ca = std::fs::read(other.path().join("ca.crt")).expect("read the other CA");
@@ -513,12 +546,19 @@ async fn zookeeper_over_mutual_tls_with_a_private_ca() {
             .zookeeper(&connect)
             .await
             .expect_err("a server certificate from another CA");
-        assert!(err.to_string().contains("no available hosts"), "{err}");
-        quick()
+        refused_by_server("a server certificate from another CA", &err, "does not verify");
+        let err = quick()
             .tls_root_certificate(ca.clone())
             .zookeeper(&connect)
             .await
             .expect_err("a client without a certificate");
+        refused_by_server("no client certificate", &err, "refused the client's certificate");
+        let plain = connect.replacen("tcp+tls://", "", 1);
+        let err = quick()
+            .zookeeper(&plain)
+            .await
+            .expect_err("a plain client at the TLS port");
+        refused_by_server("a plain client at the TLS port", &err, "speaks TLS only");
     })
     .await
 }

@@ -92,49 +92,86 @@ const TLS_SCHEME: &str = "tcp+tls://";
 
 /// What the ZooKeeper client is given for TLS; nothing can be without the
 /// feature.
-#[cfg(feature = "tls")]
-type Tls = zk::TlsOptions;
-#[cfg(not(feature = "tls"))]
+#[cfg(feature = "zookeeper-tls")]
+type Tls = super::tls::ZooKeeperTls;
+#[cfg(not(feature = "zookeeper-tls"))]
 type Tls = std::convert::Infallible;
 
-/// The TLS options for `members`, all `tcp+tls://`.
-#[cfg(feature = "tls")]
+/// The TLS settings for `members`, all `tcp+tls://`.
+#[cfg(feature = "zookeeper-tls")]
 fn tls_options(
-    members: &[&str],
+    members: &[Member<'_>],
     root_pem: Option<&[u8]>,
     certificate: Option<&ClientCertificate>,
 ) -> Result<Tls, String> {
     // The ZooKeeper client would panic on a host a certificate cannot
     // name: refused here instead.
     for member in members {
-        let host = tls_host(member);
-        if rustls::pki_types::ServerName::try_from(host.to_owned()).is_err() {
+        if rustls::pki_types::ServerName::try_from(member.host.to_owned()).is_err() {
             return Err(format!(
-                "`{host}` is not a host name or an IP address a certificate can name"
+                "`{}` is not a host name or an IP address a certificate can name",
+                member.host
             ));
         }
     }
     super::tls::zookeeper_tls(root_pem, certificate)
 }
 
-#[cfg(not(feature = "tls"))]
+#[cfg(not(feature = "zookeeper-tls"))]
 fn tls_options(
-    _members: &[&str],
+    _members: &[Member<'_>],
     _root_pem: Option<&[u8]>,
     _certificate: Option<&ClientCertificate>,
 ) -> Result<Tls, String> {
-    Err("`tcp+tls://` members need TLS support: enable lock-runtime's `tls` feature".into())
+    Err("`tcp+tls://` members need TLS support: enable lock-runtime's `zookeeper-tls` feature".into())
 }
 
-/// The host of a `tcp+tls://host:port[/chroot]` member, without brackets.
-#[cfg(feature = "tls")]
-fn tls_host(member: &str) -> &str {
-    let address = member.strip_prefix(TLS_SCHEME).unwrap_or(member);
-    let address = address.split('/').next().unwrap_or(address);
-    if let Some(bracketed) = address.strip_prefix('[') {
-        return bracketed.split(']').next().unwrap_or(bracketed);
-    }
-    address.rsplit_once(':').map_or(address, |(host, _)| host)
+/// A member of a connect string.
+#[derive(Debug, PartialEq)]
+struct Member<'a> {
+    host: &'a str,
+    port: u16,
+    tls: bool,
+}
+
+/// The members of `connect`, read as the ZooKeeper client reads them (its
+/// parser is not public): split at every comma, untrimmed; a chroot only
+/// after the last member; an IPv6 address in brackets; port 2181 when
+/// none is given. `None` for a string the client would refuse itself.
+fn members(connect: &str) -> Option<Vec<Member<'_>>> {
+    let last = connect.split(',').count() - 1;
+    connect
+        .split(',')
+        .enumerate()
+        .map(|(i, member)| {
+            let (address, tls) = match member.strip_prefix(TLS_SCHEME) {
+                Some(address) => (address, true),
+                None => (member.strip_prefix("tcp://").unwrap_or(member), false),
+            };
+            let address = match address.find('/') {
+                Some(chroot) if i == last => &address[..chroot],
+                _ => address,
+            };
+            let (host, port) = match address.strip_prefix('[') {
+                Some(bracketed) => {
+                    let end = bracketed.rfind(']')?;
+                    let after = &bracketed[end + 1..];
+                    let port = if after.is_empty() {
+                        after
+                    } else {
+                        after.strip_prefix(':')?
+                    };
+                    (&bracketed[..end], port)
+                }
+                None => address.rsplit_once(':').unwrap_or((address, "")),
+            };
+            let port = match port {
+                "" => 2181,
+                port => port.parse().ok().filter(|p| *p != 0)?,
+            };
+            (!host.is_empty()).then_some(Member { host, port, tls })
+        })
+        .collect()
 }
 
 /// Whether `root` can be the parent of every lock node.
@@ -203,7 +240,7 @@ pub(crate) struct ZooKeeperBackend {
     /// The identity the session authenticates as, if any.
     identity: Option<ZooKeeperIdentity>,
     /// TLS to `tcp+tls://` members.
-    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    #[cfg_attr(not(feature = "zookeeper-tls"), allow(dead_code))]
     tls: Option<Tls>,
     /// The ACL of every node this client creates.
     acls: zk::Acls<'static>,
@@ -403,8 +440,11 @@ impl ZooKeeperBackend {
             node: self.connect.clone(),
             reason,
         };
-        let members: Vec<&str> = self.connect.split(',').map(str::trim).collect();
-        let secure = members.iter().filter(|m| m.starts_with(TLS_SCHEME)).count();
+        // A string the client cannot read is refused by it, at connect.
+        let Some(members) = members(&self.connect) else {
+            return Ok(self);
+        };
+        let secure = members.iter().filter(|m| m.tls).count();
         if secure == 0 {
             if certificate.is_some() {
                 return Err(invalid(
@@ -451,7 +491,19 @@ impl ZooKeeperBackend {
     ///   again, open, by anyone.
     /// - A node is created under the root and deleted.
     pub(crate) async fn verify(&self) -> Result<(), Failure> {
-        let client = self.client().await?;
+        let client = match self.client().await {
+            Ok(client) => client,
+            Err(failure) if failure.transient => {
+                return Err(match self.refusal().await {
+                    Some(reason) => Failure::permanent(LockError::InvalidConfig {
+                        node: self.connect.clone(),
+                        reason,
+                    }),
+                    None => failure,
+                });
+            }
+            Err(failure) => return Err(failure),
+        };
         let Some(identity) = &self.identity else {
             return Ok(());
         };
@@ -541,9 +593,9 @@ impl ZooKeeperBackend {
             let digest = format!("{}:{}", identity.user, identity.password);
             connector = connector.with_auth("digest", digest.as_bytes());
         }
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "zookeeper-tls")]
         if let Some(tls) = &self.tls {
-            connector = connector.with_tls(tls.clone());
+            connector = connector.with_tls(tls.options.clone());
         }
         let connect = connector.connect(&self.connect);
         let bound = self.asked_timeout.max(self.timeout);
@@ -573,6 +625,36 @@ impl ZooKeeperBackend {
         let client = Arc::new(client);
         *self.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&client));
         Ok(client)
+    }
+
+    /// Why no member gave a session, when waiting cannot mend it: a
+    /// certificate refused either way, or a plain client at a member that
+    /// speaks TLS only. The ZooKeeper client reports each as no host
+    /// available, as it does a member down or still starting.
+    async fn refusal(&self) -> Option<String> {
+        for member in members(&self.connect)? {
+            let (host, port) = (member.host, member.port);
+            #[cfg(feature = "zookeeper-tls")]
+            if let Some(tls) = &self.tls {
+                let refused =
+                    super::tls::certificate_refusal(host, port, Arc::clone(&tls.probe), self.timeout).await;
+                if let Some(why) = refused {
+                    return Some(format!("the member `{host}:{port}` {why}"));
+                }
+                continue;
+            }
+            if super::tls::answers_tls(host, port, self.timeout).await {
+                let host = if host.contains(':') {
+                    format!("[{host}]")
+                } else {
+                    host.to_owned()
+                };
+                return Some(format!(
+                    "the member `{host}:{port}` speaks TLS only: give every member as `tcp+tls://{host}:{port}` (the `zookeeper-tls` feature)"
+                ));
+            }
+        }
+        None
     }
 
     fn live(&self) -> Option<Arc<zk::Client>> {
@@ -1317,13 +1399,27 @@ mod tests {
         assert!(backend("a:2181,tcp://b:2181/chroot").secured(None, None).is_ok());
     }
 
-    #[cfg(feature = "tls")]
     #[test]
-    fn tls_hosts_are_read_without_port_chroot_or_brackets() {
-        assert_eq!(tls_host("tcp+tls://zk1.example:2281"), "zk1.example");
-        assert_eq!(tls_host("tcp+tls://zk1:2281/app/locks"), "zk1");
-        assert_eq!(tls_host("tcp+tls://[::1]:2281"), "::1");
-        assert_eq!(tls_host("tcp+tls://zk1"), "zk1");
+    fn members_are_read_as_the_zookeeper_client_reads_them() {
+        let member = |host, port, tls| Member { host, port, tls };
+        assert_eq!(
+            members("tcp+tls://zk1.example:2281,tcp+tls://[::1]:2282/app/locks"),
+            Some(vec![member("zk1.example", 2281, true), member("::1", 2282, true)])
+        );
+        assert_eq!(
+            members("zk1,tcp://zk2:2182/app"),
+            Some(vec![member("zk1", 2181, false), member("zk2", 2182, false)])
+        );
+        // A chroot only after the last member, as the client reads it.
+        assert_eq!(members("zk1:2181/app,zk2:2181"), None);
+        assert_eq!(members("[::1"), None);
+        assert_eq!(members("zk1:0"), None);
+        assert_eq!(members(":2181"), None);
+        // Not trimmed: the client would read ` tcp+tls://` as a host.
+        assert_eq!(
+            members("zk1:2181, tcp+tls://zk2:2281").map(|m| m[1].tls),
+            Some(false)
+        );
     }
 
     #[test]
