@@ -280,30 +280,46 @@ pub(crate) fn zookeeper_tls(
     })
 }
 
-/// Why the member at `host:port` gives no TLS session to a client with
-/// `config`, when a certificate is the reason, which waiting cannot mend:
-/// the member's certificate is not one `config` verifies, or the member
-/// refused the client's (an alert, which a TLS 1.3 server sends after its
-/// handshake). `None` when the session opens or fails for another reason
-/// (a member down or still starting, to be waited for). Asked because the
-/// ZooKeeper client reports every failed handshake as "no available
-/// hosts"; rustls does the TLS, so nothing of the protocol is by hand.
+/// What a member made of a TLS handshake.
 #[cfg(feature = "zookeeper-tls")]
-pub(crate) async fn certificate_refusal(
+pub(crate) enum Handshake {
+    /// Refused for a certificate, which waiting cannot mend: why.
+    Refused(String),
+    /// The session opened, and nothing refused it.
+    Accepted,
+    /// No answer, or a failure that says nothing of the certificates (a
+    /// member down or still starting).
+    Unknown,
+}
+
+/// A TLS handshake with the member at `host:port`, made with `config`,
+/// and how it ended: the member's certificate not one `config` verifies,
+/// or the member refusing the client's (an alert, which a TLS 1.3 server
+/// sends after its handshake), are [`Handshake::Refused`]. Asked because
+/// the ZooKeeper client reports every failed handshake as "no available
+/// hosts"; rustls does the TLS, so nothing of the protocol is by hand.
+/// Done within about twice `within`, however slowly the member answers.
+#[cfg(feature = "zookeeper-tls")]
+pub(crate) async fn handshake(
     host: &str,
     port: u16,
     config: std::sync::Arc<rustls::ClientConfig>,
     within: std::time::Duration,
-) -> Option<String> {
+) -> Handshake {
     use std::io::Read;
 
-    let name = rustls::pki_types::ServerName::try_from(host.to_owned()).ok()?;
+    let Ok(name) = rustls::pki_types::ServerName::try_from(host.to_owned()) else {
+        return Handshake::Unknown;
+    };
     let address = socket_address(host, port);
-    let probe = move || -> Option<String> {
-        let said = |e: std::io::Error| -> Option<String> {
-            let e = e.get_ref()?.downcast_ref::<rustls::Error>()?;
+    let probe = move || -> Handshake {
+        let deadline = std::time::Instant::now() + within;
+        let said = |e: std::io::Error| -> Handshake {
+            let Some(e) = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) else {
+                return Handshake::Unknown;
+            };
             match e {
-                rustls::Error::InvalidCertificate(_) => Some(format!(
+                rustls::Error::InvalidCertificate(_) => Handshake::Refused(format!(
                     "shows a certificate that `tls_root_certificate` does not verify ({e})"
                 )),
                 rustls::Error::AlertReceived(
@@ -315,45 +331,48 @@ pub(crate) async fn certificate_refusal(
                     | rustls::AlertDescription::CertificateRevoked
                     | rustls::AlertDescription::CertificateUnknown
                     | rustls::AlertDescription::AccessDenied,
-                ) => Some(format!(
-                    "refused the client's certificate ({e}): it asks for one its CA signed (`zookeeper_client_certificate`)"
+                ) => Handshake::Refused(format!(
+                    "refused the client's certificate ({e}): it asks for one signed by a CA it trusts (`zookeeper_client_certificate`), which names this client's host where it checks host names (`ssl.hostnameVerification`)"
                 )),
-                _ => None,
+                _ => Handshake::Unknown,
             }
         };
-        let mut tcp = connect_with_timeouts(&address, within).ok()?;
-        let mut tls = rustls::ClientConnection::new(config, name).ok()?;
+        let Ok(mut tcp) = connect_with_timeouts(&address, within) else {
+            return Handshake::Unknown;
+        };
+        let Ok(mut tls) = rustls::ClientConnection::new(config, name) else {
+            return Handshake::Unknown;
+        };
         while tls.is_handshaking() {
+            // Each read has its timeout; a member that trickles bytes
+            // is cut off here.
+            if std::time::Instant::now() > deadline {
+                return Handshake::Unknown;
+            }
             if let Err(e) = tls.complete_io(&mut tcp) {
                 return said(e);
             }
         }
         // A TLS 1.3 server judges the client's certificate after the
         // handshake: its refusal is the first record read. A server that
-        // took it says nothing until asked.
-        tcp.set_read_timeout(Some(within.min(std::time::Duration::from_secs(1))))
-            .ok()?;
+        // took it says nothing until asked, and the read times out.
         let mut first = [0u8; 1];
-        rustls::Stream::new(&mut tls, &mut tcp)
-            .read_exact(&mut first)
-            .err()
-            .and_then(said)
+        match rustls::Stream::new(&mut tls, &mut tcp).read_exact(&mut first) {
+            Err(e) => match said(e) {
+                Handshake::Unknown => Handshake::Accepted,
+                refused => refused,
+            },
+            Ok(()) => Handshake::Accepted,
+        }
     };
-    tokio::task::spawn_blocking(probe).await.ok().flatten()
-}
-
-#[cfg(all(not(feature = "tls"), feature = "etcd"))]
-pub(crate) fn etcd_with_tls(
-    _options: etcd_client::ConnectOptions,
-    _root_pem: Option<&[u8]>,
-    _certificate: Option<&crate::config::ClientCertificate>,
-) -> Result<etcd_client::ConnectOptions, String> {
-    Err("`https://` endpoints need TLS support: enable lock-runtime's `tls` feature".into())
+    tokio::task::spawn_blocking(probe)
+        .await
+        .unwrap_or(Handshake::Unknown)
 }
 
 /// `host:port`, with an IPv6 address in brackets.
-#[cfg(all(feature = "tls", any(feature = "etcd", feature = "zookeeper")))]
-fn socket_address(host: &str, port: u16) -> String {
+#[cfg(feature = "tls")]
+pub(crate) fn socket_address(host: &str, port: u16) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -363,8 +382,11 @@ fn socket_address(host: &str, port: u16) -> String {
 
 /// A blocking connection to `address`, whose connect, reads and writes
 /// each give up after `within`.
-#[cfg(all(feature = "tls", any(feature = "etcd", feature = "zookeeper")))]
-fn connect_with_timeouts(address: &str, within: std::time::Duration) -> std::io::Result<std::net::TcpStream> {
+#[cfg(feature = "tls")]
+pub(crate) fn connect_with_timeouts(
+    address: &str,
+    within: std::time::Duration,
+) -> std::io::Result<std::net::TcpStream> {
     use std::net::ToSocketAddrs;
 
     let to = address
@@ -382,7 +404,7 @@ fn connect_with_timeouts(address: &str, within: std::time::Duration) -> std::io:
 /// plain client that a server closed on tells a TLS-only server from one
 /// still starting. Written here because no kept crate offers the probe;
 /// rustls makes the hello, so nothing of the protocol is by hand.
-#[cfg(all(feature = "tls", any(feature = "etcd", feature = "zookeeper")))]
+#[cfg(feature = "tls")]
 pub(crate) async fn answers_tls(host: &str, port: u16, within: std::time::Duration) -> bool {
     use std::io::{Read, Write};
 
@@ -412,7 +434,7 @@ pub(crate) async fn answers_tls(host: &str, port: u16, within: std::time::Durati
     matches!(tokio::task::spawn_blocking(probe).await, Ok(Ok(21 | 22)))
 }
 
-#[cfg(all(not(feature = "tls"), any(feature = "etcd", feature = "zookeeper")))]
+#[cfg(not(feature = "tls"))]
 pub(crate) async fn answers_tls(_host: &str, _port: u16, _within: std::time::Duration) -> bool {
     false
 }

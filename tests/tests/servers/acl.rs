@@ -7,7 +7,7 @@
 use lock_runtime::{LockClient, LockError};
 use lock_tests::{
     Cluster, LOCK_USER, LOCK_USER_CLUSTER_RULES, LOCK_USER_RULES, LOCK_USER_SENTINEL_MASTER_RULES,
-    LOCK_USER_SENTINEL_RULES, RedisServer,
+    LOCK_USER_SENTINEL_RULES, RedisServer, Replicated,
 };
 
 fn one_line(text: &str) -> String {
@@ -127,4 +127,32 @@ async fn a_cluster_user_missing_a_grant_is_refused_at_start_up_by_name() {
     for node in &cluster.nodes {
         node.query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
     }
+}
+
+/// The redis crate confirms the master a Sentinel named with `ROLE`, or
+/// with `INFO replication` where `ROLE` is refused: either grant lets the
+/// client start and lock, and only a user refused both is stopped, by an
+/// error naming `+role`.
+#[tokio::test]
+async fn a_sentinel_master_is_confirmed_with_role_or_info() {
+    let group = Replicated::start_named_with_lock_user(0);
+    let connect =
+        || LockClient::builder().sentinel(lock_tests::sentinel::MASTER_NAME, group.lock_user_sentinel_urls());
+    connect()
+        .await
+        .expect("the documented Sentinel ACL is enough to start");
+    set_user(&group.master, "-role");
+    let reason = reason(connect().await);
+    assert!(names(&reason, "role"), "refused `role` and `info`: {reason}");
+    set_user(&group.master, "+info");
+    let locks = connect().await.expect("`info` stands in for `role`");
+    locks
+        .lock("acl:sentinel")
+        .run(async {})
+        .await
+        .expect("a lock on the master INFO confirmed");
+    // The crate's ROLE, refused on each new connection, was expected.
+    group
+        .master
+        .query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
 }

@@ -35,13 +35,21 @@ async fn locks_over_tls_with_a_private_ca() {
             .connect(&url)
             .await
             .expect_err("an unknown issuer is refused");
-        assert!(
-            matches!(&err, LockError::Backend { .. } | LockError::InvalidConfig { .. }),
-            "{err}"
-        );
+        assert!(matches!(&err, LockError::InvalidConfig { .. }), "{err}");
         assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
         // Waiting cannot mend a certificate: refused at the first attempt.
         assert!(!err.to_string().contains("not ready"), "{err}");
+        // A plain client at the TLS port is closed on, as by a server going
+        // down; only a TLS server answers a TLS hello, so it is told apart
+        // and refused at once.
+        let err = LockClient::builder()
+            .command_timeout(Duration::from_secs(2))
+            .startup_timeout(Duration::from_secs(10))
+            .connect(&format!("redis://127.0.0.1:{tls_port}/"))
+            .await
+            .expect_err("plain to the TLS port");
+        assert!(matches!(&err, LockError::InvalidConfig { .. }), "{err}");
+        assert!(err.to_string().contains("speaks TLS only"), "{err}");
         // A TLS client at a plain port (the server's own) cannot be told
         // from a server not answering yet: Redis waits for the rest of a
         // command line that never comes. It is waited for, then reported.
@@ -373,6 +381,7 @@ async fn etcd_over_mutual_tls_with_a_private_ca() {
             err.to_string().contains("not the key of that certificate"),
             "{err}"
         );
+        assert_key_not_shown(&err, &read("stranger.key"));
 
         let secured = || {
             quick()
@@ -393,6 +402,15 @@ async fn etcd_over_mutual_tls_with_a_private_ca() {
         fenced_lock_handed_over(&locks, other).await;
     })
     .await
+}
+
+/// Asserts that no line of the PEM `key` shows in `err` or its `Debug`.
+fn assert_key_not_shown(err: &LockError, key: &[u8]) {
+    let shown = format!("{err} {err:?}");
+    let key = String::from_utf8_lossy(key);
+    for line in key.lines().filter(|line| !line.starts_with("-----")) {
+        assert!(!shown.contains(line), "a line of the private key shows: {shown}");
+    }
 }
 
 /// `locks` takes a fenced lock over TLS, `other` waits for it, refused
@@ -526,6 +544,15 @@ async fn zookeeper_over_mutual_tls_with_a_private_ca() {
             err.to_string().contains("not the key of that certificate"),
             "{err}"
         );
+        assert_key_not_shown(&err, &read("stranger.key"));
+        // A TLS member that is down is waited for, not refused.
+        let err = quick()
+            .startup_timeout(Duration::from_millis(500))
+            .tls_root_certificate(ca.clone())
+            .zookeeper(&format!("tcp+tls://127.0.0.1:{}", free_port()))
+            .await
+            .expect_err("a TLS member that is down");
+        assert!(err.to_string().contains("not ready within 500ms"), "{err}");
 
         // Refused by the server, and told at once (the ZooKeeper client
         // says only "no available hosts"): the server's certificate from
@@ -559,6 +586,32 @@ async fn zookeeper_over_mutual_tls_with_a_private_ca() {
             .await
             .expect_err("a plain client at the TLS port");
         refused_by_server("a plain client at the TLS port", &err, "speaks TLS only");
+    })
+    .await
+}
+
+/// ZooKeeper's `secureClientPort` without client certificates
+/// (`ssl.clientAuth=none`): the CA alone is enough, a connect string with
+/// a chroot is read as the ZooKeeper client reads it, and a lock is
+/// handed over as with mutual TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_over_one_way_tls_with_a_chroot() {
+    lock_tests::bounded("zookeeper_over_one_way_tls_with_a_chroot", async move {
+        let certs = tempfile::tempdir().expect("cert dir");
+        make_certificates(certs.path());
+        let ca = std::fs::read(certs.path().join("ca.crt")).expect("read the CA");
+        let zk = lock_tests::ZooKeeper::start_with_tls(certs.path(), false);
+        let connect = format!("{}/one-way", zk.tls_connect_string());
+        let client = || {
+            LockClient::builder()
+                .command_timeout(Duration::from_secs(2))
+                .startup_timeout(Duration::from_secs(10))
+                .tls_root_certificate(ca.clone())
+                .zookeeper(&connect)
+        };
+        let locks = client().await.expect("the CA alone, one-way TLS");
+        let other = client().await.expect("a second client");
+        fenced_lock_handed_over(&locks, other).await;
     })
     .await
 }

@@ -116,6 +116,10 @@ const ONE_NODE_COMMANDS: [(&str, &str); 3] = [
 /// than leave a refusal in the server's ACL log at every start).
 const OPTIONAL_COMMANDS: [(&str, &str); 1] = [("config|get", "CONFIG GET maxmemory-policy")];
 
+/// How the redis crate confirms the master a Sentinel named: `ROLE`, or
+/// `INFO replication` where `ROLE` is refused. Either is enough.
+const SENTINEL_MASTER_CHECKS: [(&str, &str); 2] = [("role", "ROLE"), ("info", "INFO REPLICATION")];
+
 /// Release notices on a cluster go to the slot's shard; the client learns
 /// the slots and follows a slot being migrated.
 const CLUSTER_COMMANDS: [(&str, &str); 5] = [
@@ -289,9 +293,13 @@ impl RedisBackend {
     /// (`startup::when_ready`), which the failure's `transient` tells.
     pub(crate) async fn connect(url: &str, config: &ClientConfig) -> Result<Self, Failure> {
         let (client, node) = open_url(url, config.tls_root.as_deref()).map_err(Failure::permanent)?;
-        let conn = ConnectionManager::new_with_config(client.clone(), manager_config(config))
-            .await
-            .map_err(|e| startup_failure(&node, e, &[url]))?;
+        let conn = match ConnectionManager::new_with_config(client.clone(), manager_config(config)).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                let failure = startup_failure(&node, e, &[url]);
+                return Err(plain_at_tls_port(&client, &node, failure, config.command_timeout).await);
+            }
+        };
         // Connected on the renewal thread, where its replies are read.
         let lane = on_renewal_thread(ConnectionManager::new_with_config(
             client.clone(),
@@ -448,10 +456,18 @@ impl<C: Connection> RedisBackend<C> {
             }
             Err(e) => return Err(startup_failure(&self.node, e, urls)),
         };
-        let (optional, refused): (Vec<String>, Vec<String>) = reply
+        let (optional, mut refused): (Vec<String>, Vec<String>) = reply
             .unwrap_or_default()
             .into_iter()
             .partition(|words| OPTIONAL_COMMANDS.iter().any(|(_, w)| w == words));
+        // One way to confirm a Sentinel's master is enough; refused both,
+        // the first is named.
+        let confirms = |words: &String| SENTINEL_MASTER_CHECKS.iter().any(|(_, w)| w == words);
+        if refused.iter().filter(|words| confirms(words)).count() < SENTINEL_MASTER_CHECKS.len() {
+            refused.retain(|words| !confirms(words));
+        } else {
+            refused.retain(|words| words != SENTINEL_MASTER_CHECKS[1].1);
+        }
         if refused.is_empty() {
             return Ok(optional.is_empty());
         }
@@ -492,8 +508,7 @@ impl<C: Connection> RedisBackend<C> {
             Topology::Single(_) => commands.extend(ONE_NODE_COMMANDS),
             Topology::Sentinel(_) => {
                 commands.extend(ONE_NODE_COMMANDS);
-                // The redis crate confirms the master Sentinel named.
-                commands.push(("role", "ROLE"));
+                commands.extend(SENTINEL_MASTER_CHECKS);
             }
             Topology::Cluster { .. } => commands.extend(CLUSTER_COMMANDS),
         }
@@ -1132,13 +1147,47 @@ fn transient(e: &RedisError) -> bool {
 /// talking to a plain server), which waiting cannot mend.
 pub(crate) fn startup_failure(node: &str, e: RedisError, urls: &[&str]) -> Failure {
     let certificate = seeds_cause(&e).is_some_and(|cause| cause.contains("invalid peer certificate"));
-    let waitable = transient(&e) && !tls_refused(&e) && !certificate;
-    let error = connect_error(node, e, urls);
+    let handshake = tls_refused(&e) || certificate;
+    let waitable = transient(&e) && !handshake;
+    let error = match connect_error(node, e, urls) {
+        // Waiting cannot mend a certificate: the configuration's fault.
+        LockError::Backend { source, .. } if handshake => LockError::InvalidConfig {
+            node: node.to_owned(),
+            reason: format!(
+                "the TLS handshake failed ({source}): the server's certificate is verified against the system's roots, or against `tls_root_certificate` when given"
+            ),
+        },
+        error => error,
+    };
     Failure {
         transient: waitable && !matches!(error, LockError::InvalidConfig { .. }),
         error,
         reconnecting: false,
     }
+}
+
+/// `failure` as a plain client at a port that speaks TLS only sees it, told
+/// apart: such a server closes on the client, as one going down does, and
+/// only the first answers a TLS hello. Refused at once, where it would
+/// otherwise be waited for until `startup_timeout` ends.
+async fn plain_at_tls_port(
+    client: &redis::Client,
+    node: &str,
+    failure: Failure,
+    within: Duration,
+) -> Failure {
+    let redis::ConnectionAddr::Tcp(host, port) = client.get_connection_info().addr() else {
+        return failure;
+    };
+    if !failure.transient || !super::tls::answers_tls(host, *port, within).await {
+        return failure;
+    }
+    Failure::permanent(LockError::InvalidConfig {
+        node: node.to_owned(),
+        reason: format!(
+            "the server at `{node}` speaks TLS only: give its URL as `rediss://` (the `tls` feature)"
+        ),
+    })
 }
 
 /// The ACL user a URL logs in as: a user name counts only beside a

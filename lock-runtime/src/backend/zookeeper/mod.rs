@@ -126,6 +126,40 @@ fn tls_options(
     Err("`tcp+tls://` members need TLS support: enable lock-runtime's `zookeeper-tls` feature".into())
 }
 
+/// What a member said to a client that got no session from it.
+enum Said {
+    /// Something waiting cannot mend: why.
+    Refused(String),
+    /// It let the client in: the session failed for another reason.
+    LetIn,
+    /// No answer, or nothing that tells.
+    Nothing,
+}
+
+/// Whether the ZooKeeper server at `host:port` answers a plain client: a
+/// four-letter word (`srvr`) gets text back, from a server not serving
+/// yet, or with the word not allowed ("not in the whitelist"), while a
+/// port that speaks TLS only closes on it or answers with a TLS record.
+#[cfg(feature = "tls")]
+async fn answers_plain(host: &str, port: u16, within: Duration) -> bool {
+    use std::io::{Read, Write};
+
+    let address = super::tls::socket_address(host, port);
+    let probe = move || -> std::io::Result<u8> {
+        let mut stream = super::tls::connect_with_timeouts(&address, within)?;
+        stream.write_all(b"srvr")?;
+        let mut first = [0u8; 1];
+        stream.read_exact(&mut first)?;
+        Ok(first[0])
+    };
+    matches!(tokio::task::spawn_blocking(probe).await, Ok(Ok(byte)) if byte.is_ascii_alphabetic())
+}
+
+#[cfg(not(feature = "tls"))]
+async fn answers_plain(_host: &str, _port: u16, _within: Duration) -> bool {
+    false
+}
+
 /// A member of a connect string.
 #[derive(Debug, PartialEq)]
 struct Member<'a> {
@@ -456,7 +490,7 @@ impl ZooKeeperBackend {
         }
         if secure < members.len() {
             return Err(invalid(
-                "give every member as `tcp+tls://` or none: the client speaks TLS to all members or to none"
+                "give every member as `tcp+tls://` or none (separated by commas alone: a space starts a member's name): the client speaks TLS to all members or to none"
                     .into(),
             ));
         }
@@ -514,9 +548,7 @@ impl ZooKeeperBackend {
             })
         };
         let probe = async {
-            client
-                .mkdir(&self.root, &zk::CreateMode::Persistent.with_acls(self.acls))
-                .await?;
+            self.make_root(&client).await?;
             let (acls, _) = client.get_acl(&self.root).await?;
             let changes = [
                 zk::Permission::WRITE,
@@ -628,33 +660,53 @@ impl ZooKeeperBackend {
     }
 
     /// Why no member gave a session, when waiting cannot mend it: a
-    /// certificate refused either way, or a plain client at a member that
-    /// speaks TLS only. The ZooKeeper client reports each as no host
-    /// available, as it does a member down or still starting.
+    /// certificate refused either way, or a plain client at members that
+    /// speak TLS only. The ZooKeeper client reports each as no host
+    /// available, as it does a member down or still starting. Told only
+    /// when no member let the client in: while one does, waiting may
+    /// still get a session. The members are asked at once, within a
+    /// bound.
     async fn refusal(&self) -> Option<String> {
-        for member in members(&self.connect)? {
-            let (host, port) = (member.host, member.port);
-            #[cfg(feature = "zookeeper-tls")]
-            if let Some(tls) = &self.tls {
-                let refused =
-                    super::tls::certificate_refusal(host, port, Arc::clone(&tls.probe), self.timeout).await;
-                if let Some(why) = refused {
-                    return Some(format!("the member `{host}:{port}` {why}"));
-                }
-                continue;
-            }
-            if super::tls::answers_tls(host, port, self.timeout).await {
-                let host = if host.contains(':') {
-                    format!("[{host}]")
-                } else {
-                    host.to_owned()
-                };
-                return Some(format!(
-                    "the member `{host}:{port}` speaks TLS only: give every member as `tcp+tls://{host}:{port}` (the `zookeeper-tls` feature)"
-                ));
-            }
+        let members = members(&self.connect)?;
+        let asked = futures_util::future::join_all(members.iter().map(|m| self.ask(m)));
+        let said = tokio::time::timeout(self.timeout * 3, asked).await.ok()?;
+        if said.iter().any(|said| matches!(said, Said::LetIn)) {
+            return None;
         }
-        None
+        said.into_iter().find_map(|said| match said {
+            Said::Refused(why) => Some(why),
+            _ => None,
+        })
+    }
+
+    /// What `member` says to a client of this configuration.
+    async fn ask(&self, member: &Member<'_>) -> Said {
+        let (host, port) = (member.host, member.port);
+        #[cfg(feature = "zookeeper-tls")]
+        if let Some(tls) = &self.tls {
+            use super::tls::Handshake;
+            return match super::tls::handshake(host, port, Arc::clone(&tls.probe), self.timeout).await {
+                Handshake::Refused(why) => Said::Refused(format!("the member `{host}:{port}` {why}")),
+                Handshake::Accepted => Said::LetIn,
+                Handshake::Unknown => Said::Nothing,
+            };
+        }
+        if !super::tls::answers_tls(host, port, self.timeout).await {
+            return Said::Nothing;
+        }
+        // A port that serves both (`client.portUnification`) answers a
+        // plain client too, and is only not serving yet.
+        if answers_plain(host, port, self.timeout).await {
+            return Said::LetIn;
+        }
+        let shown = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.to_owned()
+        };
+        Said::Refused(format!(
+            "the member `{shown}:{port}` speaks TLS only: give every member as `tcp+tls://{shown}:{port}` (the `zookeeper-tls` feature)"
+        ))
     }
 
     fn live(&self) -> Option<Arc<zk::Client>> {
@@ -719,7 +771,6 @@ impl ZooKeeperBackend {
         let marked_before = !self.unanswered().insert(prefix.clone());
         let child = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
         let container = zk::CreateMode::Container.with_acls(self.acls);
-        let persistent = zk::CreateMode::Persistent.with_acls(self.acls);
         for _ in 0..4 {
             match client.create(&prefix, &[], &child).await {
                 Ok((stat, seq)) => {
@@ -729,7 +780,7 @@ impl ZooKeeperBackend {
                     return Ok((format!("{prefix}{seq}"), stat.czxid));
                 }
                 Err(zk::Error::NoNode) => {
-                    client.mkdir(&self.root, &persistent).await?;
+                    self.make_root(client).await?;
                     match client.create(queue, &[], &container).await {
                         Ok(_) | Err(zk::Error::NodeExists) => {}
                         Err(e) => return Err(e),
@@ -739,6 +790,24 @@ impl ZooKeeperBackend {
             }
         }
         Err(zk::Error::NoNode)
+    }
+
+    /// Makes the root, and the connect string's chroot when it is
+    /// missing: the ZooKeeper client resolves every path under the chroot
+    /// and, as ZooKeeper's own client, makes none of it, so a chroot
+    /// nobody made would fail every lock with "node not exists". Both get
+    /// the lock nodes' ACL.
+    async fn make_root(&self, client: &zk::Client) -> Result<(), zk::Error> {
+        let persistent = zk::CreateMode::Persistent.with_acls(self.acls);
+        match client.mkdir(&self.root, &persistent).await {
+            Err(zk::Error::NoNode) if client.path() != "/" => {
+                let chroot = client.path().to_owned();
+                let unrooted = client.clone().chroot("/").map_err(|_| zk::Error::NoNode)?;
+                unrooted.mkdir(&chroot, &persistent).await?;
+                client.mkdir(&self.root, &persistent).await
+            }
+            made => made,
+        }
     }
 
     /// Queues our child for `key` and registers it.
