@@ -715,19 +715,24 @@ impl LockClientBuilder {
             let (client, _) = open_url(url, self.config.tls_root.as_deref())?;
             infos.push(client.get_connection_info().clone());
         }
-        // The master is reached with the credentials of the first sentinel
-        // URL (Sentinel deployments usually share one password).
-        let master_credentials = infos[0].redis_settings().clone();
         let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
-        // An owned name suits both of `build`'s signatures (with and
-        // without the crate's TLS feature).
-        let service = String::from(master_name);
-        let sentinel = SentinelClient::build(
-            infos,
-            service,
-            Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(master_credentials)),
-            SentinelServerType::Master,
-        )
+        let tls = urls.iter().any(|url| url.starts_with("rediss://"));
+        let sentinel = if tls {
+            tls_sentinel_client(&infos, master_name, self.config.tls_root.as_deref())
+        } else {
+            // The master is reached with the credentials of the first
+            // sentinel URL (Sentinel deployments usually share one
+            // password). An owned name suits both of `build`'s signatures
+            // (with and without the crate's TLS feature).
+            let master = SentinelNodeConnectionInfo::default()
+                .set_redis_connection_info(infos[0].redis_settings().clone());
+            SentinelClient::build(
+                infos,
+                String::from(master_name),
+                Some(master),
+                SentinelServerType::Master,
+            )
+        }
         .map_err(|e| invalid(redact_error(e, &seeds)))?;
         let link = SentinelLink::new(sentinel, self.config.command_timeout);
         let backend = RedisBackend::new(link.clone(), link.clone(), Topology::Sentinel(link), name.clone())
@@ -982,4 +987,64 @@ async fn redlock_masters(
         });
     }
     Ok(masters)
+}
+
+/// A Sentinel client whose sentinels are reached over TLS (`rediss://`),
+/// and so is the master, verified against `tls_root` when given, else
+/// the system's roots: a password must not reach the master in clear text
+/// when TLS was asked for. The redis crate takes a CA for the masters only
+/// through its builder, which gives every sentinel the first URL's user
+/// and password (and the master too, as without TLS).
+#[cfg(feature = "tls")]
+fn tls_sentinel_client(
+    infos: &[redis::ConnectionInfo],
+    master_name: &str,
+    tls_root: Option<&[u8]>,
+) -> redis::RedisResult<SentinelClient> {
+    let first = infos[0].redis_settings();
+    let same = |info: &redis::ConnectionInfo| {
+        let settings = info.redis_settings();
+        settings.username() == first.username() && settings.password() == first.password()
+    };
+    if !infos.iter().all(same) {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "over TLS, give every sentinel URL the same user and password",
+        )));
+    }
+    let mut builder = redis::sentinel::SentinelClientBuilder::new(
+        infos.iter().map(|info| info.addr().clone()),
+        master_name,
+        SentinelServerType::Master,
+    )?
+    .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+    .set_client_to_redis_db(first.db())
+    .set_client_to_redis_protocol(first.protocol());
+    if let Some(user) = first.username() {
+        builder = builder
+            .set_client_to_redis_username(user)
+            .set_client_to_sentinel_username(user);
+    }
+    if let Some(password) = first.password() {
+        builder = builder
+            .set_client_to_redis_password(password)
+            .set_client_to_sentinel_password(password);
+    }
+    if let Some(pem) = tls_root {
+        builder = builder.set_client_to_redis_certificates(crate::backend::tls::tls_certificates(pem));
+    }
+    builder.build()
+}
+
+/// Without the `tls` feature a `rediss://` URL is refused before this.
+#[cfg(not(feature = "tls"))]
+fn tls_sentinel_client(
+    _infos: &[redis::ConnectionInfo],
+    _master_name: &str,
+    _tls_root: Option<&[u8]>,
+) -> redis::RedisResult<SentinelClient> {
+    Err(redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "`rediss://` needs TLS support: enable lock-runtime's `tls` feature",
+    )))
 }

@@ -1,7 +1,7 @@
 //! A replicated Redis: a master, its replicas, and three sentinels
 //! (`redis-server <config> --sentinel`) watching it, on free ports.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -194,6 +194,62 @@ impl Replicated {
             assert!(Instant::now() < deadline, "sentinels not ready after {timeout:?}");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// A master that also serves TLS, and a sentinel that monitors it over
+/// TLS (`tls-replication yes`, so the master it names is its TLS port) and
+/// serves TLS itself: a Sentinel deployment behind TLS, with `certs`'
+/// server certificate (from [`make_certificates`](crate::make_certificates))
+/// and no client certificates asked for. Each keeps its plain port too,
+/// for the harness's probes. Stopped on drop.
+#[derive(Debug)]
+pub struct TlsGroup {
+    /// The master; its plain port is [`RedisServer::port`].
+    pub master: RedisServer,
+    /// The master's TLS port, which the sentinel names.
+    pub master_tls_port: u16,
+    _sentinel: SentinelProcess,
+    sentinel_tls_port: u16,
+}
+
+impl TlsGroup {
+    /// Starts the master and its sentinel, both answering.
+    pub fn start(certs: &Path) -> TlsGroup {
+        let file = |name: &str| certs.join(name).display().to_string();
+        let (cert, key, ca) = (file("server.crt"), file("server.key"), file("ca.crt"));
+        let master_tls_port = free_port();
+        let master = RedisServer::start_with(&[
+            "--tls-port",
+            &master_tls_port.to_string(),
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+        ]);
+        let sentinel_tls_port = free_port();
+        let sentinel = start_sentinel(
+            master_tls_port,
+            &format!(
+                "tls-port {sentinel_tls_port}\ntls-cert-file {cert}\ntls-key-file {key}\n\
+                 tls-ca-cert-file {ca}\ntls-auth-clients no\ntls-replication yes\n"
+            ),
+        );
+        TlsGroup {
+            master,
+            master_tls_port,
+            _sentinel: sentinel,
+            sentinel_tls_port,
+        }
+    }
+
+    /// `rediss://127.0.0.1:<port>/` of the sentinel's TLS port.
+    pub fn sentinel_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/", self.sentinel_tls_port)
     }
 }
 

@@ -27,7 +27,7 @@ pub(crate) mod redis;
 #[cfg(feature = "testing")]
 pub(crate) mod sim;
 pub(crate) mod startup;
-mod tls;
+pub(crate) mod tls;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod unanswered;
 #[cfg(feature = "zookeeper")]

@@ -414,6 +414,14 @@ async fn bad_input_gets_clear_errors_and_no_password_shows() {
         assert!(!shown.contains("s3cr3t-Pa55"), "{shown}");
         guard.release().await.expect("release");
 
+        // No password where the server asks for one: nothing to wait for.
+        let err = LockClient::postgres(&format!("postgres://app@127.0.0.1:{}/locks", server.port()))
+            .await
+            .expect_err("no password");
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
+        assert!(err.to_string().contains("password"), "{err}");
+        assert!(!err.to_string().contains("not ready"), "{err}");
+
         // A user who may not create the table: told which grants it needs.
         let err = LockClient::builder()
             .postgres_table("other_locks")
@@ -446,6 +454,7 @@ async fn bad_input_gets_clear_errors_and_no_password_shows() {
         let err = LockClient::postgres(&format!("{}?sslmode=require", url_as("app", "tls-Pa55")))
             .await
             .expect_err("TLS required, and this server does not offer it");
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
         assert!(err.to_string().contains("does not support TLS"), "{err}");
         // Waiting cannot mend it: refused at the first attempt.
         assert!(!err.to_string().contains("not ready"), "{err}");

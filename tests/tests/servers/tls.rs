@@ -90,6 +90,40 @@ async fn locks_over_tls_with_a_private_ca() {
     .await
 }
 
+/// A Sentinel deployment behind TLS: the sentinel reached at `rediss://`
+/// with the private CA, and the master it names reached over TLS too,
+/// verified against the same CA (it was reached in clear text, its
+/// password with it): the master's plain port sees no client of the lock
+/// but the test's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls_reaches_its_master_over_tls() {
+    lock_tests::bounded("sentinel_over_tls_reaches_its_master_over_tls", async move {
+        let certs = tempfile::tempdir().expect("cert dir");
+        make_certificates(certs.path());
+        let ca = std::fs::read(certs.path().join("ca.crt")).expect("read ca.crt");
+        let group = lock_tests::sentinel::TlsGroup::start(certs.path());
+        let locks = LockClient::builder()
+            .tls_root_certificate(ca)
+            .sentinel(lock_tests::sentinel::MASTER_NAME, [group.sentinel_url()])
+            .await
+            .expect("the sentinel and its master over TLS, with the private CA");
+        let guard = locks.lock("tls:s").acquire().await.expect("lock over TLS");
+        let exists: i64 = group.master.query(redis::cmd("EXISTS").arg("lock:{tls:s}"));
+        assert_eq!(exists, 1, "the lock went to the master");
+        let clients: String = group.master.query(redis::cmd("CLIENT").arg("LIST"));
+        let plain = format!("laddr=127.0.0.1:{} ", group.master.port());
+        let tls = format!("laddr=127.0.0.1:{} ", group.master_tls_port);
+        let on_plain: Vec<&str> = clients
+            .lines()
+            .filter(|line| line.contains(&plain) && !line.contains("cmd=client|list"))
+            .collect();
+        assert!(on_plain.is_empty(), "clients on the plain port: {on_plain:?}");
+        assert!(clients.contains(&tls), "no client on the TLS port: {clients}");
+        guard.release().await.expect("release over TLS");
+    })
+    .await
+}
+
 /// PostgreSQL with `sslmode=require` and the `tls` feature: the server is
 /// verified (an unknown issuer refused), and every connection, the release
 /// listener's too, goes over TLS; `pg_hba.conf` refuses the role anything
@@ -115,6 +149,7 @@ async fn postgres_over_tls_with_a_private_ca() {
             .postgres(&url("require"))
             .await
             .expect_err("an unknown issuer is refused");
+        assert!(matches!(unverified, LockError::InvalidConfig { .. }), "{unverified}");
         assert!(unverified.to_string().to_lowercase().contains("certificate"), "{unverified}");
         assert!(!unverified.to_string().contains("not ready"), "refused at once: {unverified}");
         let plain = LockClient::builder()
@@ -122,6 +157,7 @@ async fn postgres_over_tls_with_a_private_ca() {
             .postgres(&url("disable"))
             .await
             .expect_err("the role may not connect without TLS");
+        assert!(matches!(plain, LockError::InvalidConfig { .. }), "{plain}");
         assert!(plain.to_string().contains("no encryption"), "{plain}");
         assert!(!plain.to_string().contains("not ready"), "refused at once: {plain}");
 

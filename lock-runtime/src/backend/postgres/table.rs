@@ -259,29 +259,41 @@ impl PostgresBackend {
 
     /// A start-up failure: refused credentials, a missing database and
     /// missing grants are the configuration's fault, and so is TLS that
-    /// fails (a certificate that does not verify): both fail at once. The
-    /// rest is classified as for a lock call.
+    /// fails (a certificate that does not verify, a server without TLS):
+    /// all are `InvalidConfig`, at once. The rest is classified as for a
+    /// lock call.
     fn startup_failure(&self, e: PoolError) -> Failure {
         let message = redact_secrets(&describe(&e), &self.url);
         let state = match &e {
             PoolError::Backend(e) => e.code().cloned(),
             _ => None,
         };
-        let refused = [
-            SqlState::INVALID_PASSWORD,
-            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
-            SqlState::INVALID_CATALOG_NAME,
-            SqlState::INSUFFICIENT_PRIVILEGE,
-        ];
-        match state {
-            Some(state) if refused.contains(&state) => Failure::permanent(LockError::InvalidConfig {
+        let invalid = |reason: String| {
+            Failure::permanent(LockError::InvalidConfig {
                 node: self.node.clone(),
-                reason: format!(
-                    "{message}; the user needs CREATE on the schema (or an existing table), and SELECT, INSERT, UPDATE and DELETE on the lock table"
-                ),
-            }),
+                reason,
+            })
+        };
+        match state {
+            Some(state) if state == SqlState::INSUFFICIENT_PRIVILEGE => invalid(format!(
+                "{message}; the user needs CREATE on the schema (or an existing table), and SELECT, INSERT, UPDATE and DELETE on the lock table"
+            )),
+            Some(state) if state == SqlState::INVALID_CATALOG_NAME => {
+                invalid(format!("{message}; the URL's database must exist"))
+            }
+            // Refused by the password, or by `pg_hba.conf` (whose words
+            // say why: no entry for this host, user or encryption).
+            Some(state)
+                if [
+                    SqlState::INVALID_PASSWORD,
+                    SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                ]
+                .contains(&state) =>
+            {
+                invalid(message)
+            }
             _ if matches!(&e, PoolError::Backend(inner) if tls_refused(inner) || lasting(inner)) => {
-                Failure::permanent(LockError::backend(&self.node, None, message))
+                invalid(message)
             }
             _ => self.failure(None, e),
         }
