@@ -372,7 +372,7 @@ pub(crate) async fn handshake(
 
 /// `host:port`, with an IPv6 address in brackets.
 #[cfg(feature = "tls")]
-pub(crate) fn socket_address(host: &str, port: u16) -> String {
+fn socket_address(host: &str, port: u16) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -406,8 +406,6 @@ pub(crate) fn connect_with_timeouts(
 /// rustls makes the hello, so nothing of the protocol is by hand.
 #[cfg(feature = "tls")]
 pub(crate) async fn answers_tls(host: &str, port: u16, within: std::time::Duration) -> bool {
-    use std::io::{Read, Write};
-
     install_tls_provider();
     let config = rustls::ClientConfig::builder()
         .with_root_certificates(rustls::RootCertStore::empty())
@@ -422,16 +420,34 @@ pub(crate) async fn answers_tls(host: &str, port: u16, within: std::time::Durati
     if hello_maker.write_tls(&mut hello).is_err() {
         return false;
     }
+    // A TLS record of type handshake (22) or alert (21).
+    matches!(
+        first_byte_answered(host, port, hello, within).await,
+        Some(21 | 22)
+    )
+}
+
+/// The first byte the server at `host:port` answers `bytes` with, within
+/// `within`, or `None` (no connection, closed, or silent): the probes
+/// that tell what a server speaks.
+#[cfg(feature = "tls")]
+pub(crate) async fn first_byte_answered(
+    host: &str,
+    port: u16,
+    bytes: Vec<u8>,
+    within: std::time::Duration,
+) -> Option<u8> {
+    use std::io::{Read, Write};
+
     let address = socket_address(host, port);
     let probe = move || -> std::io::Result<u8> {
         let mut stream = connect_with_timeouts(&address, within)?;
-        stream.write_all(&hello)?;
+        stream.write_all(&bytes)?;
         let mut first = [0u8; 1];
         stream.read_exact(&mut first)?;
         Ok(first[0])
     };
-    // A TLS record of type handshake (22) or alert (21).
-    matches!(tokio::task::spawn_blocking(probe).await, Ok(Ok(21 | 22)))
+    tokio::task::spawn_blocking(probe).await.ok()?.ok()
 }
 
 #[cfg(not(feature = "tls"))]

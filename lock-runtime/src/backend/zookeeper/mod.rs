@@ -142,17 +142,8 @@ enum Said {
 /// port that speaks TLS only closes on it or answers with a TLS record.
 #[cfg(feature = "tls")]
 async fn answers_plain(host: &str, port: u16, within: Duration) -> bool {
-    use std::io::{Read, Write};
-
-    let address = super::tls::socket_address(host, port);
-    let probe = move || -> std::io::Result<u8> {
-        let mut stream = super::tls::connect_with_timeouts(&address, within)?;
-        stream.write_all(b"srvr")?;
-        let mut first = [0u8; 1];
-        stream.read_exact(&mut first)?;
-        Ok(first[0])
-    };
-    matches!(tokio::task::spawn_blocking(probe).await, Ok(Ok(byte)) if byte.is_ascii_alphabetic())
+    let answer = super::tls::first_byte_answered(host, port, b"srvr".to_vec(), within).await;
+    answer.is_some_and(|byte| byte.is_ascii_alphabetic())
 }
 
 #[cfg(not(feature = "tls"))]
