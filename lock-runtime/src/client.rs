@@ -11,7 +11,9 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::cluster::{ClusterLink, cluster_builder};
 use crate::backend::redis::redlock::RedlockBackend;
 use crate::backend::redis::sentinel::SentinelLink;
-use crate::backend::redis::{RedisBackend, Topology, open_url, redact_error, startup_failure};
+use crate::backend::redis::{
+    RedisBackend, Topology, open_url, plain_at_tls_port, redact_error, startup_failure,
+};
 use crate::backend::startup::when_ready;
 use crate::config::ClientConfig;
 use crate::election::Election;
@@ -654,9 +656,11 @@ impl LockClientBuilder {
         if urls.is_empty() {
             return Err(invalid("a cluster client needs at least one seed URL".into()));
         }
-        for url in &urls {
-            open_url(url, self.config.tls_root.as_deref())?;
-        }
+        let opened = urls
+            .iter()
+            .map(|url| open_url(url, self.config.tls_root.as_deref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let opened: Vec<(&redis::Client, &str)> = opened.iter().map(|(c, node)| (c, node.as_str())).collect();
         let timeout = self.config.command_timeout;
         let tls_root = self.config.tls_root.clone();
         let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -677,9 +681,10 @@ impl LockClientBuilder {
             // credentials on a node with `PING` (which connects the
             // renewal lane too).
             when_ready(&name, self.config.startup_timeout, || async {
-                link.connection()
-                    .await
-                    .map_err(|e| startup_failure(&name, e, &seeds))?;
+                if let Err(e) = link.connection().await {
+                    let failure = startup_failure(&name, e, &seeds);
+                    return Err(plain_at_tls_port(&opened, failure, timeout).await);
+                }
                 backend.verify(&seeds).await?;
                 backend.check_access(&self.config.prefix, &seeds).await
             })
@@ -710,11 +715,15 @@ impl LockClientBuilder {
                 "a Sentinel client needs at least one sentinel URL".into(),
             ));
         }
-        let mut infos = Vec::with_capacity(urls.len());
-        for url in &urls {
-            let (client, _) = open_url(url, self.config.tls_root.as_deref())?;
-            infos.push(client.get_connection_info().clone());
-        }
+        let opened = urls
+            .iter()
+            .map(|url| open_url(url, self.config.tls_root.as_deref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let infos: Vec<_> = opened
+            .iter()
+            .map(|(c, _)| c.get_connection_info().clone())
+            .collect();
+        let opened: Vec<(&redis::Client, &str)> = opened.iter().map(|(c, node)| (c, node.as_str())).collect();
         let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
         let tls = urls.iter().any(|url| url.starts_with("rediss://"));
         let sentinel = if tls {
@@ -741,8 +750,17 @@ impl LockClientBuilder {
         if !self.config.lazy {
             // Asks Sentinel for the master, connects, checks the credentials.
             let readable = when_ready(&name, self.config.startup_timeout, || async {
-                backend.verify(&seeds).await?;
-                backend.check_access(&self.config.prefix, &seeds).await
+                let checked = async {
+                    backend.verify(&seeds).await?;
+                    backend.check_access(&self.config.prefix, &seeds).await
+                };
+                match checked.await {
+                    // A plain sentinel URL to a port that speaks TLS only.
+                    Err(failure) => {
+                        Err(plain_at_tls_port(&opened, failure, self.config.command_timeout).await)
+                    }
+                    readable => readable,
+                }
             })
             .await?;
             backend.check_eviction_policy(readable).await;

@@ -59,19 +59,22 @@ pub enum LockError {
         reason: String,
     },
 
-    /// A value that will never free itself sits at the lock's Redis key: a
-    /// value of another type, or a string without an expiry. It is left
+    /// What is stored at the lock's key is not this kind of lock: on every
+    /// backend, a lock of another kind (a read-write lock asked for as an
+    /// exclusive one); on Redis also a value that will never free itself
+    /// (another type, or a string without an expiry). It is left
     /// untouched. (Another library's lock, a string with an expiry, is a
     /// holder like any other: it is waited for.)
     #[error(
-        "lock `{key}` conflicts with a foreign value at Redis key `{redis_key}` (type `{found_type}`); it was left untouched"
+        "lock `{key}` conflicts with what is stored at `{redis_key}` (a `{found_type}`, not this kind of lock); it was left untouched"
     )]
     KeyConflict {
         /// The lock's key.
         key: String,
-        /// The full Redis key that holds the foreign value.
+        /// The full stored key (Redis key, row or node name) that holds it.
         redis_key: String,
-        /// The Redis type found there (`string` for a foreign string value).
+        /// What was found there: the kind of lock, or on Redis the type
+        /// (`string` for a foreign string value).
         found_type: String,
     },
 

@@ -251,6 +251,12 @@ impl TlsGroup {
     pub fn sentinel_url(&self) -> String {
         format!("rediss://127.0.0.1:{}/", self.sentinel_tls_port)
     }
+
+    /// `redis://127.0.0.1:<port>/` of the sentinel's TLS port: a plain
+    /// client's mistake.
+    pub fn plain_url_to_tls_port(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.sentinel_tls_port)
+    }
 }
 
 /// A master and one replica that replicates through a proxy (so that a test

@@ -136,6 +136,38 @@ async fn a_cluster_user_missing_a_grant_is_refused_at_start_up_by_name() {
 #[tokio::test]
 async fn a_sentinel_master_is_confirmed_with_role_or_info() {
     let group = Replicated::start_named_with_lock_user(0);
+    // A wrong password is refused at once, as on one node, and not shown.
+    let wrong: Vec<String> = group
+        .lock_user_sentinel_urls()
+        .iter()
+        .map(|url| url.replacen("@", "-wrong@", 1))
+        .collect();
+    let started = std::time::Instant::now();
+    let refused = LockClient::builder()
+        .startup_timeout(std::time::Duration::from_secs(10))
+        .sentinel(lock_tests::sentinel::MASTER_NAME, &wrong)
+        .await;
+    let took = started.elapsed();
+    let shown = match &refused {
+        Err(e) => format!("{e} {e:?}"),
+        Ok(_) => panic!("a wrong password was let in"),
+    };
+    let wrong_password = reason(refused);
+    assert!(
+        wrong_password.contains("password"),
+        "a wrong password: {wrong_password}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "waited {took:?} for a wrong password"
+    );
+    assert!(
+        !shown.contains("lock-user-password"),
+        "the password shown: {shown}"
+    );
+    group
+        .master
+        .query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
     let connect =
         || LockClient::builder().sentinel(lock_tests::sentinel::MASTER_NAME, group.lock_user_sentinel_urls());
     connect()

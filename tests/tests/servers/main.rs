@@ -33,6 +33,7 @@ mod mysql;
 mod notifications;
 mod owner_checks;
 mod postgres;
+mod protected;
 mod redlock;
 mod replication;
 mod secrets;

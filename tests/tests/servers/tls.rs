@@ -35,10 +35,7 @@ async fn locks_over_tls_with_a_private_ca() {
             .connect(&url)
             .await
             .expect_err("an unknown issuer is refused");
-        assert!(matches!(&err, LockError::InvalidConfig { .. }), "{err}");
-        assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
-        // Waiting cannot mend a certificate: refused at the first attempt.
-        assert!(!err.to_string().contains("not ready"), "{err}");
+        assert_certificate_refused("Redis", &err);
         // A plain client at the TLS port is closed on, as by a server going
         // down; only a TLS server answers a TLS hello, so it is told apart
         // and refused at once.
@@ -102,6 +99,32 @@ async fn sentinel_over_tls_reaches_its_master_over_tls() {
         make_certificates(certs.path());
         let ca = std::fs::read(certs.path().join("ca.crt")).expect("read ca.crt");
         let group = lock_tests::sentinel::TlsGroup::start(certs.path());
+        // Refused at the first attempt, as on one node: waiting cannot mend
+        // a certificate the system does not trust, nor a plain URL.
+        let builder = || {
+            LockClient::builder()
+                .command_timeout(Duration::from_secs(2))
+                .startup_timeout(Duration::from_secs(10))
+        };
+        let connect = async |builder: lock_runtime::LockClientBuilder, url: String| {
+            let started = std::time::Instant::now();
+            let refused = builder
+                .sentinel(lock_tests::sentinel::MASTER_NAME, [url])
+                .await
+                .expect_err("refused");
+            (refused, started.elapsed())
+        };
+        let (unverified, took) = connect(builder(), group.sentinel_url()).await;
+        assert_certificate_refused("Sentinel", &unverified);
+        assert!(
+            took < Duration::from_secs(10),
+            "waited {took:?} for a certificate"
+        );
+        let (plain, took) = connect(builder(), group.plain_url_to_tls_port()).await;
+        assert!(matches!(plain, LockError::InvalidConfig { .. }), "{plain}");
+        assert!(plain.to_string().contains("speaks TLS only"), "{plain}");
+        assert!(took < Duration::from_secs(10), "waited {took:?} for a plain URL");
+
         let locks = LockClient::builder()
             .tls_root_certificate(ca)
             .sentinel(lock_tests::sentinel::MASTER_NAME, [group.sentinel_url()])
@@ -149,9 +172,7 @@ async fn postgres_over_tls_with_a_private_ca() {
             .postgres(&url("require"))
             .await
             .expect_err("an unknown issuer is refused");
-        assert!(matches!(unverified, LockError::InvalidConfig { .. }), "{unverified}");
-        assert!(unverified.to_string().to_lowercase().contains("certificate"), "{unverified}");
-        assert!(!unverified.to_string().contains("not ready"), "refused at once: {unverified}");
+        assert_certificate_refused("PostgreSQL", &unverified);
         let plain = LockClient::builder()
             .command_timeout(Duration::from_secs(2))
             .postgres(&url("disable"))
@@ -230,18 +251,7 @@ async fn mysql_over_tls_with_a_private_ca() {
             .mysql(&tls_url)
             .await
             .expect_err("an unknown issuer is refused");
-        assert!(
-            matches!(unverified, LockError::InvalidConfig { .. }),
-            "{unverified}"
-        );
-        assert!(
-            unverified.to_string().to_lowercase().contains("certificate"),
-            "{unverified}"
-        );
-        assert!(
-            !unverified.to_string().contains("not ready"),
-            "refused at once: {unverified}"
-        );
+        assert_certificate_refused("MariaDB", &unverified);
         for off in ["verify_ca=false", "verify_identity=false"] {
             let err = quick()
                 .tls_root_certificate(ca.clone())
@@ -366,10 +376,7 @@ async fn etcd_over_mutual_tls_with_a_private_ca() {
             .await
             .expect_err("an unknown issuer is refused");
         refused_at_once("no CA", &unverified);
-        assert!(
-            unverified.to_string().to_lowercase().contains("certificate"),
-            "{unverified}"
-        );
+        assert_certificate_refused("etcd", &unverified);
 
         let anonymous = quick()
             .tls_root_certificate(ca.clone())
@@ -438,6 +445,15 @@ async fn etcd_over_mutual_tls_with_a_private_ca() {
         fenced_lock_handed_over(&locks, other).await;
     })
     .await
+}
+
+/// `err` refuses a server certificate the client does not trust as the
+/// configuration's fault, at the first attempt: waiting cannot mend it.
+fn assert_certificate_refused(what: &str, err: &LockError) {
+    assert!(matches!(err, LockError::InvalidConfig { .. }), "{what}: {err}");
+    let text = err.to_string();
+    assert!(text.to_lowercase().contains("certificate"), "{what}: {text}");
+    assert!(!text.contains("not ready"), "{what}: refused at once: {text}");
 }
 
 /// Asserts that no line of the PEM `key` shows in `err` or its `Debug`.

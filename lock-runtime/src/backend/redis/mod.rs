@@ -297,7 +297,8 @@ impl RedisBackend {
             Ok(conn) => conn,
             Err(e) => {
                 let failure = startup_failure(&node, e, &[url]);
-                return Err(plain_at_tls_port(&client, &node, failure, config.command_timeout).await);
+                let seed = [(&client, node.as_str())];
+                return Err(plain_at_tls_port(&seed, failure, config.command_timeout).await);
             }
         };
         // Connected on the renewal thread, where its replies are read.
@@ -1168,22 +1169,34 @@ pub(crate) fn startup_failure(node: &str, e: RedisError, urls: &[&str]) -> Failu
 
 /// `failure` as a plain client at a port that speaks TLS only sees it, told
 /// apart: such a server closes on the client, as one going down does, and
-/// only the first answers a TLS hello. Refused at once, where it would
-/// otherwise be waited for until `startup_timeout` ends.
-async fn plain_at_tls_port(
-    client: &redis::Client,
-    node: &str,
+/// only the first answers a TLS hello. Refused at once, naming the first of
+/// `seeds` (the servers the attempt asked, each with its name) that answers
+/// one, where it would otherwise be waited for until `startup_timeout`
+/// ends. The seeds are asked at once, each for at most `within`.
+pub(crate) async fn plain_at_tls_port(
+    seeds: &[(&redis::Client, &str)],
     failure: Failure,
     within: Duration,
 ) -> Failure {
-    let redis::ConnectionAddr::Tcp(host, port) = client.get_connection_info().addr() else {
-        return failure;
-    };
-    if !failure.transient || !super::tls::answers_tls(host, *port, within).await {
+    if !failure.transient {
         return failure;
     }
+    let answers = futures_util::future::join_all(seeds.iter().map(|(client, _)| async move {
+        match client.get_connection_info().addr() {
+            redis::ConnectionAddr::Tcp(host, port) => super::tls::answers_tls(host, *port, within).await,
+            _ => false,
+        }
+    }))
+    .await;
+    let Some((_, node)) = seeds
+        .iter()
+        .zip(answers)
+        .find_map(|(seed, tls)| tls.then_some(seed))
+    else {
+        return failure;
+    };
     Failure::permanent(LockError::InvalidConfig {
-        node: node.to_owned(),
+        node: (*node).to_owned(),
         reason: format!(
             "the server at `{node}` speaks TLS only: give its URL as `rediss://` (the `tls` feature)"
         ),

@@ -1,0 +1,404 @@
+//! Lock data only the lock's clients can touch (#58), on the servers that
+//! keep it: another client of the same server, logged in as another user
+//! with the grants docs/backends.md tells operators to give everyone else,
+//! tries every way it has to free, change, read or stall a held lock; each
+//! is refused by the server, and the holder keeps its lock, renews it and
+//! still keeps a second client of its own identity out. (ZooKeeper's node
+//! ACLs are tested the same way in `zookeeper.rs`.)
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockGuard, LockMode};
+use lock_tests::{MariaDb, Postgres, RedisServer};
+
+/// A lease short enough that the holder renews it several times while the
+/// intruder tries.
+const TTL: Duration = Duration::from_secs(1);
+
+/// The holder, after the intruder's attempts: still held, renewed twice
+/// more, and refused to a second client of the lock's own identity (asking
+/// as a writer where the holder is a `reader`).
+async fn kept(guard: &LockGuard, reader: bool, second: &LockClient, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut valid_until = guard.valid_until();
+    let mut renewals = 0;
+    while renewals < 2 {
+        assert!(guard.is_held(), "{what}: lost after the intruder's attempts");
+        assert!(Instant::now() < deadline, "{what}: not renewed twice in 20 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if guard.valid_until() > valid_until {
+            renewals += 1;
+            valid_until = guard.valid_until();
+        }
+    }
+    let key = guard.key().to_owned();
+    assert!(
+        lock_tests::refused_elsewhere(second, &key, move |request| {
+            let request = request.wait(Duration::ZERO);
+            if reader {
+                request.mode(LockMode::Write)
+            } else {
+                request
+            }
+        })
+        .await,
+        "{what}: a second client got `{key}` while it was held"
+    );
+}
+
+/// An exclusive lock `k` and a read lock `r`: a row in each of the SQL
+/// backends' two tables.
+async fn hold_both(locks: &LockClient) -> (LockGuard, LockGuard) {
+    let guard = locks.lock("k").ttl(TTL).acquire().await.expect("acquire");
+    let reader = locks
+        .lock("r")
+        .mode(LockMode::Read)
+        .ttl(TTL)
+        .acquire()
+        .await
+        .expect("a read lock: a row in the members table");
+    (guard, reader)
+}
+
+/// The plain SQL ways to read, free or change every lock in `table`, or
+/// to remove the table.
+fn sql_writes(table: &str) -> [String; 6] {
+    [
+        format!("SELECT * FROM {table}"),
+        format!("DELETE FROM {table}"),
+        format!("UPDATE {table} SET name = name"),
+        format!("INSERT INTO {table} SELECT * FROM {table}"),
+        format!("TRUNCATE {table}"),
+        format!("DROP TABLE {table}"),
+    ]
+}
+
+/// What docs/backends.md says to give every other user of the lock's
+/// Redis: keys and channels of its own, and no dangerous command (FLUSHALL,
+/// FLUSHDB and SWAPDB touch every key whatever the patterns say).
+const OTHER_REDIS_USER_RULES: &str = "resetkeys ~cache:* resetchannels &cache:* +@all -@dangerous";
+
+#[test]
+fn the_documented_rules_for_other_users_are_the_ones_tested() {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/backends.md"))
+        .expect("read docs/backends.md");
+    let docs = docs.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        docs.contains(OTHER_REDIS_USER_RULES),
+        "docs/backends.md does not give the rules tested for other users: {OTHER_REDIS_USER_RULES}"
+    );
+}
+
+#[tokio::test]
+async fn another_redis_user_cannot_free_change_or_stall_a_held_lock() {
+    lock_tests::bounded(
+        "another_redis_user_cannot_free_change_or_stall_a_held_lock",
+        async {
+            let server = RedisServer::start_with_lock_user("");
+            let mut rules = redis::cmd("ACL");
+            rules
+                .arg("SETUSER")
+                .arg("other")
+                .arg("on")
+                .arg(">other-secret")
+                .arg(OTHER_REDIS_USER_RULES.split_whitespace().collect::<Vec<_>>());
+            server.query::<()>(&mut rules);
+            let locks = LockClient::connect(&server.lock_user_url())
+                .await
+                .expect("the lock user");
+            let guard = locks.lock("k").ttl(TTL).acquire().await.expect("acquire");
+            let mut intruder =
+                redis::Client::open(format!("redis://other:other-secret@127.0.0.1:{}/", server.port()))
+                    .and_then(|client| client.get_connection())
+                    .expect("connect as another user");
+            let attempts: &[&[&str]] = &[
+                &["DEL", "lock:{k}"],
+                &["UNLINK", "lock:{k}"],
+                &["SET", "lock:{k}", "mine"],
+                &["HSET", "lock:{k}", "holder", "mine"],
+                &["PEXPIRE", "lock:{k}", "1"],
+                &["RENAME", "lock:{k}", "cache:stolen"],
+                &["GET", "lock:{k}"],
+                &["EVAL", "return redis.call('del', KEYS[1])", "1", "lock:{k}"],
+                // A script's keys are checked when it calls, declared or not.
+                &["EVAL", "return redis.call('del', 'lock:{k}')", "0"],
+                &["PUBLISH", "lock:{k}", "released"],
+                &["FLUSHALL"],
+                &["FLUSHDB"],
+                &["SWAPDB", "0", "1"],
+                &["CLIENT", "KILL", "USER", "locks"],
+                &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"],
+                &["ACL", "SETUSER", "locks", "off"],
+                &["SHUTDOWN", "NOSAVE"],
+            ];
+            for attempt in attempts {
+                let answer = redis::cmd(attempt[0])
+                    .arg(&attempt[1..])
+                    .query::<redis::Value>(&mut intruder);
+                match answer {
+                    Err(e) if e.code() == Some("NOPERM") || e.to_string().contains("can't access") => {}
+                    other => panic!(
+                        "another user's `{}` was not refused: {other:?}",
+                        attempt.join(" ")
+                    ),
+                }
+            }
+            // Within its grants: scripts are no one's, and the client loads its
+            // own again when the server has forgotten them.
+            redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query::<()>(&mut intruder)
+                .expect("SCRIPT FLUSH is not a dangerous command");
+            let refused = server.acl_refusals().expect("the ACL log");
+            assert!(
+                refused.iter().all(|refusal| refusal.starts_with("other:")),
+                "the lock user was refused something: {refused:?}"
+            );
+            server.query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
+            let second = LockClient::connect(&server.lock_user_url())
+                .await
+                .expect("a second client");
+            kept(&guard, false, &second, "Redis").await;
+            assert_eq!(server.query::<i64>(redis::cmd("EXISTS").arg("lock:{k}")), 1);
+            guard.release().await.expect("release");
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn another_postgres_role_cannot_free_change_or_stall_a_held_lock() {
+    lock_tests::bounded(
+        "another_postgres_role_cannot_free_change_or_stall_a_held_lock",
+        async {
+            let server = Postgres::start();
+            // Both may create tables in `public`: another service sharing the
+            // database, not a role shut out of it.
+            server.add_password_role("app", "app-secret");
+            server.add_password_role("other", "other-secret");
+            let url = |user: &str| {
+                format!(
+                    "host=127.0.0.1 port={} user={user} password={user}-secret dbname=locks",
+                    server.port()
+                )
+            };
+            let locks = LockClient::postgres(&url("app")).await.expect("the lock role");
+            let (guard, reader) = hold_both(&locks).await;
+            let (intruder, connection) = tokio_postgres::connect(&url("other"), tokio_postgres::NoTls)
+                .await
+                .expect("connect as another role");
+            tokio::spawn(connection);
+            let sessions: i64 = intruder
+                .query_one("SELECT count(*) FROM pg_stat_activity WHERE usename = 'app'", &[])
+                .await
+                .expect("another role sees the lock role's sessions")
+                .get(0);
+            assert!(sessions > 0, "the lock role has no session to end");
+            let mut attempts = vec![
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'app'".to_owned(),
+                "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE usename = 'app'".to_owned(),
+                "ALTER ROLE app NOLOGIN".to_owned(),
+            ];
+            for table in ["distributed_locks", "distributed_locks_members"] {
+                attempts.extend(sql_writes(table));
+                attempts.extend([
+                    format!("ALTER TABLE {table} RENAME TO stolen"),
+                    // Would stall every renewal until the transaction ended.
+                    format!("BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"),
+                ]);
+            }
+            for attempt in &attempts {
+                let answer = intruder.batch_execute(attempt).await;
+                let _ = intruder.batch_execute("ROLLBACK").await;
+                match answer {
+                    Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {}
+                    other => panic!("another role's `{attempt}` was not refused: {other:?}"),
+                }
+            }
+            let second = LockClient::postgres(&url("app")).await.expect("a second client");
+            kept(&guard, false, &second, "PostgreSQL").await;
+            kept(&reader, true, &second, "PostgreSQL, a read lock").await;
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn another_mariadb_user_cannot_free_change_or_stall_a_held_lock() {
+    lock_tests::bounded(
+        "another_mariadb_user_cannot_free_change_or_stall_a_held_lock",
+        async {
+            let server = MariaDb::start();
+            for statement in [
+                "CREATE USER 'app'@'%' IDENTIFIED BY 'app-secret'",
+                "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON locks.* TO 'app'@'%'",
+                // Another service of the same server, with a database of its own.
+                "CREATE DATABASE other",
+                "CREATE USER 'other'@'%' IDENTIFIED BY 'other-secret'",
+                "GRANT ALL ON other.* TO 'other'@'%'",
+            ] {
+                server.sql(statement).await;
+            }
+            let url = server.url_as("app", "app-secret");
+            let locks = LockClient::mysql(&url).await.expect("the lock user");
+            let (guard, reader) = hold_both(&locks).await;
+            let mut intruder = mysql_async::Conn::from_url(format!(
+                "mysql://other:other-secret@127.0.0.1:{}/other",
+                server.port()
+            ))
+            .await
+            .expect("connect as another user");
+            let sessions = server
+                .sql("SELECT id FROM information_schema.processlist WHERE user = 'app'")
+                .await;
+            assert!(!sessions.is_empty(), "the lock user has no session to end");
+            let mut attempts: Vec<String> = sessions
+                .iter()
+                .filter_map(|row| row[0].as_ref())
+                .map(|id| format!("KILL {id}"))
+                .collect();
+            attempts.extend([
+                "SET GLOBAL max_connections = 1".to_owned(),
+                "ALTER USER 'app'@'%' ACCOUNT LOCK".to_owned(),
+            ]);
+            for table in ["locks.distributed_locks", "locks.distributed_locks_members"] {
+                attempts.extend(sql_writes(table));
+                attempts.extend([
+                    format!("RENAME TABLE {table} TO other.stolen"),
+                    format!("LOCK TABLES {table} WRITE"),
+                    format!("CREATE TRIGGER other.stall BEFORE UPDATE ON {table} FOR EACH ROW SET @x = 1"),
+                ]);
+            }
+            use mysql_async::prelude::Queryable;
+            for attempt in &attempts {
+                match intruder.query_drop(attempt).await {
+                    Err(mysql_async::Error::Server(e)) if REFUSALS.contains(&e.code) => {}
+                    other => panic!("another user's `{attempt}` was not refused: {other:?}"),
+                }
+            }
+            let second = LockClient::mysql(&url).await.expect("a second client");
+            kept(&guard, false, &second, "MariaDB").await;
+            kept(&reader, true, &second, "MariaDB, a read lock").await;
+        },
+    )
+    .await
+}
+
+/// MariaDB's refusals: no privilege on a database (1044), on a table
+/// (1142), of a kind (1227, 1370), and not the thread's owner (1095).
+const REFUSALS: [u16; 5] = [1044, 1095, 1142, 1227, 1370];
+
+#[tokio::test]
+async fn another_etcd_user_cannot_free_change_or_stall_a_held_lock() {
+    use etcd_client::{Client, ConnectOptions, DeleteOptions, GetOptions, Permission, Txn, TxnOp};
+    lock_tests::bounded(
+        "another_etcd_user_cannot_free_change_or_stall_a_held_lock",
+        async {
+            let etcd = lock_tests::Etcd::start_secured(None, &[]);
+            let endpoints = etcd.endpoints();
+            let mut admin = Client::connect(&endpoints, None).await.expect("connect");
+            admin
+                .user_add("root", "root-secret", None)
+                .await
+                .expect("add root");
+            admin.user_grant_role("root", "root").await.expect("root is root");
+            // The lock's role, as docs/backends.md gives it, and another
+            // service's, on a prefix of its own.
+            for (user, role, prefix) in [
+                ("app", "locks", "/distributed-locks/"),
+                ("other", "others", "/others/"),
+            ] {
+                admin.role_add(role).await.expect("add a role");
+                admin
+                    .role_grant_permission(role, Permission::read_write(prefix).with_prefix())
+                    .await
+                    .expect("grant the prefix");
+                admin
+                    .user_add(user, format!("{user}-secret"), None)
+                    .await
+                    .expect("add a user");
+                admin.user_grant_role(user, role).await.expect("grant the role");
+            }
+            admin.auth_enable().await.expect("auth enable");
+            let endpoint_list: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+            let client = async || {
+                LockClient::builder()
+                    .etcd_user("app", "app-secret")
+                    .etcd(&endpoint_list)
+                    .await
+                    .expect("the lock user")
+            };
+            let locks = client().await;
+            let guard = locks.lock("k").ttl(TTL).acquire().await.expect("acquire");
+            let as_user = |user: &str| ConnectOptions::new().with_user(user, format!("{user}-secret"));
+            let mut root = Client::connect(&endpoints, Some(as_user("root")))
+                .await
+                .expect("connect as root");
+            let held = root
+                .get("/distributed-locks/", Some(GetOptions::new().with_prefix()))
+                .await
+                .expect("list the lock keys");
+            let held: Vec<(Vec<u8>, i64)> = held
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key().to_vec(), kv.lease()))
+                .collect();
+            assert!(!held.is_empty(), "no lock key under the prefix");
+            let mut intruder = Client::connect(&endpoints, Some(as_user("other")))
+                .await
+                .expect("connect as another user");
+            let mut answers = Vec::new();
+            for (key, lease) in &held {
+                answers.push((
+                    "delete the key",
+                    intruder.delete(key.clone(), None).await.map(drop),
+                ));
+                answers.push((
+                    "overwrite the key",
+                    intruder.put(key.clone(), "mine", None).await.map(drop),
+                ));
+                answers.push(("read the key", intruder.get(key.clone(), None).await.map(drop)));
+                answers.push((
+                    "revoke the holder's lease",
+                    intruder.lease_revoke(*lease).await.map(drop),
+                ));
+                let txn = Txn::new().and_then([TxnOp::delete(key.clone(), None)]);
+                answers.push((
+                    "delete the key in a transaction",
+                    intruder.txn(txn).await.map(drop),
+                ));
+            }
+            answers.push((
+                "delete the prefix",
+                intruder
+                    .delete("/distributed-locks/", Some(DeleteOptions::new().with_prefix()))
+                    .await
+                    .map(drop),
+            ));
+            answers.push((
+                "grant itself the prefix",
+                intruder
+                    .role_grant_permission(
+                        "others",
+                        Permission::read_write("/distributed-locks/").with_prefix(),
+                    )
+                    .await
+                    .map(drop),
+            ));
+            answers.push((
+                "take away the lock user's role",
+                intruder.user_revoke_role("app", "locks").await.map(drop),
+            ));
+            for (what, answer) in answers {
+                match answer {
+                    Err(etcd_client::Error::GRpcStatus(status))
+                        if status.message() == "etcdserver: permission denied" => {}
+                    other => panic!("another user could {what}: {other:?}"),
+                }
+            }
+            let second = client().await;
+            kept(&guard, false, &second, "etcd").await;
+        },
+    )
+    .await
+}
