@@ -488,3 +488,63 @@ async fn passwords_come_from_the_environment_or_a_file_and_never_show() {
     )
     .await
 }
+
+/// `--cluster` and `--sentinel` take the password from `LOCKCTL_PASSWORD`
+/// or `--password-file` too, for every seed or sentinel, whatever URL
+/// characters it holds; a wrong one is refused, and none shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_and_sentinel_passwords_come_from_the_environment_or_a_file() {
+    lock_tests::bounded(
+        "cluster_and_sentinel_passwords_come_from_the_environment_or_a_file",
+        async move {
+            let password = lock_tests::secrets::url_passwords()
+                .pop()
+                .expect("a password of every URL character");
+            let cluster = Cluster::start_with_password(3, &password);
+            let locks = LockClient::cluster(cluster.urls_with_password())
+                .await
+                .expect("connect");
+            let held = locks.lock("stock:1").acquire().await.expect("free");
+            let seeds: Vec<String> = cluster
+                .nodes
+                .iter()
+                .map(|node| format!("redis://default@127.0.0.1:{}/", node.port()))
+                .collect();
+            let seeds = seeds.join(",");
+            takes_the_password_and_refuses_a_wrong_one(
+                &["--cluster", &seeds, "--json", "list"],
+                &password,
+                "stock:1",
+                "refused the credentials",
+            );
+            held.release().await.expect("release");
+
+            // The lock user of a Sentinel group (on the sentinels and the
+            // master), which may read a lock but not list them (`SCAN`).
+            let group = Replicated::start_named_with_lock_user(0);
+            let locks =
+                LockClient::sentinel(lock_tests::sentinel::MASTER_NAME, group.lock_user_sentinel_urls())
+                    .await
+                    .expect("connect");
+            let held = locks.lock("stock:2").acquire().await.expect("free");
+            let sentinels: Vec<String> = group
+                .lock_user_sentinel_urls()
+                .iter()
+                .map(|url| url.replace(&format!(":{}@", lock_tests::LOCK_USER_PASSWORD), "@"))
+                .collect();
+            let target = format!("{}@{}", lock_tests::sentinel::MASTER_NAME, sentinels.join(","));
+            takes_the_password_and_refuses_a_wrong_one(
+                &["--sentinel", &target, "--json", "inspect", "stock:2"],
+                lock_tests::LOCK_USER_PASSWORD,
+                "stock:2",
+                "refused the credentials",
+            );
+            held.release().await.expect("release");
+            // The wrong passwords above were refused by the server's ACL.
+            group
+                .master
+                .query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
+        },
+    )
+    .await
+}

@@ -2,10 +2,11 @@
 //! create` on free ports.
 
 use std::net::TcpListener;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::server::{LOCK_USER_CLUSTER_RULES, RedisServer, lock_user_arguments};
+use crate::server::{LOCK_USER_CLUSTER_RULES, RedisServer, lock_user_arguments, tls_arguments};
 
 /// A port that is free, and whose cluster bus port (+10000) is free too.
 fn free_cluster_port() -> u16 {
@@ -31,12 +32,15 @@ fn rand_port() -> u16 {
 pub struct Cluster {
     /// Every node, masters first as `redis-cli --cluster create` assigned them.
     pub nodes: Vec<RedisServer>,
+    /// Each node's TLS port, in the order of `nodes`, for a cluster
+    /// started with [`start_tls`](Self::start_tls); else empty.
+    pub tls_ports: Vec<u16>,
 }
 
 impl Cluster {
     /// `masters` masters with `replicas` replicas each, node timeout 1 s.
     pub fn start(masters: usize, replicas: usize) -> Cluster {
-        Self::start_with(masters, replicas, &[], false)
+        Self::start_with(masters, replicas, &[], false, None)
     }
 
     /// [`start`](Self::start), every node with the ACL user
@@ -48,27 +52,70 @@ impl Cluster {
     pub fn start_with_lock_user(masters: usize, replicas: usize) -> Cluster {
         let user = lock_user_arguments(LOCK_USER_CLUSTER_RULES);
         let user: Vec<&str> = user.iter().map(String::as_str).collect();
-        Self::start_with(masters, replicas, &user, true)
+        Self::start_with(masters, replicas, &user, true, None)
     }
 
-    fn start_with(masters: usize, replicas: usize, more: &[&str], audited: bool) -> Cluster {
-        let mut extra = vec![
+    /// `masters` masters (no replicas) that require `password`
+    /// (`--requirepass`); the harness's own connections authenticate, and
+    /// [`urls_with_password`](Self::urls_with_password) carry it.
+    pub fn start_with_password(masters: usize, password: &str) -> Cluster {
+        Self::start_with(masters, 0, &["--requirepass", password], false, None)
+    }
+
+    /// `masters` masters (no replicas) that also serve TLS, with the
+    /// server certificate of `certs` (from
+    /// [`make_certificates`](crate::make_certificates)), their cluster bus
+    /// over TLS (`tls-cluster yes`): a client connected over TLS is told
+    /// each node's TLS port, a plain one its plain port, which the
+    /// harness's probes keep using. [`tls_urls`](Self::tls_urls) are the
+    /// seeds over TLS.
+    pub fn start_tls(masters: usize, certs: &Path) -> Cluster {
+        Self::start_with(masters, 0, &[], false, Some(certs))
+    }
+
+    fn start_with(
+        masters: usize,
+        replicas: usize,
+        more: &[&str],
+        audited: bool,
+        tls: Option<&Path>,
+    ) -> Cluster {
+        let mut extra: Vec<String> = [
             "--cluster-enabled",
             "yes",
             "--cluster-node-timeout",
             "1000",
             "--cluster-config-file",
             "nodes.conf",
-        ];
-        extra.extend_from_slice(more);
-        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
-            .map(|_| {
-                let node = RedisServer::start_on(free_cluster_port, &extra);
-                if audited { node.audited() } else { node }
-            })
-            .collect();
+        ]
+        .into_iter()
+        .chain(more.iter().copied())
+        .map(str::to_owned)
+        .collect();
+        if tls.is_some() {
+            extra.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned));
+        }
+        let mut nodes = Vec::new();
+        let mut tls_ports = Vec::new();
+        for _ in 0..masters * (1 + replicas) {
+            let mut arguments = extra.clone();
+            if let Some(certs) = tls {
+                // With the bus over TLS, its port is the TLS port's +10000.
+                let tls_port = free_cluster_port();
+                arguments.extend(tls_arguments(certs, tls_port));
+                tls_ports.push(tls_port);
+            }
+            let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+            let node = RedisServer::start_on(free_cluster_port, &arguments);
+            nodes.push(if audited { node.audited() } else { node });
+        }
         let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
-        let output = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli");
+        // Read from the environment, not an argument that `ps` would show.
+        if let Some(at) = more.iter().position(|a| *a == "--requirepass") {
+            create.env("REDISCLI_AUTH", more[at + 1]);
+        }
+        let output = create
             .args(["--cluster", "create"])
             .args(&addresses)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
@@ -79,7 +126,7 @@ impl Cluster {
             "cluster create: {}",
             String::from_utf8_lossy(&output.stdout)
         );
-        let cluster = Cluster { nodes };
+        let cluster = Cluster { nodes, tls_ports };
         cluster.wait_until_healthy(Duration::from_secs(30));
         cluster
     }
@@ -119,6 +166,21 @@ impl Cluster {
     /// Seed URLs: every node.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Seed URLs with the password of a cluster started with
+    /// [`start_with_password`](Self::start_with_password), percent-encoded.
+    pub fn urls_with_password(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url_with_password).collect()
+    }
+
+    /// Seed URLs over TLS (`rediss://`) of a cluster started with
+    /// [`start_tls`](Self::start_tls).
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.tls_ports
+            .iter()
+            .map(|port| format!("rediss://127.0.0.1:{port}/"))
+            .collect()
     }
 
     /// Seed URLs as the lock user of

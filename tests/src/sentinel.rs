@@ -218,19 +218,7 @@ impl TlsGroup {
     pub fn start(certs: &Path) -> TlsGroup {
         let file = |name: &str| certs.join(name).display().to_string();
         let (cert, key, ca) = (file("server.crt"), file("server.key"), file("ca.crt"));
-        let master_tls_port = free_port();
-        let master = RedisServer::start_with(&[
-            "--tls-port",
-            &master_tls_port.to_string(),
-            "--tls-cert-file",
-            &cert,
-            "--tls-key-file",
-            &key,
-            "--tls-ca-cert-file",
-            &ca,
-            "--tls-auth-clients",
-            "no",
-        ]);
+        let (master, master_tls_port) = RedisServer::start_serving_tls(certs);
         let sentinel_tls_port = free_port();
         let sentinel = start_sentinel(
             master_tls_port,

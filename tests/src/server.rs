@@ -48,7 +48,7 @@ pub const LOCK_USER_SENTINEL_MASTER_RULES: &str = "+role +wait";
 pub const LOCK_USER_SENTINEL_RULES: &str = "-@all +role +sentinel|masters";
 
 /// The lock user's password; not a secret, the servers are the tests' own.
-pub(crate) const LOCK_USER_PASSWORD: &str = "lock-user-password";
+pub const LOCK_USER_PASSWORD: &str = "lock-user-password";
 
 /// The `redis-server` binary: `$REDIS_SERVER`, else the first on `PATH`,
 /// else Debian's location. `.ci/run` installs it when it is missing.
@@ -73,6 +73,17 @@ impl RedisServer {
     /// Starts a fresh server with extra `--name value` arguments.
     pub fn start_with(extra: &[&str]) -> RedisServer {
         Self::start_on(free_port, extra)
+    }
+
+    /// Starts a fresh server that also serves TLS, with the server
+    /// certificate of `certs` (from [`make_certificates`](crate::make_certificates))
+    /// and no client certificate asked for; returns it and its TLS port.
+    /// [`port`](Self::port) stays plain, for the harness's probes.
+    pub fn start_serving_tls(certs: &Path) -> (RedisServer, u16) {
+        let tls_port = free_port();
+        let arguments = tls_arguments(certs, tls_port);
+        let server = Self::start_with(&arguments.iter().map(String::as_str).collect::<Vec<_>>());
+        (server, tls_port)
     }
 
     /// Starts a fresh server that requires `password` (`--requirepass`).
@@ -518,6 +529,26 @@ pub fn percent_encode(text: &str) -> String {
             }
         })
         .collect()
+}
+
+/// The arguments that make a `redis-server` serve TLS on `tls_port` too,
+/// with the server certificate and CA of `certs` (from
+/// [`make_certificates`](crate::make_certificates)), asking clients for no
+/// certificate.
+pub fn tls_arguments(certs: &Path, tls_port: u16) -> Vec<String> {
+    let file = |name: &str| certs.join(name).display().to_string();
+    vec![
+        "--tls-port".into(),
+        tls_port.to_string(),
+        "--tls-cert-file".into(),
+        file("server.crt"),
+        "--tls-key-file".into(),
+        file("server.key"),
+        "--tls-ca-cert-file".into(),
+        file("ca.crt"),
+        "--tls-auth-clients".into(),
+        "no".into(),
+    ]
 }
 
 /// A loopback port that was free a moment ago.

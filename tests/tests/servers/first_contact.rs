@@ -32,6 +32,7 @@ async fn no_constructor_shows_a_password_of_any_printable_character() {
                         ("prefix", fast().key_prefix("{bad}:").connect(&url).await),
                         ("redlock", fast().redlock([url.as_str(); 3]).await),
                         ("cluster", fast().cluster([url.as_str()]).await),
+                        ("sentinel", fast().sentinel("mymaster", [url.as_str()]).await),
                         ("lazy", fast().lazy().connect(&url).await),
                     ];
                     for (constructor, outcome) in outcomes {
@@ -50,6 +51,24 @@ async fn no_constructor_shows_a_password_of_any_printable_character() {
                         }
                     }
                 }
+            }
+            // A URL that does not parse whatever its password (a host
+            // left open) says to percent-encode it, and shows no piece of it.
+            let password = hostile_passwords().pop().expect("one of every character");
+            let unparsed = format!("redis://app:{password}@[::1/0");
+            let outcomes = [
+                ("connect", fast().connect(&unparsed).await),
+                ("redlock", fast().redlock([unparsed.as_str(); 3]).await),
+                ("cluster", fast().cluster([unparsed.as_str()]).await),
+                ("sentinel", fast().sentinel("mymaster", [unparsed.as_str()]).await),
+            ];
+            for (constructor, outcome) in outcomes {
+                let Err(e) = outcome else {
+                    panic!("{constructor}: an unparsable URL was taken");
+                };
+                assert_no_password(constructor, &format!("{e} {e:?}"));
+                assert!(matches!(e, LockError::InvalidConfig { .. }), "{constructor}: {e}");
+                assert!(e.to_string().contains("percent-encode"), "{constructor}: {e}");
             }
             assert_no_password("tracing output", &captured.text());
             assert!(
@@ -83,7 +102,11 @@ async fn a_client_with_a_password_of_every_character_keeps_it_to_itself() {
             let redlock = LockClient::redlock(&urls)
                 .await
                 .expect("the right password on every master");
-            for client in [&one, &redlock] {
+            let cluster = lock_tests::Cluster::start_with_password(3, &password);
+            let clustered = LockClient::cluster(cluster.urls_with_password())
+                .await
+                .expect("the right password on every node");
+            for client in [&one, &redlock, &clustered] {
                 let guard = client.lock("k").acquire().await.expect("lock");
                 assert_no_password("guard", &format!("{guard:?}"));
                 assert_no_password("client", &format!("{client:?}"));

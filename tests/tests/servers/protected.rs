@@ -288,13 +288,24 @@ async fn another_mariadb_user_cannot_free_change_or_stall_a_held_lock() {
 /// (1142), of a kind (1227, 1370), and not the thread's owner (1095).
 const REFUSALS: [u16; 5] = [1044, 1095, 1142, 1227, 1370];
 
+/// On etcd, also: a user added while the client runs does not stop it
+/// (its token, refused as old, is renewed).
 #[tokio::test]
 async fn another_etcd_user_cannot_free_change_or_stall_a_held_lock() {
     use etcd_client::{Client, ConnectOptions, DeleteOptions, GetOptions, Permission, Txn, TxnOp};
     lock_tests::bounded(
         "another_etcd_user_cannot_free_change_or_stall_a_held_lock",
         async {
-            let etcd = lock_tests::Etcd::start_secured(None, &[]);
+            // JWT tokens, which carry the auth store's revision they were
+            // signed at (a simple token is checked against the current one).
+            let keys = tempfile::tempdir().expect("a directory for the signing key");
+            lock_tests::make_certificates(keys.path());
+            let jwt = format!(
+                "--auth-token=jwt,pub-key={},priv-key={},sign-method=RS256,ttl=10m",
+                keys.path().join("server.crt").display(),
+                keys.path().join("server.key").display()
+            );
+            let etcd = lock_tests::Etcd::start_secured(None, &[&jwt]);
             let endpoints = etcd.endpoints();
             let mut admin = Client::connect(&endpoints, None).await.expect("connect");
             admin
@@ -396,8 +407,23 @@ async fn another_etcd_user_cannot_free_change_or_stall_a_held_lock() {
                     other => panic!("another user could {what}: {other:?}"),
                 }
             }
+            // An operator adding a user moves the auth store's revision on:
+            // the cluster refuses the running client's token as old ("revision
+            // of auth store is old") until it authenticates again, which it
+            // does, so that it keeps locking (the driver alone would fail
+            // every request until the token's 10 minutes were up).
+            root.user_add("late", "late-secret", None)
+                .await
+                .expect("add a user while the client runs");
+            let another = locks
+                .lock("k2")
+                .ttl(TTL)
+                .acquire()
+                .await
+                .expect("a lock after the auth store changed");
             let second = client().await;
             kept(&guard, false, &second, "etcd").await;
+            kept(&another, false, &second, "etcd, after the auth store changed").await;
         },
     )
     .await

@@ -275,3 +275,46 @@ async fn etcd_users_authenticate_again_past_the_token_ttl_and_never_show() {
     )
     .await
 }
+
+/// ZooKeeper's digest identity with a password of each URL character: it
+/// takes and gives back a lock under a root of its own; the same user with
+/// a wrong password (another identity, to ZooKeeper) is refused at
+/// start-up with `InvalidConfig`. No piece of the password shows in an
+/// error, a `Debug`, a trace or a metric label.
+#[tokio::test]
+async fn zookeeper_digest_passwords_never_show() {
+    lock_tests::bounded("zookeeper_digest_passwords_never_show", async move {
+        let zk = lock_tests::ZooKeeper::start();
+        let connect_string = zk.connect_string();
+        let (captured, _tracing) = capture_tracing();
+        let recorder = DebuggingRecorder::new();
+        let _metrics = metrics::set_default_local_recorder(&recorder);
+        for (i, password) in url_passwords().into_iter().enumerate() {
+            let root = format!("/digest-{i}");
+            let builder = |password: &str| {
+                LockClient::builder()
+                    .startup_timeout(Duration::from_secs(5))
+                    .zookeeper_root(&root)
+                    .zookeeper_digest("locks", password)
+            };
+            assert_no_password("a builder", &format!("{:?}", builder(&password)));
+            let locks = builder(&password)
+                .zookeeper(&connect_string)
+                .await
+                .unwrap_or_else(|e| panic!("the right password was refused: {e}"));
+            let guard = locks.lock("k").acquire().await.expect("acquire");
+            assert_no_password("a client and its guard", &format!("{locks:?} {guard:?}"));
+            guard.release().await.expect("release");
+            let Err(e) = builder(&format!("{password}-not"))
+                .zookeeper(&connect_string)
+                .await
+            else {
+                panic!("a wrong password was let in");
+            };
+            assert_no_password("a wrong password", &format!("{e} {e:?}"));
+            assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
+        }
+        assert_nothing_shown(&captured, &recorder.snapshotter());
+    })
+    .await
+}

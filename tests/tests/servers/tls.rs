@@ -12,20 +12,7 @@ async fn locks_over_tls_with_a_private_ca() {
     lock_tests::bounded("locks_over_tls_with_a_private_ca", async move {
         let certs = tempfile::tempdir().expect("cert dir");
         make_certificates(certs.path());
-        let file = |name: &str| certs.path().join(name).to_string_lossy().into_owned();
-        let tls_port = free_port().to_string();
-        let server = RedisServer::start_with(&[
-            "--tls-port",
-            &tls_port,
-            "--tls-cert-file",
-            &file("server.crt"),
-            "--tls-key-file",
-            &file("server.key"),
-            "--tls-ca-cert-file",
-            &file("ca.crt"),
-            "--tls-auth-clients",
-            "no",
-        ]);
+        let (server, tls_port) = RedisServer::start_serving_tls(certs.path());
         let url = format!("rediss://127.0.0.1:{tls_port}/");
         let ca = std::fs::read(certs.path().join("ca.crt")).expect("read ca.crt");
 
@@ -39,14 +26,11 @@ async fn locks_over_tls_with_a_private_ca() {
         // A plain client at the TLS port is closed on, as by a server going
         // down; only a TLS server answers a TLS hello, so it is told apart
         // and refused at once.
-        let err = LockClient::builder()
-            .command_timeout(Duration::from_secs(2))
-            .startup_timeout(Duration::from_secs(10))
+        let err = patient()
             .connect(&format!("redis://127.0.0.1:{tls_port}/"))
             .await
             .expect_err("plain to the TLS port");
-        assert!(matches!(&err, LockError::InvalidConfig { .. }), "{err}");
-        assert!(err.to_string().contains("speaks TLS only"), "{err}");
+        assert_plain_refused("Redis", &err);
         // A TLS client at a plain port (the server's own) cannot be told
         // from a server not answering yet: Redis waits for the rest of a
         // command line that never comes. It is waited for, then reported.
@@ -101,11 +85,6 @@ async fn sentinel_over_tls_reaches_its_master_over_tls() {
         let group = lock_tests::sentinel::TlsGroup::start(certs.path());
         // Refused at the first attempt, as on one node: waiting cannot mend
         // a certificate the system does not trust, nor a plain URL.
-        let builder = || {
-            LockClient::builder()
-                .command_timeout(Duration::from_secs(2))
-                .startup_timeout(Duration::from_secs(10))
-        };
         let connect = async |builder: lock_runtime::LockClientBuilder, url: String| {
             let started = std::time::Instant::now();
             let refused = builder
@@ -114,15 +93,14 @@ async fn sentinel_over_tls_reaches_its_master_over_tls() {
                 .expect_err("refused");
             (refused, started.elapsed())
         };
-        let (unverified, took) = connect(builder(), group.sentinel_url()).await;
+        let (unverified, took) = connect(patient(), group.sentinel_url()).await;
         assert_certificate_refused("Sentinel", &unverified);
         assert!(
             took < Duration::from_secs(10),
             "waited {took:?} for a certificate"
         );
-        let (plain, took) = connect(builder(), group.plain_url_to_tls_port()).await;
-        assert!(matches!(plain, LockError::InvalidConfig { .. }), "{plain}");
-        assert!(plain.to_string().contains("speaks TLS only"), "{plain}");
+        let (plain, took) = connect(patient(), group.plain_url_to_tls_port()).await;
+        assert_plain_refused("Sentinel", &plain);
         assert!(took < Duration::from_secs(10), "waited {took:?} for a plain URL");
 
         let locks = LockClient::builder()
@@ -133,14 +111,10 @@ async fn sentinel_over_tls_reaches_its_master_over_tls() {
         let guard = locks.lock("tls:s").acquire().await.expect("lock over TLS");
         let exists: i64 = group.master.query(redis::cmd("EXISTS").arg("lock:{tls:s}"));
         assert_eq!(exists, 1, "the lock went to the master");
-        let clients: String = group.master.query(redis::cmd("CLIENT").arg("LIST"));
-        let plain = format!("laddr=127.0.0.1:{} ", group.master.port());
-        let tls = format!("laddr=127.0.0.1:{} ", group.master_tls_port);
-        let on_plain: Vec<&str> = clients
-            .lines()
-            .filter(|line| line.contains(&plain) && !line.contains("cmd=client|list"))
-            .collect();
+        let on_plain = clients_on_plain_port(&group.master);
         assert!(on_plain.is_empty(), "clients on the plain port: {on_plain:?}");
+        let clients: String = group.master.query(redis::cmd("CLIENT").arg("LIST"));
+        let tls = format!("laddr=127.0.0.1:{} ", group.master_tls_port);
         assert!(clients.contains(&tls), "no client on the TLS port: {clients}");
         guard.release().await.expect("release over TLS");
     })
@@ -447,6 +421,31 @@ async fn etcd_over_mutual_tls_with_a_private_ca() {
     .await
 }
 
+/// A builder that gives up on an answer after 2 s and on a start after
+/// 10 s: what is refused at once ends well before.
+fn patient() -> lock_runtime::LockClientBuilder {
+    LockClient::builder()
+        .command_timeout(Duration::from_secs(2))
+        .startup_timeout(Duration::from_secs(10))
+}
+
+/// `err` refuses a plain URL to a port that speaks TLS only, at once.
+fn assert_plain_refused(what: &str, err: &LockError) {
+    assert!(matches!(err, LockError::InvalidConfig { .. }), "{what}: {err}");
+    assert!(err.to_string().contains("speaks TLS only"), "{what}: {err}");
+}
+
+/// The clients of `server` on its plain port, but the one asking.
+fn clients_on_plain_port(server: &RedisServer) -> Vec<String> {
+    let clients: String = server.query(redis::cmd("CLIENT").arg("LIST"));
+    let plain = format!("laddr=127.0.0.1:{} ", server.port());
+    clients
+        .lines()
+        .filter(|line| line.contains(&plain) && !line.contains("cmd=client|list"))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// `err` refuses a server certificate the client does not trust as the
 /// configuration's fault, at the first attempt: waiting cannot mend it.
 fn assert_certificate_refused(what: &str, err: &LockError) {
@@ -664,6 +663,98 @@ async fn zookeeper_over_one_way_tls_with_a_chroot() {
         let locks = client().await.expect("the CA alone, one-way TLS");
         let other = client().await.expect("a second client");
         fenced_lock_handed_over(&locks, other).await;
+    })
+    .await
+}
+
+/// A Redis Cluster whose nodes serve TLS (the cluster bus too): a seed
+/// whose certificate the client does not trust and a plain URL to a TLS
+/// port are refused at once; with the CA, the client learns the nodes'
+/// TLS ports from `CLUSTER SLOTS` over TLS and locks there, on the slot's
+/// master, with no client of its own on a plain port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_over_tls_with_a_private_ca() {
+    lock_tests::bounded("cluster_over_tls_with_a_private_ca", async move {
+        let certs = tempfile::tempdir().expect("cert dir");
+        make_certificates(certs.path());
+        let ca = std::fs::read(certs.path().join("ca.crt")).expect("read ca.crt");
+        let cluster = lock_tests::Cluster::start_tls(3, certs.path());
+        let unverified = patient()
+            .cluster(cluster.tls_urls())
+            .await
+            .expect_err("an unknown issuer is refused");
+        assert_certificate_refused("Cluster", &unverified);
+        let plain_to_tls: Vec<String> = cluster
+            .tls_ports
+            .iter()
+            .map(|port| format!("redis://127.0.0.1:{port}/"))
+            .collect();
+        let plain = patient()
+            .cluster(plain_to_tls)
+            .await
+            .expect_err("plain URLs to TLS ports");
+        assert_plain_refused("Cluster", &plain);
+
+        let locks = patient()
+            .tls_root_certificate(ca)
+            .cluster(cluster.tls_urls())
+            .await
+            .expect("the cluster over TLS, with the private CA");
+        let guard = locks.lock("tls:c").acquire().await.expect("lock over TLS");
+        let master = &cluster.nodes[cluster.master_of("lock:{tls:c}")];
+        let exists: i64 = master.query(redis::cmd("EXISTS").arg("lock:{tls:c}"));
+        assert_eq!(exists, 1, "the lock went to the slot's master");
+        for node in &cluster.nodes {
+            let on_plain = clients_on_plain_port(node);
+            assert!(on_plain.is_empty(), "clients on a plain port: {on_plain:?}");
+        }
+        guard.release().await.expect("release over TLS");
+    })
+    .await
+}
+
+/// A Redlock of three masters serving TLS: an untrusted certificate and
+/// plain URLs to the TLS ports are refused at once; with the CA, a lock is
+/// granted by a majority of the masters, over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_over_tls_with_a_private_ca() {
+    lock_tests::bounded("redlock_over_tls_with_a_private_ca", async move {
+        let certs = tempfile::tempdir().expect("cert dir");
+        make_certificates(certs.path());
+        let ca = std::fs::read(certs.path().join("ca.crt")).expect("read ca.crt");
+        let masters: Vec<(RedisServer, u16)> = (0..3)
+            .map(|_| RedisServer::start_serving_tls(certs.path()))
+            .collect();
+        let urls = |scheme: &str| -> Vec<String> {
+            masters
+                .iter()
+                .map(|(_, port)| format!("{scheme}://127.0.0.1:{port}/"))
+                .collect()
+        };
+        let unverified = patient()
+            .redlock(urls("rediss"))
+            .await
+            .expect_err("an unknown issuer is refused");
+        assert_certificate_refused("Redlock", &unverified);
+        let plain = patient()
+            .redlock(urls("redis"))
+            .await
+            .expect_err("plain URLs to TLS ports");
+        assert_plain_refused("Redlock", &plain);
+
+        let locks = patient()
+            .tls_root_certificate(ca)
+            .redlock(urls("rediss"))
+            .await
+            .expect("the masters over TLS, with the private CA");
+        let guard = locks.lock("tls:r").acquire().await.expect("lock over TLS");
+        // Granted once a majority answered; the last may still be applying it.
+        let granted: i64 = masters
+            .iter()
+            .map(|(master, _)| master.query::<i64>(redis::cmd("EXISTS").arg("lock:{tls:r}")))
+            .sum();
+        assert!(granted >= 2, "granted by {granted} of 3 masters");
+        guard.release().await.expect("release over TLS");
     })
     .await
 }

@@ -34,6 +34,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -272,6 +273,12 @@ pub(crate) struct EtcdBackend {
     closed_on_us: std::sync::atomic::AtomicBool,
     /// Boxed: the client is large, and every backend shares one enum.
     client: tokio::sync::OnceCell<Box<etcd::Client>>,
+    /// Set when the cluster refused the token as old: the next request
+    /// authenticates again first (see [`token_outdated`]).
+    token_outdated: std::sync::atomic::AtomicBool,
+    /// Held while the token is renewed: one authentication (costly to the
+    /// cluster) for all the requests refused at once.
+    renewing_token: tokio::sync::Mutex<()>,
     /// Shared with the tasks that finish unanswered deletions: they stop
     /// once the lease their keys are on has ended.
     lease: Arc<Mutex<Option<Lease>>>,
@@ -359,6 +366,16 @@ fn tls_failed(error: &(dyn std::error::Error + 'static)) -> String {
     )
 }
 
+/// Whether the cluster refused the token as issued before the last change
+/// of its users, roles or permissions ("revision of auth store is old").
+/// The token is renewed by authenticating again, which the driver does
+/// by itself only for a token refused as invalid or expired. (A JWT
+/// carries the revision it was signed at and is refused until it expires;
+/// a simple token only by a request in flight across the change.)
+fn token_outdated(e: &etcd::Error) -> bool {
+    matches!(e, etcd::Error::GRpcStatus(s) if s.message().contains("revision of auth store is old"))
+}
+
 /// Whether the cluster said our lease does not exist (expired or revoked).
 fn lease_not_found(e: &etcd::Error) -> bool {
     matches!(e, etcd::Error::GRpcStatus(s) if s.code() == tonic::Code::NotFound)
@@ -407,6 +424,8 @@ impl EtcdBackend {
             tls: false,
             closed_on_us: std::sync::atomic::AtomicBool::new(false),
             client: tokio::sync::OnceCell::new(),
+            token_outdated: std::sync::atomic::AtomicBool::new(false),
+            renewing_token: tokio::sync::Mutex::new(()),
             lease: Arc::new(Mutex::new(None)),
             granting: tokio::sync::Mutex::new(()),
             entries: Arc::new(Mutex::new(Entries::default())),
@@ -579,11 +598,23 @@ impl EtcdBackend {
                 .await
                 .map(Box::new)
         };
-        self.client
+        let client = self
+            .client
             .get_or_try_init(connect)
             .await
             .map(|client| (**client).clone())
-            .map_err(|e| self.failure(None, &e))
+            .map_err(|e| self.failure(None, &e))?;
+        if self.token_outdated.load(Ordering::Relaxed) {
+            let _renewing = self.renewing_token.lock().await;
+            // Every clone of the client shares its token: renewed once.
+            if self.token_outdated.swap(false, Ordering::Relaxed)
+                && let Err(e) = client.refresh_token().await
+            {
+                self.token_outdated.store(true, Ordering::Relaxed);
+                return Err(self.failure(None, &e));
+            }
+        }
+        Ok(client)
     }
 
     fn failure(&self, key: Option<&LockKey>, e: &etcd::Error) -> Failure {
@@ -599,6 +630,16 @@ impl EtcdBackend {
                 },
                 transient: false,
                 reconnecting: false,
+            };
+        }
+        if token_outdated(e) {
+            // Tried again at once, as after a broken connection: the next
+            // request authenticates first.
+            self.token_outdated.store(true, Ordering::Relaxed);
+            return Failure {
+                error: LockError::backend(&self.node, key.map(|k| k.name.as_str()), e.to_string()),
+                transient: true,
+                reconnecting: true,
             };
         }
         let (transient, reconnecting) = classify(e);
