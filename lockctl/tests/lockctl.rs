@@ -490,8 +490,9 @@ async fn passwords_come_from_the_environment_or_a_file_and_never_show() {
 }
 
 /// `--cluster` and `--sentinel` take the password from `LOCKCTL_PASSWORD`
-/// or `--password-file` too, for every seed or sentinel, whatever URL
-/// characters it holds; a wrong one is refused, and none shows.
+/// or `--password-file` too, for every seed or sentinel (the cluster's
+/// holds every URL character; the Sentinel group's is its lock user's); a
+/// wrong one is refused, and none shows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_and_sentinel_passwords_come_from_the_environment_or_a_file() {
     lock_tests::bounded(

@@ -20,7 +20,19 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// Writes into `dir` a CA (`ca.crt`, `ca.key`) and a server certificate it
 /// signed for 127.0.0.1 and localhost (`server.crt`, `server.key`).
 pub fn make_certificates(dir: &Path) {
+    make(dir, "localhost", "IP:127.0.0.1,DNS:localhost");
+}
+
+/// [`make_certificates`] with the server certificate made for the names
+/// `names` (a `subjectAltName` value, `DNS:elsewhere.invalid`) only: the
+/// host name check's test.
+pub fn make_certificates_for(dir: &Path, names: &str) {
+    make(dir, "lock-tests server", names);
+}
+
+fn make(dir: &Path, common_name: &str, names: &str) {
     let openssl = |args: &[&str]| openssl(dir, args);
+    let subject = format!("/CN={common_name}");
     openssl(&[
         "req",
         "-x509",
@@ -46,10 +58,9 @@ pub fn make_certificates(dir: &Path) {
         "-out",
         "server.csr",
         "-subj",
-        "/CN=localhost",
+        &subject,
     ]);
-    std::fs::write(dir.join("san.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-        .expect("write san.cnf");
+    std::fs::write(dir.join("san.cnf"), format!("subjectAltName={names}\n")).expect("write san.cnf");
     openssl(&[
         "x509",
         "-req",

@@ -22,7 +22,7 @@ pub mod server;
 pub mod witness;
 pub mod zookeeper;
 
-pub use certificates::{make_certificates, make_client_certificate};
+pub use certificates::{make_certificates, make_certificates_for, make_client_certificate};
 pub use cluster::Cluster;
 pub use etcd::Etcd;
 pub use mariadb::MariaDb;

@@ -106,6 +106,24 @@ async fn a_client_with_a_password_of_every_character_keeps_it_to_itself() {
             let clustered = LockClient::cluster(cluster.urls_with_password())
                 .await
                 .expect("the right password on every node");
+            // A real cluster refuses a wrong password at start-up, by name.
+            let wrong: Vec<String> = cluster
+                .nodes
+                .iter()
+                .map(|node| {
+                    format!(
+                        "redis://:{}@127.0.0.1:{}/",
+                        percent_encode(&format!("{password}-not")),
+                        node.port()
+                    )
+                })
+                .collect();
+            let Err(e) = LockClient::cluster(&wrong).await else {
+                panic!("a cluster took a wrong password");
+            };
+            assert_no_password("a wrong cluster password", &format!("{e} {e:?}"));
+            assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
+            assert!(e.to_string().contains("credentials"), "{e}");
             for client in [&one, &redlock, &clustered] {
                 let guard = client.lock("k").acquire().await.expect("lock");
                 assert_no_password("guard", &format!("{guard:?}"));

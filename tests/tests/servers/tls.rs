@@ -362,6 +362,7 @@ async fn etcd_over_mutual_tls_with_a_private_ca() {
         let plain = endpoints[0].replacen("https://", "http://", 1);
         let err = quick().etcd(&[&plain]).await.expect_err("plain to a TLS member");
         refused_at_once("plain http", &err);
+        assert_plain_refused("etcd", &err);
 
         // Refused before any connection.
         let mixed = [endpoints[0], "http://127.0.0.1:1"];
@@ -755,6 +756,52 @@ async fn redlock_over_tls_with_a_private_ca() {
             .sum();
         assert!(granted >= 2, "granted by {granted} of 3 masters");
         guard.release().await.expect("release over TLS");
+    })
+    .await
+}
+
+/// The server's certificate must name the host the URL gives, as libpq's
+/// `verify-full` checks, not only come from the CA: a certificate the CA
+/// signed for another name (`elsewhere.invalid`, never 127.0.0.1) is
+/// refused at once on Redis, PostgreSQL (`sslmode=require`) and MariaDB
+/// (`require_ssl=true`), with the CA given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_for_another_host_is_refused() {
+    lock_tests::bounded("a_certificate_for_another_host_is_refused", async move {
+        let certs = tempfile::tempdir().expect("cert dir");
+        lock_tests::make_certificates_for(certs.path(), "DNS:elsewhere.invalid");
+        let ca = std::fs::read(certs.path().join("ca.crt")).expect("read ca.crt");
+        let (cert, key) = (certs.path().join("server.crt"), certs.path().join("server.key"));
+        let verified = || patient().tls_root_certificate(ca.clone());
+
+        let (_redis, tls_port) = RedisServer::start_serving_tls(certs.path());
+        let err = verified()
+            .connect(&format!("rediss://127.0.0.1:{tls_port}/"))
+            .await
+            .expect_err("Redis: a certificate for another host");
+        assert_certificate_refused("Redis", &err);
+
+        let postgres = lock_tests::Postgres::start();
+        postgres.sql("CREATE ROLE app LOGIN");
+        postgres.serve_tls(&cert, &key, "hostssl all app 127.0.0.1/32 trust");
+        let url = format!(
+            "postgres://app@127.0.0.1:{}/locks?sslmode=require",
+            postgres.port()
+        );
+        let err = verified()
+            .postgres(&url)
+            .await
+            .expect_err("PostgreSQL: a certificate for another host");
+        assert_certificate_refused("PostgreSQL", &err);
+
+        let mariadb = lock_tests::MariaDb::start_tls(&cert, &key);
+        mariadb.sql("CREATE USER 'app'@'%'").await;
+        let url = format!("mysql://app@127.0.0.1:{}/locks?require_ssl=true", mariadb.port());
+        let err = verified()
+            .mysql(&url)
+            .await
+            .expect_err("MariaDB: a certificate for another host");
+        assert_certificate_refused("MariaDB", &err);
     })
     .await
 }
