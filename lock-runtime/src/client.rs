@@ -656,10 +656,7 @@ impl LockClientBuilder {
         if urls.is_empty() {
             return Err(invalid("a cluster client needs at least one seed URL".into()));
         }
-        let opened = urls
-            .iter()
-            .map(|url| open_url(url, self.config.tls_root.as_deref()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let opened = self.open_urls(&urls)?;
         let opened: Vec<(&redis::Client, &str)> = opened.iter().map(|(c, node)| (c, node.as_str())).collect();
         let timeout = self.config.command_timeout;
         let tls_root = self.config.tls_root.clone();
@@ -693,6 +690,14 @@ impl LockClientBuilder {
         Ok(self.build(AnyBackend::Cluster(backend), notifier, name))
     }
 
+    /// Every URL of a Cluster's seeds or a Sentinel group, opened (nothing
+    /// sent), each with its name for messages.
+    fn open_urls(&self, urls: &[String]) -> Result<Vec<(redis::Client, String)>, LockError> {
+        urls.iter()
+            .map(|url| open_url(url, self.config.tls_root.as_deref()))
+            .collect()
+    }
+
     /// A client for the master that Sentinel names `master_name`; see
     /// [`LockClient::sentinel`].
     pub async fn sentinel<S: AsRef<str>>(
@@ -715,10 +720,7 @@ impl LockClientBuilder {
                 "a Sentinel client needs at least one sentinel URL".into(),
             ));
         }
-        let opened = urls
-            .iter()
-            .map(|url| open_url(url, self.config.tls_root.as_deref()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let opened = self.open_urls(&urls)?;
         let infos: Vec<_> = opened
             .iter()
             .map(|(c, _)| c.get_connection_info().clone())

@@ -540,11 +540,9 @@ async fn cluster_and_sentinel_passwords_come_from_the_environment_or_a_file() {
                 "stock:2",
                 "refused the credentials",
             );
+            // The wrong passwords stop at the sentinels: the master's audit
+            // on drop still fails the test if it refused `inspect` anything.
             held.release().await.expect("release");
-            // The wrong passwords above were refused by the server's ACL.
-            group
-                .master
-                .query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
         },
     )
     .await
