@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::proxy::Proxy;
 use crate::server::{
     LOCK_USER, LOCK_USER_PASSWORD, LOCK_USER_SENTINEL_MASTER_RULES, LOCK_USER_SENTINEL_RULES, RedisServer,
-    free_port, lock_user_arguments, redis_server_binary, spawn_owned,
+    free_port, lock_user_arguments_with, percent_encode, redis_server_binary, spawn_owned,
 };
 
 /// The name the sentinels know the master by.
@@ -22,6 +22,8 @@ pub struct Replicated {
     /// Its replicas, synced when `start` returns.
     pub replicas: Vec<RedisServer>,
     sentinels: Vec<SentinelProcess>,
+    /// The lock user's password, when the nodes have that user.
+    lock_user_password: Option<String>,
 }
 
 #[derive(Debug)]
@@ -41,17 +43,18 @@ impl Drop for SentinelProcess {
 impl Replicated {
     /// A master with `replicas` replicas, without sentinels.
     pub fn start_without_sentinels(replicas: usize) -> Replicated {
-        Self::start_nodes(replicas, false)
+        Self::start_nodes(replicas, None)
     }
 
     /// Every node, audited, with the ACL user [`LOCK_USER`](crate::LOCK_USER)
     /// given [`LOCK_USER_RULES`](crate::LOCK_USER_RULES) and
-    /// [`LOCK_USER_SENTINEL_MASTER_RULES`], when `lock_user`.
-    fn start_nodes(replicas: usize, lock_user: bool) -> Replicated {
-        let user = if lock_user {
-            lock_user_arguments(LOCK_USER_SENTINEL_MASTER_RULES)
-        } else {
-            Vec::new()
+    /// [`LOCK_USER_SENTINEL_MASTER_RULES`] and the password
+    /// `lock_user_password`, when there is one.
+    fn start_nodes(replicas: usize, lock_user_password: Option<&str>) -> Replicated {
+        let lock_user = lock_user_password.is_some();
+        let user = match lock_user_password {
+            Some(password) => lock_user_arguments_with(password, LOCK_USER_SENTINEL_MASTER_RULES),
+            None => Vec::new(),
         };
         let start = |extra: &[&str]| {
             let mut arguments: Vec<&str> = extra.to_vec();
@@ -70,6 +73,7 @@ impl Replicated {
             master,
             replicas,
             sentinels: Vec::new(),
+            lock_user_password: lock_user_password.map(str::to_owned),
         };
         replicated.wait_for_replicas(Duration::from_secs(20));
         replicated
@@ -104,8 +108,18 @@ impl Replicated {
     /// the least-privilege ACL user of docs/backends.md, which
     /// [`lock_user_sentinel_urls`](Self::lock_user_sentinel_urls) log in as.
     pub fn start_named_with_lock_user(replicas: usize) -> Replicated {
-        let mut replicated = Replicated::start_nodes(replicas, true);
-        let user = format!("user {LOCK_USER} on >{LOCK_USER_PASSWORD} {LOCK_USER_SENTINEL_RULES}\n");
+        Self::start_named_with_lock_user_password(replicas, LOCK_USER_PASSWORD)
+    }
+
+    /// [`start_named_with_lock_user`](Self::start_named_with_lock_user)
+    /// with `password` (any printable characters) for the lock user, on
+    /// every node and sentinel.
+    pub fn start_named_with_lock_user_password(replicas: usize, password: &str) -> Replicated {
+        let mut replicated = Replicated::start_nodes(replicas, Some(password));
+        let user = format!(
+            "user {LOCK_USER} on {} {LOCK_USER_SENTINEL_RULES}\n",
+            configuration_quoted(&format!(">{password}"))
+        );
         replicated.sentinels = (0..3)
             .map(|_| start_sentinel(replicated.master.port(), &user))
             .collect();
@@ -115,10 +129,20 @@ impl Replicated {
     /// The sentinels' URLs as the lock user of
     /// [`start_named_with_lock_user`](Self::start_named_with_lock_user).
     pub fn lock_user_sentinel_urls(&self) -> Vec<String> {
+        let password = percent_encode(
+            self.lock_user_password
+                .as_deref()
+                .expect("a group started with the lock user"),
+        );
         self.sentinels
             .iter()
-            .map(|s| format!("redis://{LOCK_USER}:{LOCK_USER_PASSWORD}@127.0.0.1:{}/", s.port))
+            .map(|s| format!("redis://{LOCK_USER}:{password}@127.0.0.1:{}/", s.port))
             .collect()
+    }
+
+    /// Every sentinel's port.
+    pub fn sentinel_ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(|s| s.port).collect()
     }
 
     /// `redis://127.0.0.1:<port>/` of every sentinel.
@@ -300,6 +324,13 @@ fn node_role(node: &RedisServer) -> Option<String> {
     let mut conn = node.sync_connection().ok()?;
     let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut conn).ok()?;
     redis::from_redis_value_ref::<String>(role.first()?).ok()
+}
+
+/// `text` as one argument of a line of a Redis configuration file,
+/// whatever it holds: in double quotes, each byte written `\xHH`.
+fn configuration_quoted(text: &str) -> String {
+    let escaped: String = text.bytes().map(|b| format!("\\x{b:02x}")).collect();
+    format!("\"{escaped}\"")
 }
 
 /// `more`: further lines of its configuration.

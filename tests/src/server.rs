@@ -470,8 +470,14 @@ impl Drop for RedisServer {
 /// `--user locks on ><password> <rules> <more>`: redis-server reads the
 /// words after `--user` up to the next `--` as one `user` directive.
 pub(crate) fn lock_user_arguments(more: &str) -> Vec<String> {
+    lock_user_arguments_with(LOCK_USER_PASSWORD, more)
+}
+
+/// [`lock_user_arguments`] with `password` (any printable characters: the
+/// server quotes each argument it reads as a configuration line).
+pub(crate) fn lock_user_arguments_with(password: &str, more: &str) -> Vec<String> {
     let mut arguments = vec!["--user".to_owned(), LOCK_USER.to_owned(), "on".to_owned()];
-    arguments.push(format!(">{LOCK_USER_PASSWORD}"));
+    arguments.push(format!(">{password}"));
     arguments.extend(LOCK_USER_RULES.split_whitespace().map(str::to_owned));
     arguments.extend(more.split_whitespace().map(str::to_owned));
     arguments

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LostReason};
 use lock_tests::secrets::{assert_no_password, assert_nothing_shown, capture_tracing, hostile_passwords};
+use lock_tests::sentinel::{MASTER_NAME, Replicated};
 use lock_tests::{RedisServer, percent_encode};
 use rand::{Rng, SeedableRng};
 
@@ -130,6 +131,50 @@ async fn a_client_with_a_password_of_every_character_keeps_it_to_itself() {
                 assert_no_password("client", &format!("{client:?}"));
                 guard.release().await.expect("release");
             }
+            assert_nothing_shown(&captured, &recorder.snapshotter());
+        },
+    )
+    .await
+}
+
+/// The same on Sentinel: the lock user's password of every character, on
+/// the sentinels and on the master the client is sent to. Neither the
+/// connected client, its lock, its traces and metric labels, nor the
+/// refusal of a wrong password shows any piece of it.
+#[tokio::test]
+async fn a_sentinel_client_with_a_password_of_every_character_keeps_it_to_itself() {
+    lock_tests::bounded(
+        "a_sentinel_client_with_a_password_of_every_character_keeps_it_to_itself",
+        async move {
+            let password = hostile_passwords()
+                .pop()
+                .expect("one password of every character");
+            let group = Replicated::start_named_with_lock_user_password(0, &password);
+            let (captured, _tracing) = capture_tracing();
+            let recorder = metrics_util::debugging::DebuggingRecorder::new();
+            let _metrics = metrics::set_default_local_recorder(&recorder);
+            let locks = LockClient::sentinel(MASTER_NAME, group.lock_user_sentinel_urls())
+                .await
+                .expect("the right password on the sentinels and the master");
+            let guard = locks.lock("k").acquire().await.expect("lock");
+            assert_eq!(
+                group.master.query::<i64>(redis::cmd("EXISTS").arg("lock:{k}")),
+                1,
+                "the lock is on the master"
+            );
+            assert_no_password("guard", &format!("{guard:?}"));
+            assert_no_password("client", &format!("{locks:?}"));
+            guard.release().await.expect("release");
+            let wrong: Vec<String> = group
+                .lock_user_sentinel_urls()
+                .iter()
+                .map(|url| url.replacen("Wv3@", "Wv3-not@", 1))
+                .collect();
+            let Err(e) = LockClient::sentinel(MASTER_NAME, &wrong).await else {
+                panic!("the sentinels took a wrong password");
+            };
+            assert_no_password("a wrong Sentinel password", &format!("{e} {e:?}"));
+            assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
             assert_nothing_shown(&captured, &recorder.snapshotter());
         },
     )

@@ -3,13 +3,17 @@
 //! with the grants docs/backends.md tells operators to give everyone else,
 //! tries every way it has to free, change, read or stall a held lock; each
 //! is refused by the server, and the holder keeps its lock, renews it and
-//! still keeps a second client of its own identity out. (ZooKeeper's node
-//! ACLs are tested the same way in `zookeeper.rs`.)
+//! still keeps a second client of its own identity out: on one Redis node,
+//! each node of a Cluster, a Sentinel group's master and its sentinels,
+//! each master of a Redlock, MariaDB, PostgreSQL and etcd. (ZooKeeper's
+//! node ACLs are tested the same way in `zookeeper.rs`.)
 
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockGuard, LockMode};
-use lock_tests::{MariaDb, Postgres, RedisServer};
+use lock_tests::secrets::capture_tracing;
+use lock_tests::sentinel::{MASTER_NAME, Replicated};
+use lock_tests::{Cluster, MariaDb, Postgres, RedisServer};
 
 /// A lease short enough that the holder renews it several times while the
 /// intruder tries.
@@ -89,77 +93,264 @@ fn the_documented_rules_for_other_users_are_the_ones_tested() {
     );
 }
 
+/// The user the tests give [`OTHER_REDIS_USER_RULES`], and its password.
+const OTHER: &str = "other";
+const OTHER_PASSWORD: &str = "other-secret";
+
+/// The ways another user of one Redis node has to free, change, read or
+/// stall the lock `k` held there (the key `lock:{k}`), or the lock user.
+const REDIS_INTRUSIONS: &[&[&str]] = &[
+    &["DEL", "lock:{k}"],
+    &["UNLINK", "lock:{k}"],
+    &["SET", "lock:{k}", "mine"],
+    &["HSET", "lock:{k}", "holder", "mine"],
+    &["PEXPIRE", "lock:{k}", "1"],
+    &["RENAME", "lock:{k}", "cache:stolen"],
+    &["GET", "lock:{k}"],
+    &["EVAL", "return redis.call('del', KEYS[1])", "1", "lock:{k}"],
+    // A script's keys are checked when it calls, declared or not.
+    &["EVAL", "return redis.call('del', 'lock:{k}')", "0"],
+    &["PUBLISH", "lock:{k}", "released"],
+    &["FLUSHALL"],
+    &["FLUSHDB"],
+    &["SWAPDB", "0", "1"],
+    &["CLIENT", "KILL", "USER", "locks"],
+    &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"],
+    &["ACL", "SETUSER", "locks", "off"],
+    &["SHUTDOWN", "NOSAVE"],
+];
+
+/// What a Redis Cluster adds: moving, forgetting or failing over the
+/// slot that holds the lock, migrating its key, or its sharded notices.
+const CLUSTER_INTRUSIONS: &[&[&str]] = &[
+    &["MIGRATE", "127.0.0.1", "1", "lock:{k}", "0", "1000"],
+    &[
+        "CLUSTER",
+        "SETSLOT",
+        "0",
+        "MIGRATING",
+        "0000000000000000000000000000000000000000",
+    ],
+    &["CLUSTER", "DELSLOTS", "0"],
+    &["CLUSTER", "FLUSHSLOTS"],
+    &["CLUSTER", "FAILOVER", "TAKEOVER"],
+    &["CLUSTER", "RESET", "HARD"],
+    &["CLUSTER", "FORGET", "0000000000000000000000000000000000000000"],
+    &["CLUSTER", "MEET", "127.0.0.1", "1"],
+    &["CLUSTER", "SET-CONFIG-EPOCH", "99"],
+    &["CLUSTER", "BUMPEPOCH"],
+    &["SPUBLISH", "lock:{k}:released", "released"],
+];
+
+/// What a sentinel adds: forgetting the master, pointing its name at
+/// another server, failing it over or reconfiguring the sentinel.
+const SENTINEL_INTRUSIONS: &[&[&str]] = &[
+    &["SENTINEL", "REMOVE", MASTER_NAME],
+    &["SENTINEL", "MONITOR", "elsewhere", "127.0.0.1", "1", "1"],
+    &["SENTINEL", "SET", MASTER_NAME, "down-after-milliseconds", "1"],
+    &["SENTINEL", "FAILOVER", MASTER_NAME],
+    &["SENTINEL", "RESET", "*"],
+    &["SENTINEL", "CONFIG", "SET", "resolve-hostnames", "yes"],
+    &["SENTINEL", "FLUSHCONFIG"],
+    &["SENTINEL", "SIMULATE-FAILURE", "crash-after-election"],
+    &["CLIENT", "KILL", "USER", "locks"],
+    &["ACL", "SETUSER", "locks", "off"],
+    &["SHUTDOWN"],
+];
+
+/// Gives the server on `port` the user [`OTHER`] with
+/// [`OTHER_REDIS_USER_RULES`], as its default user.
+fn add_other_redis_user(port: u16) {
+    let mut admin = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .and_then(|client| client.get_connection())
+        .expect("connect as the default user");
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(OTHER)
+        .arg("on")
+        .arg(format!(">{OTHER_PASSWORD}"))
+        .arg(OTHER_REDIS_USER_RULES.split_whitespace().collect::<Vec<_>>())
+        .query::<()>(&mut admin)
+        .expect("add another user");
+}
+
+/// Each of `attempts`, sent as [`OTHER`] to the server on `port`, is
+/// refused by its ACL.
+fn refused_to_another_user(port: u16, attempts: &[&[&str]]) {
+    let mut intruder = redis::Client::open(format!("redis://{OTHER}:{OTHER_PASSWORD}@127.0.0.1:{port}/"))
+        .and_then(|client| client.get_connection())
+        .expect("connect as another user");
+    for attempt in attempts {
+        let answer = redis::cmd(attempt[0])
+            .arg(&attempt[1..])
+            .query::<redis::Value>(&mut intruder);
+        match answer {
+            Err(e) if e.code() == Some("NOPERM") || e.to_string().contains("can't access") => {}
+            other => panic!(
+                "another user's `{}` was not refused on port {port}: {other:?}",
+                attempt.join(" ")
+            ),
+        }
+    }
+    // Within its grants: scripts are no one's, and the client loads its
+    // own again when the server has forgotten them.
+    if attempts.iter().any(|attempt| attempt[0] == "EVAL") {
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query::<()>(&mut intruder)
+            .expect("SCRIPT FLUSH is not a dangerous command");
+    }
+}
+
+/// `server`'s ACL refused only [`OTHER`] (the lock user nothing); its log
+/// is then emptied for the audit on drop.
+fn only_the_other_user_refused(server: &RedisServer) {
+    let refused = server.acl_refusals().expect("the ACL log");
+    assert!(
+        refused.iter().all(|refusal| refusal.starts_with("other:")),
+        "the lock user was refused something on port {}: {refused:?}",
+        server.port()
+    );
+    server.query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
+}
+
 #[tokio::test]
 async fn another_redis_user_cannot_free_change_or_stall_a_held_lock() {
     lock_tests::bounded(
         "another_redis_user_cannot_free_change_or_stall_a_held_lock",
         async {
             let server = RedisServer::start_with_lock_user("");
-            let mut rules = redis::cmd("ACL");
-            rules
-                .arg("SETUSER")
-                .arg("other")
-                .arg("on")
-                .arg(">other-secret")
-                .arg(OTHER_REDIS_USER_RULES.split_whitespace().collect::<Vec<_>>());
-            server.query::<()>(&mut rules);
+            add_other_redis_user(server.port());
             let locks = LockClient::connect(&server.lock_user_url())
                 .await
                 .expect("the lock user");
             let guard = locks.lock("k").ttl(TTL).acquire().await.expect("acquire");
-            let mut intruder =
-                redis::Client::open(format!("redis://other:other-secret@127.0.0.1:{}/", server.port()))
-                    .and_then(|client| client.get_connection())
-                    .expect("connect as another user");
-            let attempts: &[&[&str]] = &[
-                &["DEL", "lock:{k}"],
-                &["UNLINK", "lock:{k}"],
-                &["SET", "lock:{k}", "mine"],
-                &["HSET", "lock:{k}", "holder", "mine"],
-                &["PEXPIRE", "lock:{k}", "1"],
-                &["RENAME", "lock:{k}", "cache:stolen"],
-                &["GET", "lock:{k}"],
-                &["EVAL", "return redis.call('del', KEYS[1])", "1", "lock:{k}"],
-                // A script's keys are checked when it calls, declared or not.
-                &["EVAL", "return redis.call('del', 'lock:{k}')", "0"],
-                &["PUBLISH", "lock:{k}", "released"],
-                &["FLUSHALL"],
-                &["FLUSHDB"],
-                &["SWAPDB", "0", "1"],
-                &["CLIENT", "KILL", "USER", "locks"],
-                &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"],
-                &["ACL", "SETUSER", "locks", "off"],
-                &["SHUTDOWN", "NOSAVE"],
-            ];
-            for attempt in attempts {
-                let answer = redis::cmd(attempt[0])
-                    .arg(&attempt[1..])
-                    .query::<redis::Value>(&mut intruder);
-                match answer {
-                    Err(e) if e.code() == Some("NOPERM") || e.to_string().contains("can't access") => {}
-                    other => panic!(
-                        "another user's `{}` was not refused: {other:?}",
-                        attempt.join(" ")
-                    ),
-                }
-            }
-            // Within its grants: scripts are no one's, and the client loads its
-            // own again when the server has forgotten them.
-            redis::cmd("SCRIPT")
-                .arg("FLUSH")
-                .query::<()>(&mut intruder)
-                .expect("SCRIPT FLUSH is not a dangerous command");
-            let refused = server.acl_refusals().expect("the ACL log");
-            assert!(
-                refused.iter().all(|refusal| refusal.starts_with("other:")),
-                "the lock user was refused something: {refused:?}"
-            );
-            server.query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
+            refused_to_another_user(server.port(), REDIS_INTRUSIONS);
+            only_the_other_user_refused(&server);
             let second = LockClient::connect(&server.lock_user_url())
                 .await
                 .expect("a second client");
             kept(&guard, false, &second, "Redis").await;
             assert_eq!(server.query::<i64>(redis::cmd("EXISTS").arg("lock:{k}")), 1);
+            guard.release().await.expect("release");
+        },
+    )
+    .await
+}
+
+/// The same on every node of a Redis Cluster, each with the rules of
+/// docs/backends.md for both users, and the cluster's own ways in.
+#[tokio::test]
+async fn another_cluster_user_cannot_free_change_or_stall_a_held_lock() {
+    lock_tests::bounded(
+        "another_cluster_user_cannot_free_change_or_stall_a_held_lock",
+        async {
+            let cluster = Cluster::start_with_lock_user(3, 0);
+            for node in &cluster.nodes {
+                add_other_redis_user(node.port());
+            }
+            let locks = LockClient::cluster(cluster.lock_user_urls())
+                .await
+                .expect("the lock user");
+            let guard = locks.lock("k").ttl(TTL).acquire().await.expect("acquire");
+            for node in &cluster.nodes {
+                refused_to_another_user(node.port(), REDIS_INTRUSIONS);
+                refused_to_another_user(node.port(), CLUSTER_INTRUSIONS);
+                only_the_other_user_refused(node);
+            }
+            let second = LockClient::cluster(cluster.lock_user_urls())
+                .await
+                .expect("a second client");
+            kept(&guard, false, &second, "Redis Cluster").await;
+            let master = &cluster.nodes[cluster.master_of("lock:{k}")];
+            assert_eq!(master.query::<i64>(redis::cmd("EXISTS").arg("lock:{k}")), 1);
+            guard.release().await.expect("release");
+        },
+    )
+    .await
+}
+
+/// The same on a Sentinel group's master, and at the sentinels, whose
+/// other users could otherwise send the client to another server (forget
+/// the master, then name another one after it).
+#[tokio::test]
+async fn another_sentinel_user_cannot_free_change_or_stall_a_held_lock() {
+    lock_tests::bounded(
+        "another_sentinel_user_cannot_free_change_or_stall_a_held_lock",
+        async {
+            let group = Replicated::start_named_with_lock_user(0);
+            add_other_redis_user(group.master.port());
+            for port in group.sentinel_ports() {
+                add_other_redis_user(port);
+            }
+            let client = async || {
+                LockClient::sentinel(MASTER_NAME, group.lock_user_sentinel_urls())
+                    .await
+                    .expect("the lock user")
+            };
+            let locks = client().await;
+            let guard = locks.lock("k").ttl(TTL).acquire().await.expect("acquire");
+            refused_to_another_user(group.master.port(), REDIS_INTRUSIONS);
+            only_the_other_user_refused(&group.master);
+            for port in group.sentinel_ports() {
+                refused_to_another_user(port, SENTINEL_INTRUSIONS);
+            }
+            assert_eq!(
+                group.master_port_by_sentinel(),
+                Some(group.master.port()),
+                "the sentinels still name the master"
+            );
+            let second = client().await;
+            kept(&guard, false, &second, "Sentinel").await;
+            assert_eq!(group.master.query::<i64>(redis::cmd("EXISTS").arg("lock:{k}")), 1);
+            guard.release().await.expect("release");
+        },
+    )
+    .await
+}
+
+/// The same on each master of a Redlock, as the lock user of one node
+/// (without `+info`: the client's check that the masters are distinct
+/// servers is skipped, with a warning, as docs/backends.md says).
+#[tokio::test]
+async fn another_redlock_user_cannot_free_change_or_stall_a_held_lock() {
+    lock_tests::bounded(
+        "another_redlock_user_cannot_free_change_or_stall_a_held_lock",
+        async {
+            let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with_lock_user("")).collect();
+            for master in &masters {
+                add_other_redis_user(master.port());
+            }
+            let urls: Vec<String> = masters.iter().map(RedisServer::lock_user_url).collect();
+            let (captured, tracing) = capture_tracing();
+            let locks = LockClient::redlock(&urls).await.expect("the lock user");
+            drop(tracing);
+            let warned = captured.text();
+            assert_eq!(
+                warned.matches("INFO failed").count(),
+                masters.len(),
+                "a warning per master that may not run INFO: {warned}"
+            );
+            // Each start-up was refused `INFO`, and nothing else.
+            let only_info_refused = || {
+                for master in &masters {
+                    let refused = master.acl_refusals().expect("the ACL log");
+                    assert_eq!(refused, ["locks: info"], "on port {}", master.port());
+                    master.query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
+                }
+            };
+            only_info_refused();
+            let guard = locks.lock("k").ttl(TTL).acquire().await.expect("acquire");
+            for master in &masters {
+                refused_to_another_user(master.port(), REDIS_INTRUSIONS);
+                only_the_other_user_refused(master);
+            }
+            let second = LockClient::redlock(&urls).await.expect("a second client");
+            only_info_refused();
+            kept(&guard, false, &second, "Redlock").await;
+            for master in &masters {
+                assert_eq!(master.query::<i64>(redis::cmd("EXISTS").arg("lock:{k}")), 1);
+            }
             guard.release().await.expect("release");
         },
     )
@@ -306,6 +497,7 @@ async fn another_etcd_user_cannot_free_change_or_stall_a_held_lock() {
                 keys.path().join("server.key").display()
             );
             let etcd = lock_tests::Etcd::start_secured(None, &[&jwt]);
+            let (captured, _tracing) = capture_tracing();
             let endpoints = etcd.endpoints();
             let mut admin = Client::connect(&endpoints, None).await.expect("connect");
             admin
@@ -424,6 +616,15 @@ async fn another_etcd_user_cannot_free_change_or_stall_a_held_lock() {
             let second = client().await;
             kept(&guard, false, &second, "etcd").await;
             kept(&another, false, &second, "etcd, after the auth store changed").await;
+            // A JWT starts with its base64 header, `{"` as `eyJ`: none of
+            // the tokens the clients were given shows, nor a password.
+            let shown = format!("{} {locks:?} {guard:?} {second:?}", captured.text());
+            assert!(
+                !captured.text().is_empty(),
+                "nothing was traced: the check saw nothing"
+            );
+            assert!(!shown.contains("eyJ"), "a token shows: {shown}");
+            assert!(!shown.contains("app-secret"), "a password shows: {shown}");
         },
     )
     .await

@@ -763,8 +763,9 @@ async fn redlock_over_tls_with_a_private_ca() {
 /// The server's certificate must name the host the URL gives, as libpq's
 /// `verify-full` checks, not only come from the CA: a certificate the CA
 /// signed for another name (`elsewhere.invalid`, never 127.0.0.1) is
-/// refused at once on Redis, PostgreSQL (`sslmode=require`) and MariaDB
-/// (`require_ssl=true`), with the CA given.
+/// refused at once on Redis, PostgreSQL (`sslmode=require`), MariaDB
+/// (`require_ssl=true`), ZooKeeper (`tcp+tls://`) and etcd (`https://`),
+/// with the CA given.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_for_another_host_is_refused() {
     lock_tests::bounded("a_certificate_for_another_host_is_refused", async move {
@@ -802,6 +803,22 @@ async fn a_certificate_for_another_host_is_refused() {
             .await
             .expect_err("MariaDB: a certificate for another host");
         assert_certificate_refused("MariaDB", &err);
+
+        let zookeeper = lock_tests::ZooKeeper::start_with_tls(certs.path(), false);
+        let err = verified()
+            .zookeeper(&zookeeper.tls_connect_string())
+            .await
+            .expect_err("ZooKeeper: a certificate for another host");
+        assert_certificate_refused("ZooKeeper", &err);
+
+        let etcd = lock_tests::Etcd::start_secured(Some((&cert, &key)), &[]);
+        let endpoints = etcd.endpoints();
+        let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+        let err = verified()
+            .etcd(&endpoints)
+            .await
+            .expect_err("etcd: a certificate for another host");
+        assert_certificate_refused("etcd", &err);
     })
     .await
 }
