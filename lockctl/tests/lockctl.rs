@@ -490,9 +490,10 @@ async fn passwords_come_from_the_environment_or_a_file_and_never_show() {
 }
 
 /// `--cluster` and `--sentinel` take the password from `LOCKCTL_PASSWORD`
-/// or `--password-file` too, for every seed or sentinel (the cluster's
-/// holds every URL character; the Sentinel group's is its lock user's); a
-/// wrong one is refused, and none shows.
+/// or `--password-file` too, for every seed or sentinel (a password of
+/// every URL character: the cluster's, and the Sentinel group's lock
+/// user's on its sentinels and master); a wrong one is refused, and none
+/// shows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_and_sentinel_passwords_come_from_the_environment_or_a_file() {
     lock_tests::bounded(
@@ -522,7 +523,7 @@ async fn cluster_and_sentinel_passwords_come_from_the_environment_or_a_file() {
 
             // The lock user of a Sentinel group (on the sentinels and the
             // master), which may read a lock but not list them (`SCAN`).
-            let group = Replicated::start_named_with_lock_user(0);
+            let group = Replicated::start_named_with_lock_user_password(0, &password);
             let locks =
                 LockClient::sentinel(lock_tests::sentinel::MASTER_NAME, group.lock_user_sentinel_urls())
                     .await
@@ -531,12 +532,16 @@ async fn cluster_and_sentinel_passwords_come_from_the_environment_or_a_file() {
             let sentinels: Vec<String> = group
                 .lock_user_sentinel_urls()
                 .iter()
-                .map(|url| url.replace(&format!(":{}@", lock_tests::LOCK_USER_PASSWORD), "@"))
+                .map(|url| {
+                    let written = format!(":{}@", lock_tests::percent_encode(&password));
+                    assert!(url.contains(&written), "no password in {url}");
+                    url.replace(&written, "@")
+                })
                 .collect();
             let target = format!("{}@{}", lock_tests::sentinel::MASTER_NAME, sentinels.join(","));
             takes_the_password_and_refuses_a_wrong_one(
                 &["--sentinel", &target, "--json", "inspect", "stock:2"],
-                lock_tests::LOCK_USER_PASSWORD,
+                &password,
                 "stock:2",
                 "refused the credentials",
             );

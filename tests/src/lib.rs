@@ -30,9 +30,9 @@ pub use postgres::Postgres;
 pub use proxy::Proxy;
 pub use sentinel::Replicated;
 pub use server::{
-    LOCK_USER, LOCK_USER_CLUSTER_RULES, LOCK_USER_PASSWORD, LOCK_USER_RULES, LOCK_USER_SENTINEL_MASTER_RULES,
-    LOCK_USER_SENTINEL_RULES, RIVAL, RedisServer, RivalLock, commands_between, free_port, percent_encode,
-    redis_server_binary, start_masters,
+    LOCK_USER, LOCK_USER_CLUSTER_RULES, LOCK_USER_PASSWORD, LOCK_USER_REDLOCK_RULES, LOCK_USER_RULES,
+    LOCK_USER_SENTINEL_MASTER_RULES, LOCK_USER_SENTINEL_RULES, RIVAL, RedisServer, RivalLock,
+    commands_between, free_port, percent_encode, redis_server_binary, start_masters,
 };
 pub use zookeeper::ZooKeeper;
 

@@ -33,8 +33,12 @@ impl Write for Captured {
 }
 
 /// Captures every trace of this thread (a current-thread runtime's tasks
-/// included) until the guard is dropped.
+/// included) until the guard is dropped, and every `log` record the
+/// drivers write on it.
 pub fn capture_tracing() -> (Captured, tracing::subscriber::DefaultGuard) {
+    // The process's one logger: it hands each record to this thread's
+    // subscriber. Set already by an earlier capture in this process.
+    let _ = tracing_log::LogTracer::init();
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()

@@ -37,6 +37,11 @@ pub const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all
 /// docs/backends.md gives it.
 pub const LOCK_USER_CLUSTER_RULES: &str = "+spublish +ssubscribe +sunsubscribe +cluster|slots +asking";
 
+/// What each master of a Redlock adds to [`LOCK_USER_RULES`], as
+/// docs/backends.md gives it: `INFO`, for the check that the masters are
+/// distinct servers.
+pub const LOCK_USER_REDLOCK_RULES: &str = "+info";
+
 /// What a Sentinel's master adds to [`LOCK_USER_RULES`] (with
 /// `replica_acks`, as the tests' Sentinel clients have), as
 /// docs/backends.md gives it.

@@ -6,8 +6,8 @@
 
 use lock_runtime::{LockClient, LockError};
 use lock_tests::{
-    Cluster, LOCK_USER, LOCK_USER_CLUSTER_RULES, LOCK_USER_RULES, LOCK_USER_SENTINEL_MASTER_RULES,
-    LOCK_USER_SENTINEL_RULES, RedisServer, Replicated,
+    Cluster, LOCK_USER, LOCK_USER_CLUSTER_RULES, LOCK_USER_REDLOCK_RULES, LOCK_USER_RULES,
+    LOCK_USER_SENTINEL_MASTER_RULES, LOCK_USER_SENTINEL_RULES, RedisServer, Replicated,
 };
 
 fn one_line(text: &str) -> String {
@@ -126,6 +126,34 @@ async fn a_cluster_user_missing_a_grant_is_refused_at_start_up_by_name() {
     connect().await.expect("the ACL restored is enough again");
     for node in &cluster.nodes {
         node.query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
+    }
+}
+
+/// A Redlock asks each master: a grant taken away on one of them is
+/// named at start-up.
+#[tokio::test]
+async fn a_redlock_user_missing_a_grant_on_one_master_is_refused_by_name() {
+    let masters: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_with_lock_user(LOCK_USER_REDLOCK_RULES))
+        .collect();
+    let urls: Vec<String> = masters.iter().map(RedisServer::lock_user_url).collect();
+    let connect = || LockClient::redlock(&urls);
+    connect()
+        .await
+        .expect("the documented Redlock ACL is enough to start");
+    let last = &masters[2];
+    for command in grants(LOCK_USER_RULES) {
+        set_user(last, &format!("-{command}"));
+        let reason = reason(connect().await);
+        assert!(
+            names(&reason, command),
+            "without `{command}` on one master: {reason}"
+        );
+        set_user(last, &format!("+{command}"));
+    }
+    connect().await.expect("the ACL restored is enough again");
+    for master in &masters {
+        master.query::<()>(redis::cmd("ACL").arg("LOG").arg("RESET"));
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::{LockClient, LockError, LostReason};
 use lock_tests::secrets::{assert_no_password, assert_nothing_shown, capture_tracing, hostile_passwords};
 use lock_tests::sentinel::{MASTER_NAME, Replicated};
-use lock_tests::{RedisServer, percent_encode};
+use lock_tests::{LOCK_USER, RedisServer, percent_encode};
 use rand::{Rng, SeedableRng};
 
 /// Every constructor, with every hostile password written raw (so that many
@@ -138,7 +138,8 @@ async fn a_client_with_a_password_of_every_character_keeps_it_to_itself() {
 }
 
 /// The same on Sentinel: the lock user's password of every character, on
-/// the sentinels and on the master the client is sent to. Neither the
+/// the sentinels and on the master the client is sent to, percent-encoded
+/// or raw. Neither the
 /// connected client, its lock, its traces and metric labels, nor the
 /// refusal of a wrong password shows any piece of it.
 #[tokio::test]
@@ -164,6 +165,18 @@ async fn a_sentinel_client_with_a_password_of_every_character_keeps_it_to_itself
             );
             assert_no_password("guard", &format!("{guard:?}"));
             assert_no_password("client", &format!("{locks:?}"));
+            guard.release().await.expect("release");
+            // Written raw, as a user would paste it.
+            let raw: Vec<String> = group
+                .sentinel_ports()
+                .iter()
+                .map(|port| format!("redis://{LOCK_USER}:{password}@127.0.0.1:{port}/"))
+                .collect();
+            let pasted = LockClient::sentinel(MASTER_NAME, &raw)
+                .await
+                .expect("the right password, written raw");
+            let guard = pasted.lock("k").acquire().await.expect("lock");
+            assert_no_password("client", &format!("{pasted:?} {guard:?}"));
             guard.release().await.expect("release");
             let wrong: Vec<String> = group
                 .lock_user_sentinel_urls()

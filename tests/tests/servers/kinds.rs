@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LockMode, LostReason, segment};
 use lock_tests::monitor::Monitor;
-use lock_tests::{Cluster, Etcd, MariaDb, Postgres, RedisServer, Replicated, ZooKeeper, start_masters};
+use lock_tests::{
+    Cluster, Etcd, LOCK_USER_REDLOCK_RULES, MariaDb, Postgres, RedisServer, Replicated, ZooKeeper,
+};
 use tokio::sync::Barrier;
 
 /// A client and the servers it needs kept alive.
@@ -80,9 +82,12 @@ async fn cluster() -> Fixture {
     }
 }
 
+/// As the least-privilege ACL user on each master.
 async fn redlock() -> Fixture {
-    let masters = start_masters(3);
-    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let masters: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_with_lock_user(LOCK_USER_REDLOCK_RULES))
+        .collect();
+    let urls: Vec<String> = masters.iter().map(RedisServer::lock_user_url).collect();
     Fixture {
         locks: LockClient::redlock(&urls).await.expect("redlock client"),
         servers: Servers::Masters(masters),

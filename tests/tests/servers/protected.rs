@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockGuard, LockMode};
+use lock_runtime::{LockClient, LockError, LockGuard, LockMode};
 use lock_tests::secrets::capture_tracing;
 use lock_tests::sentinel::{MASTER_NAME, Replicated};
 use lock_tests::{Cluster, MariaDb, Postgres, RedisServer};
@@ -407,6 +407,26 @@ async fn another_postgres_role_cannot_free_change_or_stall_a_held_lock() {
                 }
             }
             let second = LockClient::postgres(&url("app")).await.expect("a second client");
+            // Any role may NOTIFY any channel (PostgreSQL has no grant for
+            // it): a waiter woken by forged release notices tries, finds the
+            // lock held, and waits on until its own deadline.
+            let waiting = second.lock("k").wait(Duration::from_millis(1500)).acquire();
+            let forging = async {
+                for _ in 0..30 {
+                    intruder
+                        .batch_execute(
+                            "SELECT pg_notify('distributed_locks', 'forged k'); NOTIFY distributed_locks",
+                        )
+                        .await
+                        .expect("any role may notify");
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+            };
+            let (waited, ()) = tokio::join!(waiting, forging);
+            assert!(
+                matches!(waited, Err(LockError::Timeout { .. })),
+                "a waiter woken by forged notices: {waited:?}"
+            );
             kept(&guard, false, &second, "PostgreSQL").await;
             kept(&reader, true, &second, "PostgreSQL, a read lock").await;
         },

@@ -159,7 +159,8 @@ const ETCD_LOCK_PREFIX: &str = "/distributed-locks/";
 /// `@ / # ? : %`, takes a lock and keeps it through renewals spaced wider
 /// than the token's life (each finds its token expired and authenticates
 /// again), and a second client gets it after the release. No piece of the
-/// password shows in an error, a `Debug`, a trace or a metric label.
+/// password, and no token, shows in an error, a `Debug`, a trace or a
+/// metric label.
 #[tokio::test]
 async fn etcd_users_authenticate_again_past_the_token_ttl_and_never_show() {
     lock_tests::bounded(
@@ -270,10 +271,41 @@ async fn etcd_users_authenticate_again_past_the_token_ttl_and_never_show() {
             let (released, got) = tokio::join!(guard.release(), waiting);
             released.expect("release as app");
             got.expect("the second client got the lock after the release");
+            // No token shows either: the pattern is checked against a real
+            // one, then against everything the clients showed.
+            let token = admin
+                .auth_client()
+                .authenticate("app".to_owned(), password.clone())
+                .await
+                .expect("authenticate as app")
+                .token()
+                .to_owned();
+            assert!(holds_a_simple_token(&token), "not a simple token: {token}");
+            let shown = format!("{} {locks:?} {other:?}", captured.text());
+            assert!(!holds_a_simple_token(&shown), "a token shows: {shown}");
             assert_nothing_shown(&captured, &recorder.snapshotter());
         },
     )
     .await
+}
+
+/// Whether `text` holds an etcd simple token: 16 ASCII letters, a dot and
+/// the auth store's index, cut off by anything else on both sides.
+fn holds_a_simple_token(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.iter().enumerate().any(|(dot, &b)| {
+        let Some(start) = dot.checked_sub(16) else {
+            return false;
+        };
+        let digits = bytes[dot + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+        b == b'.'
+            && bytes[start..dot].iter().all(u8::is_ascii_alphabetic)
+            && (start == 0 || !bytes[start - 1].is_ascii_alphanumeric())
+            && digits > 0
+            && bytes
+                .get(dot + 1 + digits)
+                .is_none_or(|b| !b.is_ascii_alphanumeric())
+    })
 }
 
 /// ZooKeeper's digest identity with a password of each URL character: it

@@ -849,8 +849,9 @@ async fn a_digest_identity_keeps_its_lock_nodes_from_every_other_client() {
             }
             // The root cannot be deleted (and made again, open): its
             // `owner` node keeps it from ever being empty.
+            // (Deleting it is checked against `/`'s ACL, not its own.)
             let r = anonymous.delete("/secured", None).await;
-            assert!(r.is_err(), "anyone deleted the secured root");
+            assert!(matches!(r, Err(zk::Error::NotEmpty)), "the secured root: {r:?}");
             assert!(guard.is_held(), "an intruder's attempts cost the holder its lock");
             assert_eq!(
                 owner.list_children(queue).await.expect("the owner lists").len(),
@@ -952,6 +953,56 @@ async fn a_digest_identity_keeps_its_lock_nodes_from_every_other_client() {
                 );
             }
             assert!(held.is_held());
+            held.release().await.expect("release");
+
+            // A root several levels deep: each parent the client makes gets
+            // the identity's ACL, so no other client may create or delete
+            // under any of them, and the lock's queue sits under the last.
+            let deep = secured("/services/shop/locks", PASSWORD)
+                .zookeeper(&connect)
+                .await
+                .expect("connect under a deep root");
+            let held = deep.lock("k").acquire().await.expect("acquire");
+            for parent in ["/services", "/services/shop", "/services/shop/locks"] {
+                let (acls, _) = owner.get_acl(parent).await.expect("read a parent's ACL");
+                let ids: Vec<(&str, &str)> = acls.iter().map(|acl| (acl.scheme(), acl.id())).collect();
+                assert!(
+                    !ids.is_empty()
+                        && ids
+                            .iter()
+                            .all(|(scheme, id)| *scheme == "digest" && id.starts_with("locks:")),
+                    "`{parent}` is not the identity's alone: {ids:?}"
+                );
+                for (who, intruder) in [("another identity", &mallory), ("no identity", &anonymous)] {
+                    let r = intruder
+                        .create(
+                            &format!("{parent}/intruder"),
+                            &[],
+                            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+                        )
+                        .await
+                        .map(drop);
+                    assert!(
+                        matches!(r, Err(zk::Error::NoAuth)),
+                        "{who} created a node under `{parent}`: {r:?}"
+                    );
+                }
+            }
+            for (child, parent) in [
+                ("/services/shop", "/services"),
+                ("/services/shop/locks", "/services/shop"),
+            ] {
+                let r = mallory.delete(child, None).await;
+                assert!(
+                    matches!(r, Err(zk::Error::NoAuth)),
+                    "another identity deleted `{child}` under `{parent}`: {r:?}"
+                );
+            }
+            let queue = owner
+                .list_children("/services/shop/locks/lock:{k}")
+                .await
+                .expect("the queue under the deep root");
+            assert_eq!(queue.len(), 1, "{queue:?}");
             held.release().await.expect("release");
         },
     )
