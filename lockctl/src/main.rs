@@ -32,21 +32,21 @@ struct Cli {
 #[derive(Debug, Clone, Args)]
 struct Target {
     /// One Redis node (`redis://[user:password@]host[:port][/db]`).
-    #[arg(long, global = true, default_value = "redis://127.0.0.1:6379/", conflicts_with_all = ["cluster", "redlock", "sentinel", "postgres", "etcd"])]
+    #[arg(long, global = true, default_value = "redis://127.0.0.1:6379/", conflicts_with_all = ["cluster", "redlock", "sentinel", "postgres", "mysql", "etcd"])]
     url: String,
     /// A Redis Cluster: one or more seed URLs (comma-separated or repeated).
-    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redlock", "sentinel", "postgres", "etcd"])]
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redlock", "sentinel", "postgres", "mysql", "etcd"])]
     cluster: Vec<String>,
     /// A Redlock: every master's URL (comma-separated or repeated).
-    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["sentinel", "postgres", "etcd"])]
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["sentinel", "postgres", "mysql", "etcd"])]
     redlock: Vec<String>,
     /// A master found through Sentinel, as `NAME@URL,URL,...` (the master's
     /// name, then the sentinels' URLs).
-    #[arg(long, global = true, conflicts_with_all = ["postgres", "etcd"])]
+    #[arg(long, global = true, conflicts_with_all = ["postgres", "mysql", "etcd"])]
     sentinel: Option<String>,
     /// A PostgreSQL lock table's database
     /// (`postgres://user:password@host:port/database`).
-    #[arg(long, global = true, conflicts_with = "etcd")]
+    #[arg(long, global = true, conflicts_with_all = ["mysql", "etcd"])]
     postgres: Option<String>,
     /// The PostgreSQL lock table's name, as the services' `postgres_table`.
     #[arg(
@@ -56,6 +56,13 @@ struct Target {
         requires = "postgres"
     )]
     postgres_table: String,
+    /// A MySQL / MariaDB lock table's database
+    /// (`mysql://user@host:port/database`, `?require_ssl=true` for TLS).
+    #[arg(long, global = true, conflicts_with = "etcd")]
+    mysql: Option<String>,
+    /// The MySQL lock table's name, as the services' `mysql_table`.
+    #[arg(long, global = true, default_value = "distributed_locks", requires = "mysql")]
+    mysql_table: String,
     /// An etcd cluster: one or more endpoints, `host:port`,
     /// `http://host:port` or `https://host:port` (comma-separated or
     /// repeated).
@@ -77,8 +84,8 @@ struct Target {
     #[arg(long, global = true, value_name = "FILE", requires = "etcd_cert")]
     etcd_key: Option<std::path::PathBuf>,
     /// The CA (PEM) that TLS servers are verified against instead of the
-    /// system's roots (`rediss://`, `sslmode=require`, `https://` etcd
-    /// endpoints), as the services' `tls_root_certificate`.
+    /// system's roots (`rediss://`, `sslmode=require`, `require_ssl=true`,
+    /// `https://` etcd endpoints), as the services' `tls_root_certificate`.
     #[arg(long, global = true, value_name = "FILE")]
     tls_ca: Option<std::path::PathBuf>,
     /// The key prefix the services use.
@@ -232,6 +239,8 @@ async fn connect(target: &Target) -> Result<LockClient, LockError> {
             .postgres_table(target.postgres_table.clone())
             .postgres(url)
             .await
+    } else if let Some(url) = &target.mysql {
+        builder().mysql_table(target.mysql_table.clone()).mysql(url).await
     } else if !target.cluster.is_empty() {
         builder().cluster(&target.cluster).await
     } else if !target.redlock.is_empty() {
@@ -301,6 +310,9 @@ impl Target {
         {
             let urls: Vec<String> = urls.split(',').map(put).collect::<Result<_, _>>()?;
             target.sentinel = Some(format!("{name}@{}", urls.join(",")));
+        }
+        if let Some(url) = &target.mysql {
+            target.mysql = Some(put(url)?);
         }
         if let Some(url) = &target.postgres {
             target.postgres = Some(if url.contains("://") {

@@ -11,7 +11,7 @@ use crate::spec::{Kind, LockOptions};
 mod contract;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "etcd"))]
 mod glob;
 pub(crate) mod lane;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
@@ -325,7 +325,7 @@ impl AnyBackend {
             #[cfg(feature = "testing")]
             AnyBackend::Sim(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
-            AnyBackend::Mysql(_) => Err(no_mysql_admin()),
+            AnyBackend::Mysql(b) => b.scan_keys(pattern).await,
             #[cfg(feature = "postgres")]
             AnyBackend::Postgres(b) => b.scan_keys(pattern).await,
             #[cfg(feature = "zookeeper")]
@@ -363,7 +363,7 @@ impl AnyBackend {
             #[cfg(feature = "testing")]
             AnyBackend::Sim(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
-            AnyBackend::Mysql(_) => Err(no_mysql_admin()),
+            AnyBackend::Mysql(b) => Ok(on(b.node(), b.inspect(key).await?)),
             #[cfg(feature = "postgres")]
             AnyBackend::Postgres(b) => Ok(on(b.node(), b.inspect(key).await?)),
             #[cfg(feature = "zookeeper")]
@@ -390,7 +390,7 @@ impl AnyBackend {
             #[cfg(feature = "testing")]
             AnyBackend::Sim(_) => Err(no_admin()),
             #[cfg(feature = "mysql")]
-            AnyBackend::Mysql(_) => Err(no_mysql_admin()),
+            AnyBackend::Mysql(b) => Ok(usize::from(b.force_unlock(key).await?)),
             #[cfg(feature = "postgres")]
             AnyBackend::Postgres(b) => Ok(usize::from(b.force_unlock(key).await?)),
             #[cfg(feature = "zookeeper")]
@@ -653,15 +653,6 @@ fn no_zookeeper_admin() -> LockError {
         feature:
             "inspecting locks on the ZooKeeper backend (list the lock's queue with zkCli: see the README)"
                 .into(),
-    }
-}
-
-/// Operator tools read the Redis layout; the MySQL table is plain SQL.
-#[cfg(feature = "mysql")]
-fn no_mysql_admin() -> LockError {
-    LockError::Unsupported {
-        key: String::new(),
-        feature: "inspecting locks on the MySQL backend (query its table: see the README)".into(),
     }
 }
 

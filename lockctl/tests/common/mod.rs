@@ -3,7 +3,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LostReason};
+use lock_runtime::{LockClient, LockError, LockMode, LostReason};
 use serde_json::Value;
 
 /// Every test waits on something; none may hang the suite.
@@ -275,4 +275,137 @@ pub(crate) fn takes_the_password_and_refuses_a_wrong_one(
         let said = String::from_utf8_lossy(&refused.stderr);
         assert!(said.contains(refusal), "{said}");
     }
+}
+
+/// Every kind held through `locks` (a fenced lock, two readers, a permit,
+/// a segment, a fair lock with one waiter, whom `in_line(n)` waits for),
+/// listed and inspected by `lockctl` (the binary against the SQL backend
+/// under test), with a glob narrowing the list; released, none is listed.
+#[allow(dead_code)]
+pub(crate) async fn every_kind_is_listed_and_inspected(
+    locks: &LockClient,
+    lockctl: impl Fn(&[&str]) -> Output,
+    in_line: impl AsyncFn(usize),
+) {
+    let fenced = locks
+        .lock("stock:1")
+        .ttl(Duration::from_secs(30))
+        .fencing(true)
+        .acquire()
+        .await
+        .expect("free");
+    let token = fenced.fencing_token().expect("a token was asked for");
+    let readers = [
+        locks
+            .lock("catalog")
+            .mode(LockMode::Read)
+            .acquire()
+            .await
+            .expect("read"),
+        locks
+            .lock("catalog")
+            .mode(LockMode::Read)
+            .acquire()
+            .await
+            .expect("read"),
+    ];
+    let permit = locks.lock("pool").permits(3).acquire().await.expect("permit");
+    let segment = locks
+        .lock("counter")
+        .segments(4)
+        .acquire()
+        .await
+        .expect("segment");
+    let fair = locks.lock("queue").fair(true).acquire().await.expect("free");
+    let waiter = fair_waiter(locks, "queue");
+    in_line(1).await;
+
+    let listed = json_lines(&lockctl(&["--json", "list"]));
+    let stock = find(&listed, "stock:1");
+    assert_eq!(stock["kind"], "exclusive");
+    assert_eq!(stock["fence"], token);
+    let left = stock["holders"][0]["time_left_ms"].as_u64().expect("an expiry");
+    assert!(left > 0 && left <= 30_000, "time left {left} ms of a 30 s lease");
+    let catalog = find(&listed, "catalog");
+    assert_eq!(catalog["kind"], "read-write");
+    let roles: Vec<&Value> = catalog["holders"].as_array().into_iter().flatten().collect();
+    assert_eq!(roles.len(), 2, "{catalog}");
+    assert!(roles.iter().all(|h| h["role"] == "reader"), "{catalog}");
+    assert_eq!(find(&listed, "pool")["kind"], "permits");
+    let seg = format!("counter#{}", segment.segment().expect("a segment"));
+    assert_eq!(find(&listed, &seg)["kind"], "segment");
+    let queue = find(&listed, "queue");
+    assert_eq!(queue["kind"], "fair");
+    assert_eq!(queue["in_line"], 1);
+    assert_eq!(queue["waiters"], true);
+    assert_eq!(listed.len(), 5, "{listed:?}");
+
+    // A glob narrows the list, with its `?` and `[…]`.
+    let narrowed = json_lines(&lockctl(&["--json", "list", "st?ck:[0-9]"]));
+    assert_eq!(narrowed.len(), 1, "{narrowed:?}");
+    assert_eq!(narrowed[0]["key"], "stock:1");
+    assert!(json_lines(&lockctl(&["--json", "list", "stock:[2-9]"])).is_empty());
+    let unclosed = lockctl(&["list", "stock:[1"]);
+    assert_eq!(unclosed.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unclosed.stderr).contains("`[`"));
+
+    let inspected = json_lines(&lockctl(&["--json", "inspect", "catalog"]));
+    assert_eq!(inspected[0]["held"], true);
+    assert_eq!(
+        inspected[0]["locks"][0]["holders"].as_array().map(Vec::len),
+        Some(2)
+    );
+    let free = json_lines(&lockctl(&["--json", "inspect", "nothing:here"]));
+    assert_eq!(free[0]["held"], false);
+
+    // Released locks leave the list; a fenced row kept for its
+    // counter is not a lock.
+    fenced.release().await.expect("release");
+    let [a, b] = readers;
+    a.release().await.expect("release");
+    b.release().await.expect("release");
+    permit.release().await.expect("release");
+    segment.release().await.expect("release");
+    fair.release().await.expect("release");
+    got_the_lock(waiter, "the waiter got the lock").await;
+    let listed = json_lines(&lockctl(&["--json", "list"]));
+    assert!(listed.is_empty(), "{listed:?}");
+}
+
+/// `unlock --force` on a read-write lock frees every reader at once, so a
+/// writer gets in; on a fair lock the line stays and its first waiter gets
+/// the lock. `other` holds them; `in_line(n)` waits for `n` in line.
+#[allow(dead_code)]
+pub(crate) async fn shared_and_fair_locks_are_freed_by_force(
+    other: &LockClient,
+    lockctl: impl Fn(&[&str]) -> Output,
+    in_line: impl AsyncFn(usize),
+) {
+    // A read-write lock loses every reader at once: a writer gets in.
+    let reader = other
+        .lock("catalog")
+        .mode(LockMode::Read)
+        .acquire()
+        .await
+        .expect("read");
+    let forced = json_lines(&lockctl(&["--json", "unlock", "catalog", "--force"]));
+    assert_eq!(forced[0]["freed"], true);
+    let writer = other
+        .lock("catalog")
+        .mode(LockMode::Write)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .expect("no reader left");
+    writer.release().await.expect("release");
+    assert!(matches!(reader.release().await, Err(LockError::NotHeld { .. })));
+
+    // A fair lock's line stays: its first waiter gets the lock.
+    let fair = other.lock("queue").fair(true).acquire().await.expect("free");
+    let waiter = fair_waiter(other, "queue");
+    in_line(1).await;
+    let forced = json_lines(&lockctl(&["--json", "unlock", "queue", "--force"]));
+    assert_eq!(forced[0]["freed"], true);
+    got_the_lock(waiter, "the first in line got the lock").await;
+    assert!(matches!(fair.release().await, Err(LockError::NotHeld { .. })));
 }

@@ -1,7 +1,8 @@
 //! Passwords holding the characters that end a URL's userinfo (`@`, `/`,
 //! `#`, `?`, `:`, `%`), on the SQL backends against real servers: written
 //! raw or percent-encoded in a URL, or in a PostgreSQL key-value string,
-//! the right one connects, and no piece of any of them shows in an error,
+//! the right one connects (and so does one of every printable character,
+//! in a URL), and no piece of any of them shows in an error,
 //! a `Debug`, a trace line or a metric label. (The Redis constructors are
 //! tried with every printable character in `first_contact`.)
 //!
@@ -11,7 +12,9 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::secrets::{assert_no_password, assert_nothing_shown, capture_tracing, url_passwords};
+use lock_tests::secrets::{
+    assert_no_password, assert_nothing_shown, capture_tracing, hostile_passwords, url_passwords,
+};
 use lock_tests::{MariaDb, Postgres, free_port, percent_encode};
 use metrics_util::debugging::DebuggingRecorder;
 
@@ -65,6 +68,25 @@ async fn every_form_behaves(
     assert!(e.to_string().contains("percent-encode"), "{e}");
 }
 
+/// A password of every printable ASCII character.
+fn every_character() -> String {
+    hostile_passwords()
+        .pop()
+        .expect("one password of every character")
+}
+
+/// `scheme://app:<password>@127.0.0.1:<port>/locks`, the password raw and
+/// percent-encoded.
+fn url_forms(scheme: &str, password: &str, port: u16) -> [String; 2] {
+    [
+        format!("{scheme}://app:{password}@127.0.0.1:{port}/locks"),
+        format!(
+            "{scheme}://app:{}@127.0.0.1:{port}/locks",
+            percent_encode(password)
+        ),
+    ]
+}
+
 #[tokio::test]
 async fn postgres_passwords_of_url_characters_connect_and_never_show() {
     lock_tests::bounded(
@@ -104,6 +126,16 @@ async fn postgres_passwords_of_url_characters_connect_and_never_show() {
                     assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
                 }
             }
+            // And one of every printable character, in a URL, raw or
+            // percent-encoded.
+            let password = every_character();
+            server.sql(&format!(
+                "ALTER ROLE app PASSWORD '{}'",
+                password.replace('\'', "''")
+            ));
+            for url in url_forms("postgres", &password, server.port()) {
+                connects_and_keeps_it(&url, connect).await;
+            }
             assert_nothing_shown(&captured, &recorder.snapshotter());
         },
     )
@@ -141,6 +173,14 @@ async fn mysql_passwords_of_url_characters_connect_and_never_show() {
                 };
                 let bad_url = format!("mysql://app:{password}@[::1/locks");
                 every_form_behaves(&password, server.port(), forms, &bad_url, connect).await;
+            }
+            let password = every_character();
+            let quoted = password.replace('\\', "\\\\").replace('\'', "''");
+            server
+                .sql(&format!("ALTER USER 'app'@'%' IDENTIFIED BY '{quoted}'"))
+                .await;
+            for url in url_forms("mysql", &password, server.port()) {
+                connects_and_keeps_it(&url, connect).await;
             }
             assert_nothing_shown(&captured, &recorder.snapshotter());
         },

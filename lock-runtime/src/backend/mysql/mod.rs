@@ -16,8 +16,8 @@
 //! Shared locks (read-write, permits) and fair locks' lines are rows of a
 //! second table (`shared.rs`, `fair.rs`). The files, bottom-up: `sql` the
 //! statements, `table` the client and how one operation runs, `shared` and
-//! `fair` their kinds' attempts; this file the exclusive lock and the
-//! dispatch of every operation.
+//! `fair` their kinds' attempts, `admin` what `lockctl` reads and frees;
+//! this file the exclusive lock and the dispatch of every operation.
 //!
 //! The driver is `mysql_async`: a tokio-native implementation of the
 //! protocol with its own connection pool and per-connection statement
@@ -48,6 +48,8 @@ mod table;
 mod shared;
 
 mod fair;
+
+mod admin;
 
 impl MysqlBackend {
     /// A lock found held by a shared lock's gate is another kind of lock:

@@ -43,6 +43,8 @@ pub(super) struct Statements {
     pub(super) sweepable: String,
     pub(super) sweep: String,
     /// Fails with "unknown column" on a table made before elections.
+    /// Fails when the lock table does not exist (or may not be read).
+    pub(super) exists: String,
     pub(super) has_record: String,
     pub(super) add_record: String,
     pub(super) proclaim: String,
@@ -123,6 +125,7 @@ impl Statements {
             // and gates, which expire in the year 9999).
             sweepable: format!("SELECT name FROM {t} WHERE {} LIMIT 16", swept()),
             sweep: format!("DELETE FROM {t} WHERE name = ? AND {}", swept()),
+            exists: format!("SELECT 1 FROM {t} LIMIT 0"),
             has_record: format!("SELECT record FROM {t} LIMIT 0"),
             add_record: format!("ALTER TABLE {t} ADD COLUMN record MEDIUMBLOB NULL"),
             // Parameters: holder, value, name, holder. An election's leader
@@ -151,6 +154,8 @@ impl Statements {
 #[derive(Debug)]
 pub(super) struct SharedStatements {
     pub(super) create: String,
+    /// Fails when the members table does not exist (or may not be read).
+    pub(super) exists: String,
     /// Fails with "unknown column" on a table made by an earlier version.
     pub(super) has_queued_at: String,
     pub(super) add_queued_at: String,
@@ -185,6 +190,7 @@ impl SharedStatements {
                  ) ENGINE=InnoDB",
                 MAX_NAME_BYTES
             ),
+            exists: format!("SELECT 1 FROM {m} LIMIT 0"),
             has_queued_at: format!("SELECT queued_at FROM {m} LIMIT 0"),
             add_queued_at: format!(
                 "ALTER TABLE {m} ADD COLUMN queued_at DATETIME(6) NOT NULL DEFAULT '2000-01-01 00:00:00'"

@@ -306,8 +306,23 @@ impl MysqlBackend {
     /// The lock table and the shared locks' members table, if missing, and
     /// the columns an earlier version's tables lack.
     pub(super) async fn create_tables(&self, conn: &mut mysql_async::Conn) -> Result<(), mysql_async::Error> {
-        conn.query_drop(&self.sql.create).await?;
-        conn.query_drop(&self.shared.create).await?;
+        for (create, exists) in [
+            (&self.sql.create, &self.sql.exists),
+            (&self.shared.create, &self.shared.exists),
+        ] {
+            match conn.query_drop(create).await {
+                // 1142, CREATE denied: the server checks the grant before
+                // `IF NOT EXISTS`, so a user without it (an operator's
+                // `lockctl`, a service given only the rows) is refused
+                // even for a table that exists. One that does is enough.
+                Err(mysql_async::Error::Server(denied)) if denied.code == 1142 => {
+                    if conn.query_drop(exists).await.is_err() {
+                        return Err(mysql_async::Error::Server(denied));
+                    }
+                }
+                other => other?,
+            }
+        }
         // A members table made before fair locks (before 2026-11-24) has no
         // `queued_at`. Looked for first: ALTER TABLE needs the ALTER grant
         // and rebuilds the table, even when there is nothing to add.
