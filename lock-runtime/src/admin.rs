@@ -57,8 +57,9 @@ pub struct LockHolder {
     pub id: String,
     /// `holder`, `reader`, `writer`, `permit`, or `leader` (an election's).
     pub role: &'static str,
-    /// What is left of its lease by the server's clock; `None` when the key
-    /// has no expiry (never written so by this library).
+    /// What is left of its lease by the server's clock; `None` on
+    /// ZooKeeper, where a holder's node lives as long as its session, or
+    /// when a Redis key has no expiry (never written so by this library).
     pub time_left: Option<Duration>,
 }
 
@@ -310,14 +311,17 @@ fn describe(key: &LockKey, node: String, found: Found) -> Option<LockInfo> {
                     }
                 };
                 // A member whose lease ended is no holder (the next
-                // attempt on the key sweeps it).
-                if ends <= found.now_ms {
-                    continue;
-                }
+                // attempt on the key sweeps it); -1 is none that ends by
+                // time (a ZooKeeper child, which ends with its session).
+                let time_left = match ends {
+                    -1 => None,
+                    ends if ends <= found.now_ms => continue,
+                    ends => left(ends - found.now_ms),
+                };
                 holders.push(LockHolder {
                     id: member,
                     role,
-                    time_left: left(ends - found.now_ms),
+                    time_left,
                 });
             }
             // A writer's claim (Redis, PostgreSQL), or keys waiting in

@@ -401,9 +401,10 @@ impl LockClientBuilder {
     /// Authenticates the ZooKeeper session as `user` (the `digest` scheme,
     /// `user:password`) and creates every lock node (the root and any
     /// missing parent, each lock's queue, each holder's and waiter's node)
-    /// with an ACL that gives every permission to that identity alone:
-    /// another client of the ensemble, authenticated otherwise or not at
-    /// all, can neither delete, change nor join a lock's queue, nor list
+    /// with an ACL that gives every permission to that identity alone,
+    /// named by its digest: another client of the ensemble, authenticated
+    /// otherwise (one showing the same TLS client certificate too) or not
+    /// at all, can neither delete, change nor join a lock's queue, nor list
     /// it unless [`zookeeper_readable_by_anyone`](Self::zookeeper_readable_by_anyone).
     /// Every client of one root must use the same identity. At start-up the
     /// client checks that it may create nodes under the root: a root owned

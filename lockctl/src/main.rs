@@ -32,21 +32,21 @@ struct Cli {
 #[derive(Debug, Clone, Args)]
 struct Target {
     /// One Redis node (`redis://[user:password@]host[:port][/db]`).
-    #[arg(long, global = true, default_value = "redis://127.0.0.1:6379/", conflicts_with_all = ["cluster", "redlock", "sentinel", "postgres", "mysql", "etcd"])]
+    #[arg(long, global = true, default_value = "redis://127.0.0.1:6379/", conflicts_with_all = ["cluster", "redlock", "sentinel", "postgres", "mysql", "etcd", "zookeeper"])]
     url: String,
     /// A Redis Cluster: one or more seed URLs (comma-separated or repeated).
-    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redlock", "sentinel", "postgres", "mysql", "etcd"])]
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redlock", "sentinel", "postgres", "mysql", "etcd", "zookeeper"])]
     cluster: Vec<String>,
     /// A Redlock: every master's URL (comma-separated or repeated).
-    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["sentinel", "postgres", "mysql", "etcd"])]
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["sentinel", "postgres", "mysql", "etcd", "zookeeper"])]
     redlock: Vec<String>,
     /// A master found through Sentinel, as `NAME@URL,URL,...` (the master's
     /// name, then the sentinels' URLs).
-    #[arg(long, global = true, conflicts_with_all = ["postgres", "mysql", "etcd"])]
+    #[arg(long, global = true, conflicts_with_all = ["postgres", "mysql", "etcd", "zookeeper"])]
     sentinel: Option<String>,
     /// A PostgreSQL lock table's database
     /// (`postgres://user:password@host:port/database`).
-    #[arg(long, global = true, conflicts_with_all = ["mysql", "etcd"])]
+    #[arg(long, global = true, conflicts_with_all = ["mysql", "etcd", "zookeeper"])]
     postgres: Option<String>,
     /// The PostgreSQL lock table's name, as the services' `postgres_table`.
     #[arg(
@@ -58,7 +58,7 @@ struct Target {
     postgres_table: String,
     /// A MySQL / MariaDB lock table's database
     /// (`mysql://user@host:port/database`, `?require_ssl=true` for TLS).
-    #[arg(long, global = true, conflicts_with = "etcd")]
+    #[arg(long, global = true, conflicts_with_all = ["etcd", "zookeeper"])]
     mysql: Option<String>,
     /// The MySQL lock table's name, as the services' `mysql_table`.
     #[arg(long, global = true, default_value = "distributed_locks", requires = "mysql")]
@@ -66,7 +66,7 @@ struct Target {
     /// An etcd cluster: one or more endpoints, `host:port`,
     /// `http://host:port` or `https://host:port` (comma-separated or
     /// repeated).
-    #[arg(long, global = true, value_delimiter = ',', num_args = 1..)]
+    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with = "zookeeper")]
     etcd: Vec<String>,
     /// The key under which the services' etcd locks live, as their
     /// `etcd_root`.
@@ -83,18 +83,44 @@ struct Target {
     /// The private key (PEM) of `--etcd-cert`.
     #[arg(long, global = true, value_name = "FILE", requires = "etcd_cert")]
     etcd_key: Option<std::path::PathBuf>,
+    /// A ZooKeeper ensemble: its connect string, `host:port,host:port`
+    /// (`tcp+tls://host:port` for members served over TLS).
+    #[arg(long, global = true, value_name = "CONNECT")]
+    zookeeper: Option<String>,
+    /// The node under which the services' ZooKeeper locks live, as their
+    /// `zookeeper_root`.
+    #[arg(
+        long,
+        global = true,
+        default_value = "/distributed-locks",
+        requires = "zookeeper"
+    )]
+    zookeeper_root: String,
+    /// The ZooKeeper digest identity the services' lock nodes belong to, as
+    /// their `zookeeper_digest`; its password comes from `--password-file`
+    /// or `LOCKCTL_PASSWORD`.
+    #[arg(long, global = true, value_name = "USER", requires = "zookeeper")]
+    zookeeper_user: Option<String>,
+    /// The certificate (PEM) lockctl shows a ZooKeeper TLS port that asks
+    /// clients for one (`ssl.clientAuth=need`), with `--zookeeper-key`.
+    #[arg(long, global = true, value_name = "FILE", requires_all = ["zookeeper", "zookeeper_key"])]
+    zookeeper_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of `--zookeeper-cert`.
+    #[arg(long, global = true, value_name = "FILE", requires = "zookeeper_cert")]
+    zookeeper_key: Option<std::path::PathBuf>,
     /// The CA (PEM) that TLS servers are verified against instead of the
     /// system's roots (`rediss://`, `sslmode=require`, `require_ssl=true`,
-    /// `https://` etcd endpoints), as the services' `tls_root_certificate`.
+    /// `https://` etcd endpoints, `tcp+tls://` ZooKeeper members), as the
+    /// services' `tls_root_certificate`.
     #[arg(long, global = true, value_name = "FILE")]
     tls_ca: Option<std::path::PathBuf>,
     /// The key prefix the services use.
     #[arg(long, global = true, default_value = "lock:")]
     prefix: String,
     /// Read the password from FILE (its first line) and use it in every
-    /// URL above, or as `--etcd-user`'s: a password in an argument shows
-    /// in `ps`. The variable `LOCKCTL_PASSWORD` does the same. Give the
-    /// URLs without one.
+    /// URL above, or as `--etcd-user`'s or `--zookeeper-user`'s: a
+    /// password in an argument shows in `ps`. The variable
+    /// `LOCKCTL_PASSWORD` does the same. Give the URLs without one.
     #[arg(long, global = true, value_name = "FILE")]
     password_file: Option<std::path::PathBuf>,
 }
@@ -157,7 +183,10 @@ async fn run(cli: Cli) -> Result<ExitCode, LockError> {
     }
     let client = connect(&cli.target).await?;
     let admin = client.admin();
-    let out = Output { json: cli.json };
+    let out = Output {
+        json: cli.json,
+        sessions: cli.target.zookeeper.is_some(),
+    };
     match cli.command {
         Command::List { pattern } => {
             let locks = admin.list(pattern.as_deref()).await?;
@@ -197,26 +226,8 @@ async fn connect(target: &Target) -> Result<LockClient, LockError> {
         {
             let endpoints: Vec<&str> = target.etcd.iter().map(String::as_str).collect();
             let mut builder = builder().etcd_root(target.etcd_root.clone());
-            match (&target.etcd_user, password) {
-                (Some(user), Some(password)) => builder = builder.etcd_user(user.clone(), password),
-                (Some(_), None) => {
-                    return Err(LockError::InvalidConfig {
-                        node: "--etcd-user".into(),
-                        reason: format!(
-                            "give the user's password with --password-file or {PASSWORD_VARIABLE}"
-                        ),
-                    });
-                }
-                // `LOCKCTL_PASSWORD`, set for the URL targets, must not
-                // stop an etcd run without a user; a file given is an
-                // intent, and refused.
-                (None, Some(_)) if target.password_file.is_some() => {
-                    return Err(LockError::InvalidConfig {
-                        node: "--password-file".into(),
-                        reason: "an etcd password needs its user: give --etcd-user".into(),
-                    });
-                }
-                (None, _) => {}
+            if let Some((user, password)) = user_and_password(target, "etcd", &target.etcd_user, password)? {
+                builder = builder.etcd_user(user, password);
             }
             if let (Some(cert), Some(key)) = (&target.etcd_cert, &target.etcd_key) {
                 builder = builder
@@ -229,6 +240,21 @@ async fn connect(target: &Target) -> Result<LockClient, LockError> {
             node: "--etcd".into(),
             reason: "this lockctl was built without its `etcd` feature".into(),
         });
+    }
+    if let Some(connect) = &target.zookeeper {
+        let mut builder = builder().zookeeper_root(target.zookeeper_root.clone());
+        if let Some((user, password)) =
+            user_and_password(target, "zookeeper", &target.zookeeper_user, password)?
+        {
+            builder = builder.zookeeper_digest(user, password);
+        }
+        if let (Some(cert), Some(key)) = (&target.zookeeper_cert, &target.zookeeper_key) {
+            builder = builder.zookeeper_client_certificate(
+                read_file("--zookeeper-cert", cert)?,
+                read_file("--zookeeper-key", key)?,
+            );
+        }
+        return builder.zookeeper(connect).await;
     }
     let target = &match password {
         Some(password) => target.with_password(&password)?,
@@ -255,6 +281,29 @@ async fn connect(target: &Target) -> Result<LockClient, LockError> {
         builder().sentinel(name, urls.split(',')).await
     } else {
         builder().connect(&target.url).await
+    }
+}
+
+/// The user `--<backend>-user` names with the password given, if any.
+fn user_and_password(
+    target: &Target,
+    backend: &str,
+    user: &Option<String>,
+    password: Option<String>,
+) -> Result<Option<(String, String)>, LockError> {
+    match (user, password) {
+        (Some(user), Some(password)) => Ok(Some((user.clone(), password))),
+        (Some(_), None) => Err(LockError::InvalidConfig {
+            node: format!("--{backend}-user"),
+            reason: format!("give the user's password with --password-file or {PASSWORD_VARIABLE}"),
+        }),
+        // `LOCKCTL_PASSWORD`, set for the URL targets, must not stop a run
+        // without a user; a file given is an intent, and refused.
+        (None, Some(_)) if target.password_file.is_some() => Err(LockError::InvalidConfig {
+            node: "--password-file".into(),
+            reason: format!("a {backend} password needs its user: give --{backend}-user"),
+        }),
+        (None, _) => Ok(None),
     }
 }
 
@@ -431,6 +480,9 @@ async fn watch(
 
 struct Output {
     json: bool,
+    /// ZooKeeper's: a holder's node has no time of its own to end, it
+    /// lives as long as its session.
+    sessions: bool,
 }
 
 impl Output {
@@ -473,7 +525,7 @@ impl Output {
                     lock.key.clone(),
                     lock.kind.as_str().to_owned(),
                     holder_text(lock, holder),
-                    time_left_text(holder.time_left),
+                    self.time_left_text(holder.time_left),
                     fence.clone(),
                     waiters.clone(),
                     lock.node.clone(),
@@ -514,10 +566,10 @@ impl Output {
             }
             for holder in &lock.holders {
                 println!(
-                    "{:<9} {}  ({} left)",
+                    "{:<9} {}  ({})",
                     format!("{}:", holder.role),
                     holder.id,
-                    time_left_text(holder.time_left)
+                    self.time_left_phrase(holder.time_left)
                 );
             }
         }
@@ -532,6 +584,24 @@ impl Output {
             println!(
                 "{key}: freed on {freed} node(s); its holder learns at its next renewal, and waiters were woken"
             );
+        }
+    }
+
+    /// A holder's time left in a table's cell.
+    fn time_left_text(&self, left: Option<Duration>) -> String {
+        match left {
+            Some(d) => format!("{:.1}s", d.as_secs_f64()),
+            None if self.sessions => "session".to_owned(),
+            None => "no expiry".to_owned(),
+        }
+    }
+
+    /// A holder's time left in a sentence.
+    fn time_left_phrase(&self, left: Option<Duration>) -> String {
+        match left {
+            Some(d) => format!("{:.1}s left", d.as_secs_f64()),
+            None if self.sessions => "held while its session lives".to_owned(),
+            None => "no expiry".to_owned(),
         }
     }
 
@@ -565,7 +635,9 @@ impl Output {
                 })
             );
         } else {
-            let left = holder.map_or_else(String::new, |h| format!(" {} left", time_left_text(h.time_left)));
+            let left = holder.map_or_else(String::new, |h| {
+                format!(" {}", self.time_left_phrase(h.time_left))
+            });
             println!(
                 "{:>8.3}s {event:<8} {} {holder_id}{left}",
                 at.as_secs_f64(),
@@ -617,13 +689,6 @@ fn shortened(value: &str) -> String {
         None => value.to_owned(),
     };
     shown.escape_debug().to_string()
-}
-
-fn time_left_text(left: Option<Duration>) -> String {
-    match left {
-        Some(d) => format!("{:.1}s", d.as_secs_f64()),
-        None => "no expiry".to_owned(),
-    }
 }
 
 fn waiters_text(lock: &LockInfo) -> String {

@@ -1,9 +1,9 @@
 //! Redis's glob (`*`, `?`, `[…]` with `^` and ranges, `\` escapes), which
 //! `lockctl list` takes on every backend, for the backends that keep their
 //! lock names in a store with no glob of its own (etcd ranges by prefix
-//! only; MySQL 8 and MariaDB read regular expressions differently;
-//! PostgreSQL turns the pattern into a regular expression, and shares only
-//! the error here).
+//! only; ZooKeeper lists a node's children whole; MySQL 8 and MariaDB
+//! read regular expressions differently; PostgreSQL turns the pattern into
+//! a regular expression, and shares only the error here).
 //!
 //! Written here rather than taken from a crate: the glob crates follow
 //! shell or gitignore rules (`/` is special, `[!…]` negates, `**` recurses),
@@ -13,7 +13,7 @@
 use crate::error::LockError;
 
 /// One element of a pattern.
-#[cfg(any(feature = "etcd", feature = "mysql"))]
+#[cfg(any(feature = "etcd", feature = "mysql", feature = "zookeeper"))]
 #[derive(Debug, PartialEq, Eq)]
 enum Token {
     /// `*`: any run of characters, empty too.
@@ -29,7 +29,7 @@ enum Token {
 }
 
 /// A parsed pattern.
-#[cfg(any(feature = "etcd", feature = "mysql"))]
+#[cfg(any(feature = "etcd", feature = "mysql", feature = "zookeeper"))]
 #[derive(Debug)]
 pub(crate) struct Glob(Vec<Token>);
 
@@ -42,7 +42,7 @@ pub(crate) fn unclosed(pattern: &str) -> LockError {
     }
 }
 
-#[cfg(any(feature = "etcd", feature = "mysql"))]
+#[cfg(any(feature = "etcd", feature = "mysql", feature = "zookeeper"))]
 impl Glob {
     /// Parses `pattern`; `None` for an unclosed `[` or a trailing `\`.
     pub(crate) fn parse(pattern: &str) -> Option<Glob> {
@@ -126,7 +126,7 @@ impl Glob {
     }
 }
 
-#[cfg(any(feature = "etcd", feature = "mysql"))]
+#[cfg(any(feature = "etcd", feature = "mysql", feature = "zookeeper"))]
 impl Token {
     fn takes(&self, c: char) -> bool {
         match self {
@@ -139,7 +139,7 @@ impl Token {
     }
 }
 
-#[cfg(all(test, any(feature = "etcd", feature = "mysql")))]
+#[cfg(all(test, any(feature = "etcd", feature = "mysql", feature = "zookeeper")))]
 mod tests {
     use super::*;
 

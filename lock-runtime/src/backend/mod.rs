@@ -11,7 +11,12 @@ use crate::spec::{Kind, LockOptions};
 mod contract;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "etcd"))]
+#[cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "etcd",
+    feature = "zookeeper"
+))]
 mod glob;
 pub(crate) mod lane;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
@@ -329,7 +334,7 @@ impl AnyBackend {
             #[cfg(feature = "postgres")]
             AnyBackend::Postgres(b) => b.scan_keys(pattern).await,
             #[cfg(feature = "zookeeper")]
-            AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
+            AnyBackend::ZooKeeper(b) => Box::pin(b.scan_keys(pattern)).await,
             #[cfg(feature = "etcd")]
             AnyBackend::Etcd(b) => Box::pin(b.scan_keys(pattern)).await,
         }
@@ -367,7 +372,7 @@ impl AnyBackend {
             #[cfg(feature = "postgres")]
             AnyBackend::Postgres(b) => Ok(on(b.node(), b.inspect(key).await?)),
             #[cfg(feature = "zookeeper")]
-            AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
+            AnyBackend::ZooKeeper(b) => Ok(on(b.node(), Box::pin(b.inspect(key)).await?)),
             #[cfg(feature = "etcd")]
             AnyBackend::Etcd(b) => Ok(on(b.node(), Box::pin(b.inspect(key)).await?)),
         }
@@ -394,7 +399,7 @@ impl AnyBackend {
             #[cfg(feature = "postgres")]
             AnyBackend::Postgres(b) => Ok(usize::from(b.force_unlock(key).await?)),
             #[cfg(feature = "zookeeper")]
-            AnyBackend::ZooKeeper(_) => Err(no_zookeeper_admin()),
+            AnyBackend::ZooKeeper(b) => Ok(usize::from(Box::pin(b.force_unlock(key)).await?)),
             #[cfg(feature = "etcd")]
             AnyBackend::Etcd(b) => Ok(usize::from(Box::pin(b.force_unlock(key)).await?)),
         }
@@ -642,17 +647,6 @@ fn no_admin() -> LockError {
     LockError::Unsupported {
         key: String::new(),
         feature: "inspecting locks (the in-process backend keeps them inside its process)".into(),
-    }
-}
-
-/// Operator tools read the Redis layout; ZooKeeper has its own (zkCli).
-#[cfg(feature = "zookeeper")]
-fn no_zookeeper_admin() -> LockError {
-    LockError::Unsupported {
-        key: String::new(),
-        feature:
-            "inspecting locks on the ZooKeeper backend (list the lock's queue with zkCli: see the README)"
-                .into(),
     }
 }
 

@@ -143,6 +143,17 @@ pub(crate) fn mysql_ssl_opts(
     Err("`require_ssl=true` needs TLS support: enable lock-runtime's `tls` feature".into())
 }
 
+/// Without the `tls` feature, `https://` endpoints cannot be served: a
+/// clear error at start-up rather than a build that fails.
+#[cfg(all(not(feature = "tls"), feature = "etcd"))]
+pub(crate) fn etcd_with_tls(
+    _options: etcd_client::ConnectOptions,
+    _root_pem: Option<&[u8]>,
+    _certificate: Option<&crate::config::ClientCertificate>,
+) -> Result<etcd_client::ConnectOptions, String> {
+    Err("`https://` etcd endpoints need lock-runtime's `tls` feature".into())
+}
+
 /// `options` with the TLS settings of an etcd client with `https://` endpoints: the
 /// cluster verified against `root_pem` when given, else the system's
 /// roots, and `certificate` shown to a cluster that asks for one. The PEM

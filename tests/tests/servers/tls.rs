@@ -642,6 +642,92 @@ async fn zookeeper_over_mutual_tls_with_a_private_ca() {
     .await
 }
 
+/// A digest identity over mutual TLS: the lock nodes are that identity's
+/// alone. The session also holds its certificate's identity (`x509`), and
+/// ZooKeeper's "creator" ACL would give the nodes to both: any client
+/// showing the same certificate, which a fleet of services often shares,
+/// could then delete a held lock's node. Named by its digest, a node is
+/// refused to a session with the certificate and no digest, or a wrong
+/// one; the lock stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_nodes_belong_to_the_digest_identity_not_the_certificate() {
+    use zookeeper_client as zk;
+    lock_tests::bounded(
+        "zookeeper_nodes_belong_to_the_digest_identity_not_the_certificate",
+        async move {
+            let certs = tempfile::tempdir().expect("cert dir");
+            make_certificates(certs.path());
+            make_client_certificate(certs.path(), "locks");
+            let text =
+                |name: &str| std::fs::read_to_string(certs.path().join(name)).expect("read a PEM file");
+            let zk = lock_tests::ZooKeeper::start_with_tls(certs.path(), true);
+            let connect = zk.tls_connect_string();
+            let locks = patient()
+                .zookeeper_root("/certified")
+                .tls_root_certificate(text("ca.crt"))
+                .zookeeper_client_certificate(text("locks.crt"), text("locks.key"))
+                .zookeeper_digest("locks", "Pa55-w0rd")
+                .zookeeper(&connect)
+                .await
+                .expect("certificate and identity");
+            let held = locks.lock("k").acquire().await.expect("free");
+
+            let owner = zk::Client::connector()
+                .with_auth("digest", b"locks:Pa55-w0rd")
+                .connect(&zk.connect_string())
+                .await
+                .expect("the identity's session, on the plain port");
+            let queue = "/certified/lock:{k}";
+            let children = owner.list_children(queue).await.expect("the owner lists");
+            let node = format!("{queue}/{}", children.first().expect("the holder's node"));
+            for path in ["/certified", queue, node.as_str()] {
+                let (acls, _) = owner.get_acl(path).await.expect("read an ACL");
+                let ids: Vec<(&str, &str)> = acls.iter().map(|acl| (acl.scheme(), acl.id())).collect();
+                assert!(
+                    ids.iter()
+                        .all(|(scheme, id)| *scheme == "digest" && id.starts_with("locks:")),
+                    "`{path}` is not the digest identity's alone: {ids:?}"
+                );
+            }
+            let tls = || {
+                zk::TlsOptions::new()
+                    .with_pem_ca(&text("ca.crt"))
+                    .and_then(|o| o.with_pem_identity(&text("locks.crt"), &text("locks.key")))
+                    .expect("TLS options")
+            };
+            let same_certificate = zk::Client::connector()
+                .with_tls(tls())
+                .connect(&connect)
+                .await
+                .expect("a session showing the same certificate");
+            let wrong_digest = zk::Client::connector()
+                .with_tls(tls())
+                .with_auth("digest", b"locks:not-the-password")
+                .connect(&connect)
+                .await
+                .expect("the same certificate and a wrong password");
+            for (who, intruder) in [
+                ("the certificate alone", &same_certificate),
+                ("a wrong password", &wrong_digest),
+            ] {
+                let r = intruder.delete(&node, None).await;
+                assert!(
+                    matches!(r, Err(zk::Error::NoAuth)),
+                    "{who} deleted the holder's node: {r:?}"
+                );
+                let r = intruder.set_data(&node, b"mine", None).await.map(drop);
+                assert!(
+                    matches!(r, Err(zk::Error::NoAuth)),
+                    "{who} changed the holder's node: {r:?}"
+                );
+            }
+            assert!(held.is_held());
+            held.release().await.expect("release");
+        },
+    )
+    .await
+}
+
 /// ZooKeeper's `secureClientPort` without client certificates
 /// (`ssl.clientAuth=none`): the CA alone is enough, a connect string with
 /// a chroot is read as the ZooKeeper client reads it, and a lock is

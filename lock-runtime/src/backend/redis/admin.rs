@@ -25,7 +25,8 @@ pub(crate) struct Found {
     pub(crate) redis_type: String,
     /// The server's clock, in ms since the epoch.
     pub(crate) now_ms: i64,
-    /// The key's PTTL: -1 without an expiry, -2 when gone.
+    /// The key's PTTL: -1 without an expiry (as a ZooKeeper child), -2
+    /// when gone.
     pub(crate) pttl_ms: i64,
     /// The fence counter, if the lock ever issued a token.
     pub(crate) fence: Option<u64>,
@@ -33,7 +34,8 @@ pub(crate) struct Found {
     pub(crate) in_line: u64,
     /// The string's value (the holder id, `+w` when waiters marked it).
     pub(crate) value: Option<String>,
-    /// A sorted set's members with the server-clock ms their leases end.
+    /// A sorted set's members with the server-clock ms their leases end
+    /// (-1: never by time, as a ZooKeeper child).
     pub(crate) members: Vec<(String, i64)>,
 }
 

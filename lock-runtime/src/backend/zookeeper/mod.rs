@@ -48,6 +48,8 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::spec::Kind;
 
+mod admin;
+
 /// Characters a lock name keeps in its node's name; everything else
 /// (`/`, `%`, spaces, non-ASCII) is percent-encoded, so any key is one
 /// valid node name.
@@ -267,16 +269,32 @@ pub(crate) struct ZooKeeperBackend {
     /// TLS to `tcp+tls://` members.
     #[cfg_attr(not(feature = "zookeeper-tls"), allow(dead_code))]
     tls: Option<Tls>,
-    /// The ACL of every node this client creates.
-    acls: zk::Acls<'static>,
+    /// The ACL of every node this client creates; empty: open to anyone.
+    acl: Vec<zk::Acl>,
 }
 
-/// With an identity, and readers allowed: all to the creator's identity,
-/// reading to anyone.
-static CREATOR_ALL_ANYONE_READ: [zk::Acl; 2] = [
-    zk::Acl::new_const(zk::Permission::ALL, "auth", ""),
-    zk::Acl::new_const(zk::Permission::READ, "world", "anyone"),
-];
+/// The ACL that gives every permission to the digest identity `user` with
+/// `password`, and reading to anyone when `readable_by_anyone`.
+///
+/// The identity is named, not given as the `auth` scheme ("the creator"):
+/// that would name every identity of the creating session, a TLS client
+/// certificate's (`x509`) too, so that any client showing the same
+/// certificate could delete a lock's node.
+fn digest_acl(identity: &ZooKeeperIdentity, readable_by_anyone: bool) -> Vec<zk::Acl> {
+    use base64::Engine;
+    use sha1::Digest;
+    let hash = sha1::Sha1::digest(format!("{}:{}", identity.user, identity.password));
+    let id = format!(
+        "{}:{}",
+        identity.user,
+        base64::engine::general_purpose::STANDARD.encode(hash)
+    );
+    let mut acl = vec![zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("digest", &id))];
+    if readable_by_anyone {
+        acl.push(zk::Acl::new(zk::Permission::READ, zk::AuthId::anyone()));
+    }
+    acl
+}
 
 impl fmt::Debug for ZooKeeperBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -422,11 +440,10 @@ impl ZooKeeperBackend {
                 "`zookeeper_readable_by_anyone` restricts the nodes of a `zookeeper_digest` identity; without one, every node is open to all".into(),
             ));
         }
-        let acls = match (&identity, readable_by_anyone) {
-            (None, _) => zk::Acls::anyone_all(),
-            (Some(_), false) => zk::Acls::creator_all(),
-            (Some(_), true) => zk::Acls::new(&CREATOR_ALL_ANYONE_READ),
-        };
+        let acl = identity
+            .as_ref()
+            .map(|identity| digest_acl(identity, readable_by_anyone))
+            .unwrap_or_default();
         if let Some(problem) = root_problem(root) {
             return Err(invalid(problem));
         }
@@ -448,7 +465,7 @@ impl ZooKeeperBackend {
             unanswered: Mutex::new(std::collections::HashSet::new()),
             identity,
             tls: None,
-            acls,
+            acl,
         })
     }
 
@@ -552,7 +569,7 @@ impl ZooKeeperBackend {
             if acls.iter().any(open) {
                 return Ok(false);
             }
-            let persistent = zk::CreateMode::Persistent.with_acls(self.acls);
+            let persistent = zk::CreateMode::Persistent.with_acls(self.acls());
             // No `{` in either name: never a lock's queue.
             match client
                 .create(&format!("{}/owner", self.root), &[], &persistent)
@@ -561,7 +578,7 @@ impl ZooKeeperBackend {
                 Ok(_) | Err(zk::Error::NodeExists) => {}
                 Err(e) => return Err(e),
             }
-            let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
+            let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
             let prefix = format!("{}/access-check_", self.root);
             let (_, seq) = client.create(&prefix, &[], &ephemeral).await?;
             client
@@ -592,6 +609,15 @@ impl ZooKeeperBackend {
                 })
             }
             Err(_) => Err(startup::no_answer(&self.connect, self.timeout)),
+        }
+    }
+
+    /// The ACL of every node this client creates.
+    fn acls(&self) -> zk::Acls<'_> {
+        if self.acl.is_empty() {
+            zk::Acls::anyone_all()
+        } else {
+            zk::Acls::new(&self.acl)
         }
     }
 
@@ -749,21 +775,30 @@ impl ZooKeeperBackend {
     /// Creates our child in `queue`, creating the queue (and the root)
     /// when missing. The queue is a container, so the server may delete it
     /// between our creating it and our child: then we try again.
+    ///
+    /// A permit holder's child holds its permit count as data: a name in
+    /// the line does not tell it, and an operator's tool reads it to tell
+    /// holders from waiters (`admin::holding`).
     async fn enqueue(
         &self,
         client: &zk::Client,
         queue: &str,
         holder: &str,
+        kind: Kind,
     ) -> Result<(String, i64), zk::Error> {
         let prefix = format!("{queue}/{holder}_");
         // Until the server answers, the create may land at any time; a
         // create cut short (an error, or this future dropped) stays marked,
         // and so does an earlier one's mark.
         let marked_before = !self.unanswered().insert(prefix.clone());
-        let child = zk::CreateMode::EphemeralSequential.with_acls(self.acls);
-        let container = zk::CreateMode::Container.with_acls(self.acls);
+        let child = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+        let container = zk::CreateMode::Container.with_acls(self.acls());
+        let data = match kind {
+            Kind::Permits(n) => itoa::Buffer::new().format(n).as_bytes().to_vec(),
+            _ => Vec::new(),
+        };
         for _ in 0..4 {
-            match client.create(&prefix, &[], &child).await {
+            match client.create(&prefix, &data, &child).await {
                 Ok((stat, seq)) => {
                     if !marked_before {
                         self.unanswered().remove(&prefix);
@@ -789,7 +824,7 @@ impl ZooKeeperBackend {
     /// nobody made would fail every lock with "node not exists". Both get
     /// the lock nodes' ACL.
     async fn make_root(&self, client: &zk::Client) -> Result<(), zk::Error> {
-        let persistent = zk::CreateMode::Persistent.with_acls(self.acls);
+        let persistent = zk::CreateMode::Persistent.with_acls(self.acls());
         match client.mkdir(&self.root, &persistent).await {
             Err(zk::Error::NoNode) if client.path() != "/" => {
                 let chroot = client.path().to_owned();
@@ -808,9 +843,10 @@ impl ZooKeeperBackend {
         queue: &str,
         key: &LockKey,
         holder: &str,
+        kind: Kind,
         session: i64,
     ) -> Result<(String, i64), zk::Error> {
-        let (path, czxid) = self.enqueue(client, queue, holder).await?;
+        let (path, czxid) = self.enqueue(client, queue, holder, kind).await?;
         self.register(key, holder, &path, session, czxid);
         Ok((path, czxid))
     }
@@ -846,7 +882,7 @@ impl ZooKeeperBackend {
         let (path, czxid) = match ours {
             Some(found) => found,
             None => self
-                .join(&client, &queue, key, req.holder, session)
+                .join(&client, &queue, key, req.holder, req.kind, session)
                 .await
                 .map_err(fail)?,
         };
@@ -959,7 +995,7 @@ impl ZooKeeperBackend {
                 let ours = match ours {
                     Some(found) => Some(found),
                     None if line.is_empty() => Some(
-                        self.join(&client, &queue, &segment, req.holder, session)
+                        self.join(&client, &queue, &segment, req.holder, req.kind, session)
                             .await
                             .map_err(fail)?,
                     ),
