@@ -5,7 +5,7 @@
 //! of it, whole or cut at one of its characters, shows as `Zq7` or `Wv3`.
 
 use std::io::Write;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 /// Everything `tracing` writes while it is installed, at every level.
 #[derive(Clone, Debug, Default)]
@@ -32,14 +32,63 @@ impl Write for Captured {
     }
 }
 
-/// Captures every trace of this thread (a current-thread runtime's tasks
-/// included) until the guard is dropped, and every `log` record the
-/// drivers write on it.
+/// The buffers of the captures alive now, which the process-wide
+/// subscriber writes the other threads' traces to.
+static LIVE: Mutex<Vec<Weak<Mutex<Vec<u8>>>>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<Weak<Mutex<Vec<u8>>>>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Writes to every live capture.
+struct EveryCapture;
+
+impl Write for EveryCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut live = live();
+        live.retain(|buffer| buffer.strong_count() > 0);
+        for buffer in live.iter().filter_map(Weak::upgrade) {
+            buffer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Captures every trace until the guard is dropped, at every level, and
+/// every `log` record the drivers write: this thread's (a current-thread
+/// runtime's tasks included), and those of every other thread, the
+/// library's own (its renewals run on a thread of their own) and the
+/// drivers' included. With other captures alive in the process (tests
+/// run side by side), another thread's traces go to each of them: a
+/// password there is a leak whoever finds it.
 pub fn capture_tracing() -> (Captured, tracing::subscriber::DefaultGuard) {
-    // The process's one logger: it hands each record to this thread's
+    static PROCESS_WIDE: std::sync::Once = std::sync::Once::new();
+    PROCESS_WIDE.call_once(|| {
+        use tracing_subscriber::Layer;
+        use tracing_subscriber::layer::SubscriberExt;
+        // Formats nothing while no capture is alive.
+        let every_capture = tracing_subscriber::fmt::layer()
+            .with_writer(|| EveryCapture)
+            .with_ansi(false)
+            .with_filter(tracing_subscriber::filter::filter_fn(|_| {
+                live().iter().any(|buffer| buffer.strong_count() > 0)
+            }));
+        // The process's one subscriber for threads without their own; a
+        // program that set one first keeps it.
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(every_capture));
+    });
+    // The process's one logger: it hands each record to its thread's
     // subscriber. Set already by an earlier capture in this process.
     let _ = tracing_log::LogTracer::init();
     let captured = Captured::default();
+    live().push(Arc::downgrade(&captured.0));
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)

@@ -6,10 +6,52 @@
 
 use std::time::Duration;
 
+use super::Found;
+
 /// Whether `holder` names a member of a shared lock rather than an
 /// exclusive holder (whose ids are hex, never `r`, `w` or `p`).
 pub(crate) fn is_member(holder: &str) -> bool {
     matches!(holder.as_bytes(), [b'r' | b'w' | b'p', b':', ..])
+}
+
+/// What an operator's tool reads of a lock's row (`holder`, the ms left
+/// of its lease, -1 for a shared lock's gate and -2 once it ended; its
+/// fence counter; the database's clock) and of its members (with the ms
+/// their leases end), in the shape the Redis backend reads: a gate is a
+/// shared lock whose members hold it (a writer's claim among them); any
+/// other live row is held by `holder`, with a fair lock's unlapsed places
+/// as its line. `None`: the lock is free.
+pub(crate) fn found_in_table(
+    holder: String,
+    left_ms: i64,
+    fence: Option<u64>,
+    now_ms: i64,
+    members: Vec<(String, i64)>,
+) -> Option<Found> {
+    if holder.starts_with('#') {
+        return Some(Found {
+            redis_type: "zset".into(),
+            now_ms,
+            pttl_ms: -1,
+            fence,
+            in_line: 0,
+            value: None,
+            members,
+        });
+    }
+    if holder.is_empty() || left_ms < 0 {
+        return None;
+    }
+    let in_line = members.iter().filter(|(_, ends)| *ends > now_ms).count();
+    Some(Found {
+        redis_type: "string".into(),
+        now_ms,
+        pttl_ms: left_ms,
+        fence,
+        in_line: u64::try_from(in_line).unwrap_or(u64::MAX),
+        value: Some(holder),
+        members: Vec::new(),
+    })
 }
 
 /// The gate marker for the shared lock `member` belongs to.

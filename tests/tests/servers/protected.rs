@@ -52,6 +52,51 @@ async fn kept(guard: &LockGuard, reader: bool, second: &LockClient, what: &str) 
 
 /// An exclusive lock `k` and a read lock `r`: a row in each of the SQL
 /// backends' two tables.
+/// What a PostgreSQL connection hears on a channel it `LISTEN`s on.
+struct Heard {
+    heard: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    /// Kept: the connection closes with its client.
+    _client: tokio_postgres::Client,
+}
+
+impl Heard {
+    /// The next payload heard, within `bound`.
+    async fn recv_within(&self, bound: Duration) -> String {
+        tokio::time::timeout(bound, self.heard.lock().await.recv())
+            .await
+            .expect("a notice within the bound")
+            .expect("the listening connection is open")
+    }
+}
+
+/// A connection of `url`'s role listening on `channel`, the payloads it
+/// hears in order.
+async fn listen_as(url: &str, channel: &str) -> Heard {
+    use futures_util::StreamExt;
+    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to listen");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    // The connection's messages: its notices, and the answers the
+    // client's `LISTEN` waits for.
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN {channel}"))
+        .await
+        .expect("any role may listen");
+    Heard {
+        heard: tokio::sync::Mutex::new(rx),
+        _client: client,
+    }
+}
+
 async fn hold_both(locks: &LockClient) -> (LockGuard, LockGuard) {
     let guard = locks.lock("k").ttl(TTL).acquire().await.expect("acquire");
     let reader = locks
@@ -407,16 +452,53 @@ async fn another_postgres_role_cannot_free_change_or_stall_a_held_lock() {
                 }
             }
             let second = LockClient::postgres(&url("app")).await.expect("a second client");
-            // Any role may NOTIFY any channel (PostgreSQL has no grant for
-            // it): a waiter woken by forged release notices tries, finds the
-            // lock held, and waits on until its own deadline.
+            // Any role may LISTEN and NOTIFY on any channel (PostgreSQL has
+            // no grant for either): another role learns what a real
+            // release announces, and announces the held lock's release in
+            // those very words, naming its holder and its channel. A waiter
+            // so woken tries, finds the lock held, and waits on until its
+            // own deadline.
+            let heard = listen_as(&url("other"), "distributed_locks").await;
+            let holder_of = async |key: &str| -> String {
+                let found = locks.admin().inspect(key).await.expect("inspect");
+                found[0].holders[0].id.clone()
+            };
+            let probe = locks.lock("probe").acquire().await.expect("free");
+            let probe_holder = holder_of("probe").await;
+            let probe_waiter = tokio::spawn({
+                let second = second.clone();
+                async move {
+                    second
+                        .lock("probe")
+                        .wait(Duration::from_secs(20))
+                        .acquire()
+                        .await?
+                        .release()
+                        .await
+                }
+            });
+            // A release is announced once someone waits for it.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while server.sql("SELECT waiting FROM distributed_locks WHERE name = 'lock:{probe}'") != ["t"] {
+                assert!(
+                    Instant::now() < deadline,
+                    "the probe's waiter never marked the lock"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            probe.release().await.expect("release");
+            let real = heard.recv_within(Duration::from_secs(20)).await;
+            assert_eq!(real, format!("{probe_holder} lock:{{probe}}:released"));
+            probe_waiter
+                .await
+                .expect("join")
+                .expect("the real release let the waiter in");
+            let forged = format!("{} lock:{{k}}:released", holder_of("k").await);
             let waiting = second.lock("k").wait(Duration::from_millis(1500)).acquire();
             let forging = async {
                 for _ in 0..30 {
                     intruder
-                        .batch_execute(
-                            "SELECT pg_notify('distributed_locks', 'forged k'); NOTIFY distributed_locks",
-                        )
+                        .execute("SELECT pg_notify('distributed_locks', $1)", &[&forged])
                         .await
                         .expect("any role may notify");
                     tokio::time::sleep(Duration::from_millis(40)).await;
@@ -426,6 +508,11 @@ async fn another_postgres_role_cannot_free_change_or_stall_a_held_lock() {
             assert!(
                 matches!(waited, Err(LockError::Timeout { .. })),
                 "a waiter woken by forged notices: {waited:?}"
+            );
+            assert_eq!(
+                heard.recv_within(Duration::from_secs(20)).await,
+                forged,
+                "the forged notice went out as a real one"
             );
             kept(&guard, false, &second, "PostgreSQL").await;
             kept(&reader, true, &second, "PostgreSQL, a read lock").await;

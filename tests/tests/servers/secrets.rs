@@ -321,6 +321,12 @@ async fn etcd_users_authenticate_again_past_the_token_ttl_and_never_show() {
                 .token()
                 .to_owned();
             assert!(holds_a_simple_token(&token), "not a simple token: {token}");
+            // The renewals, and the logins again they needed, ran on the
+            // library's renewal thread: its traces are in the capture too.
+            assert!(
+                captured.text().contains("leases renewed"),
+                "the renewal thread's traces were not captured"
+            );
             let shown = format!("{} {locks:?} {other:?}", captured.text());
             assert!(!holds_a_simple_token(&shown), "a token shows: {shown}");
             assert_nothing_shown(&captured, &recorder.snapshotter());

@@ -308,6 +308,7 @@ async fn mysql_over_tls_with_a_private_ca() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_over_mutual_tls_with_a_private_ca() {
     lock_tests::bounded("etcd_over_mutual_tls_with_a_private_ca", async move {
+        let (captured, _tracing) = lock_tests::secrets::capture_tracing();
         let certs = tempfile::tempdir().expect("cert dir");
         make_certificates(certs.path());
         make_client_certificate(certs.path(), "locks");
@@ -418,6 +419,7 @@ async fn etcd_over_mutual_tls_with_a_private_ca() {
         );
         let other = secured().etcd(&endpoints).await.expect("a second client");
         fenced_lock_handed_over(&locks, other).await;
+        assert_key_not_traced(&captured, &key);
     })
     .await
 }
@@ -454,6 +456,18 @@ fn assert_certificate_refused(what: &str, err: &LockError) {
     let text = err.to_string();
     assert!(text.to_lowercase().contains("certificate"), "{what}: {text}");
     assert!(!text.contains("not ready"), "{what}: refused at once: {text}");
+}
+
+/// Asserts that traces were written (at every level, on every thread:
+/// connections, handshakes, refusals) and that no line of the PEM `key`
+/// shows in them.
+fn assert_key_not_traced(captured: &lock_tests::secrets::Captured, key: &[u8]) {
+    let traced = captured.text();
+    assert!(!traced.is_empty(), "nothing was traced");
+    let key = String::from_utf8_lossy(key);
+    for line in key.lines().filter(|line| !line.starts_with("-----")) {
+        assert!(!traced.contains(line), "a line of the private key was traced");
+    }
 }
 
 /// Asserts that no line of the PEM `key` shows in `err` or its `Debug`.
@@ -501,6 +515,7 @@ async fn fenced_lock_handed_over(locks: &LockClient, other: LockClient) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_over_mutual_tls_with_a_private_ca() {
     lock_tests::bounded("zookeeper_over_mutual_tls_with_a_private_ca", async move {
+        let (captured, _tracing) = lock_tests::secrets::capture_tracing();
         let certs = tempfile::tempdir().expect("cert dir");
         make_certificates(certs.path());
         make_client_certificate(certs.path(), "locks");
@@ -638,6 +653,8 @@ async fn zookeeper_over_mutual_tls_with_a_private_ca() {
             .await
             .expect_err("a plain client at the TLS port");
         refused_by_server("a plain client at the TLS port", &err, "speaks TLS only");
+        assert_key_not_traced(&captured, &key);
+        assert_key_not_traced(&captured, &read("stranger.key"));
     })
     .await
 }

@@ -1023,3 +1023,89 @@ async fn a_digest_identity_keeps_its_lock_nodes_from_every_other_client() {
     )
     .await
 }
+
+/// With `zookeeper_digest`, a chroot the connect string names and nobody
+/// made is made by the client with the identity's ACL, as the root is:
+/// another identity may neither create under it nor delete it. A
+/// `lazy()` client skips the start-up check of its identity; its first
+/// lock call under a root another identity owns fails then, at once,
+/// saying whose the nodes are, and the lock is not taken. (The chroot
+/// itself can be deleted only when empty, which the root under it never
+/// is: its parent, `/`, is usually open to all.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chroot_made_by_a_digest_identity_is_its_own_and_a_lazy_client_is_told_at_its_first_call() {
+    use zookeeper_client as zk;
+    lock_tests::bounded(
+        "a_chroot_made_by_a_digest_identity_is_its_own_and_a_lazy_client_is_told_at_its_first_call",
+        async move {
+            let zk = ZooKeeper::start();
+            let connect = zk.connect_string();
+            let locks = LockClient::builder()
+                .zookeeper_digest("locks", "Pa55-w0rd")
+                .zookeeper(&format!("{connect}/tenant"))
+                .await
+                .expect("connect under a chroot nobody made");
+            let held = locks.lock("k").acquire().await.expect("free");
+            let owner = zk::Client::connector()
+                .with_auth("digest", b"locks:Pa55-w0rd")
+                .connect(&connect)
+                .await
+                .expect("the identity's session");
+            let (acls, _) = owner.get_acl("/tenant").await.expect("read the chroot's ACL");
+            let ids: Vec<(&str, &str)> = acls.iter().map(|acl| (acl.scheme(), acl.id())).collect();
+            assert!(
+                !ids.is_empty()
+                    && ids
+                        .iter()
+                        .all(|(scheme, id)| *scheme == "digest" && id.starts_with("locks:")),
+                "the chroot is not the identity's alone: {ids:?}"
+            );
+            let mallory = zk::Client::connector()
+                .with_auth("digest", b"mallory:Pa55")
+                .connect(&connect)
+                .await
+                .expect("another identity's session");
+            let r = mallory
+                .create(
+                    "/tenant/intruder",
+                    &[],
+                    &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+                )
+                .await
+                .map(drop);
+            assert!(
+                matches!(r, Err(zk::Error::NoAuth)),
+                "another identity created under the chroot: {r:?}"
+            );
+            // A delete is checked against the parent's ACL: the chroot's.
+            let r = mallory.delete("/tenant/distributed-locks", None).await;
+            assert!(
+                matches!(r, Err(zk::Error::NoAuth)),
+                "another identity deleted the root: {r:?}"
+            );
+
+            let lazy = LockClient::builder()
+                .lazy()
+                .zookeeper_digest("mallory", "Pa55")
+                .zookeeper(&format!("{connect}/tenant"))
+                .await
+                .expect("a lazy client starts without a check");
+            let started = Instant::now();
+            let err = lazy
+                .lock("other")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+                .expect_err("the nodes are another identity's");
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "told at once, not at the end of its wait: {:?}",
+                started.elapsed()
+            );
+            assert!(err.to_string().contains("another ZooKeeper identity"), "{err}");
+            assert!(held.is_held());
+            held.release().await.expect("release");
+        },
+    )
+    .await
+}

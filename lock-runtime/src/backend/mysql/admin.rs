@@ -17,6 +17,7 @@ use super::sql::{FREED, GATE_EXPIRY};
 use super::table::MysqlBackend;
 use crate::backend::Found;
 use crate::backend::glob::{self, Glob};
+use crate::backend::members::found_in_table;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::redact::redact_secrets;
@@ -126,39 +127,17 @@ impl MysqlBackend {
         let Some((holder, left_ms, fence, now_ms)) = row else {
             return Ok(None);
         };
-        let holder = String::from_utf8_lossy(&holder).into_owned();
-        let fence = Some(fence).filter(|f| *f > 0);
         let members: Vec<(String, i64)> = members
             .into_iter()
             .map(|(member, ends)| (String::from_utf8_lossy(&member).into_owned(), ends))
             .collect();
-        if holder.starts_with('#') {
-            // A shared lock's gate: its members are its holders (and a
-            // writer's claim).
-            return Ok(Some(Found {
-                redis_type: "zset".into(),
-                now_ms,
-                pttl_ms: -1,
-                fence,
-                in_line: 0,
-                value: None,
-                members,
-            }));
-        }
-        if holder.is_empty() || left_ms < 0 {
-            return Ok(None);
-        }
-        // A fair lock's line: the places not yet lapsed.
-        let in_line = members.iter().filter(|(_, ends)| *ends > now_ms).count();
-        Ok(Some(Found {
-            redis_type: "string".into(),
+        Ok(found_in_table(
+            String::from_utf8_lossy(&holder).into_owned(),
+            left_ms,
+            Some(fence).filter(|f| *f > 0),
             now_ms,
-            pttl_ms: left_ms,
-            fence,
-            in_line: u64::try_from(in_line).unwrap_or(u64::MAX),
-            value: Some(holder),
-            members: Vec::new(),
-        }))
+            members,
+        ))
     }
 
     /// Frees the lock `key` whatever holds it: `false` when it was free. A

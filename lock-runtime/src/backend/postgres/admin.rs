@@ -11,6 +11,7 @@
 use deadpool_postgres::{GenericClient, PoolError};
 
 use super::table::PostgresBackend;
+use crate::backend::members::found_in_table;
 use crate::backend::{Found, glob};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -148,35 +149,13 @@ impl PostgresBackend {
         };
         let (holder, left_ms, fence, now_ms, members, ends) = read()
             .map_err(|e| LockError::backend(&self.node, Some(&key.name), format!("unexpected row: {e}")))?;
-        let fence = u64::try_from(fence).ok().filter(|f| *f > 0);
-        let members: Vec<(String, i64)> = members.into_iter().zip(ends).collect();
-        if holder.starts_with('#') {
-            // A shared lock's gate: its members are its holders (and a
-            // writer's claim).
-            return Ok(Some(Found {
-                redis_type: "zset".into(),
-                now_ms,
-                pttl_ms: -1,
-                fence,
-                in_line: 0,
-                value: None,
-                members,
-            }));
-        }
-        if holder.is_empty() || left_ms < 0 {
-            return Ok(None);
-        }
-        // A fair lock's line: the places not yet lapsed.
-        let in_line = members.iter().filter(|(_, ends)| *ends > now_ms).count();
-        Ok(Some(Found {
-            redis_type: "string".into(),
+        Ok(found_in_table(
+            holder,
+            left_ms,
+            u64::try_from(fence).ok().filter(|f| *f > 0),
             now_ms,
-            pttl_ms: left_ms,
-            fence,
-            in_line: u64::try_from(in_line).unwrap_or(u64::MAX),
-            value: Some(holder),
-            members: Vec::new(),
-        }))
+            members.into_iter().zip(ends).collect(),
+        ))
     }
 
     /// Frees the lock `key` whatever holds it, and wakes its waiters:
