@@ -62,6 +62,14 @@ fn holding(line: &[InLine]) -> Vec<bool> {
         .collect()
 }
 
+/// The children of `line` that hold the lock, in line order.
+fn holders(line: &[InLine]) -> Vec<&InLine> {
+    line.iter()
+        .zip(holding(line))
+        .filter_map(|(child, held)| held.then_some(child))
+        .collect()
+}
+
 impl ZooKeeperBackend {
     /// Runs an operator's `work` within the command timeout; a refusal by
     /// the nodes' ACL says what the tool lacks.
@@ -89,26 +97,30 @@ impl ZooKeeperBackend {
 
     /// The children of `key`'s queue in sequence order, with their data
     /// and creation zxids; a child gone between the listing and its read
-    /// has left the line.
+    /// has left the line. The reads are sent together: the client
+    /// pipelines them on its one connection, one round trip for the line.
     async fn read_line(&self, client: &zk::Client, key: &LockKey) -> Result<Vec<InLine>, zk::Error> {
         let queue = self.queue(key);
-        let mut line = Vec::new();
-        for (_, name) in self.line(client, &queue).await? {
-            match client.get_data(&format!("{queue}/{name}")).await {
-                Ok((data, stat)) => line.push(InLine {
-                    holder: name
-                        .rsplit_once('_')
-                        .map_or(name.as_str(), |(holder, _)| holder)
-                        .to_owned(),
-                    name,
-                    data,
-                    czxid: stat.czxid,
-                }),
-                Err(zk::Error::NoNode) => {}
-                Err(e) => return Err(e),
+        let reads = self.line(client, &queue).await?.into_iter().map(|(_, name)| {
+            let path = format!("{queue}/{name}");
+            async move {
+                match client.get_data(&path).await {
+                    Ok((data, stat)) => Ok(Some(InLine {
+                        holder: name
+                            .rsplit_once('_')
+                            .map_or(name.as_str(), |(holder, _)| holder)
+                            .to_owned(),
+                        name,
+                        data,
+                        czxid: stat.czxid,
+                    })),
+                    Err(zk::Error::NoNode) => Ok(None),
+                    Err(e) => Err(e),
+                }
             }
-        }
-        Ok(line)
+        });
+        let read = futures_util::future::try_join_all(reads).await?;
+        Ok(read.into_iter().flatten().collect())
     }
 
     /// The names (`P{K}`, `P{K}#i`, `P{K}:leader`) of the locks with a
@@ -148,11 +160,7 @@ impl ZooKeeperBackend {
         let Some(head) = line.first() else {
             return Ok(None);
         };
-        let holders: Vec<&InLine> = line
-            .iter()
-            .zip(holding(&line))
-            .filter_map(|(child, held)| held.then_some(child))
-            .collect();
+        let holders = holders(&line);
         let fence = holders.iter().filter_map(|c| u64::try_from(c.czxid).ok()).max();
         let shared = matches!(head.kind(), Kind::Read | Kind::Write | Kind::Permits(_));
         Ok(Some(Found {
@@ -184,11 +192,7 @@ impl ZooKeeperBackend {
         // a few rounds settle any line but one in constant churn.
         for _ in 0..5 {
             let line = self.admin(Some(key), self.read_line(&client, key)).await?;
-            let holders: Vec<&InLine> = line
-                .iter()
-                .zip(holding(&line))
-                .filter_map(|(child, held)| held.then_some(child))
-                .collect();
+            let holders = holders(&line);
             if holders.is_empty() {
                 return Ok(false);
             }
