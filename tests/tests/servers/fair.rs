@@ -26,8 +26,17 @@ struct Fixture {
     _servers: Vec<Box<dyn std::any::Any + Send>>,
 }
 
+/// The line's order is what most tests here check, so their clients keep
+/// a place for a waiter that makes no attempt for 30 s. At the default 2 s,
+/// a waiter starved of CPU (a loaded CI machine) loses its place by design
+/// and the order check would fail for the starvation, not for the line.
+/// The bound itself is tested with a monitor in the dead-waiter tests.
+fn patient_line() -> lock_runtime::LockClientBuilder {
+    LockClient::builder().fair_waiter_timeout(Duration::from_secs(30))
+}
+
 async fn redis() -> Fixture {
-    redis_with(LockClient::builder()).await
+    redis_with(patient_line()).await
 }
 
 async fn redis_with(builder: lock_runtime::LockClientBuilder) -> Fixture {
@@ -50,7 +59,11 @@ async fn sentinel() -> Fixture {
     let group = Replicated::start_named(1);
     let url = group.master.url();
     Fixture {
-        locks: lock_tests::sentinel::client(&group).await,
+        locks: patient_line()
+            .replica_acks(1)
+            .sentinel(lock_tests::sentinel::MASTER_NAME, group.sentinel_urls())
+            .await
+            .expect("connect through the test sentinels"),
         server_of: Box::new(move |_| {
             ::redis::Client::open(url.as_str())
                 .and_then(|c| c.get_connection())
@@ -65,7 +78,7 @@ async fn sentinel() -> Fixture {
 async fn mysql() -> Fixture {
     let server = MariaDb::start();
     Fixture {
-        locks: LockClient::mysql(&server.url()).await.expect("mysql client"),
+        locks: patient_line().mysql(&server.url()).await.expect("mysql client"),
         server_of: Box::new(|_| unreachable!("no Redis server on MariaDB")),
         mariadb: Some(server),
         postgres: None,
@@ -76,7 +89,8 @@ async fn mysql() -> Fixture {
 async fn postgres() -> Fixture {
     let server = Postgres::start();
     Fixture {
-        locks: LockClient::postgres(&server.url())
+        locks: patient_line()
+            .postgres(&server.url())
             .await
             .expect("postgres client"),
         server_of: Box::new(|_| unreachable!("no Redis server on PostgreSQL")),
@@ -88,7 +102,10 @@ async fn postgres() -> Fixture {
 
 async fn cluster() -> Fixture {
     let cluster = Cluster::start(3, 0);
-    let locks = LockClient::cluster(cluster.urls()).await.expect("cluster client");
+    let locks = patient_line()
+        .cluster(cluster.urls())
+        .await
+        .expect("cluster client");
     let urls = cluster.urls();
     let masters: Vec<usize> = (0..64)
         .map(|i| cluster.master_of(&format!("lock:{{q{i}}}")))
@@ -426,6 +443,37 @@ async fn dead_waiter_trials(
         eprintln!("trial {trial} INVALID: starved {:?}", monitor.worst());
     }
     panic!("every trial was starved");
+}
+
+/// In-process, a waiter whose wait runs out gives up its place: the next
+/// waiter gets the lock at its release, not when that place would have
+/// lapsed (30 s here, past the next waiter's 10 s wait).
+#[tokio::test(flavor = "current_thread")]
+async fn in_process_a_waiter_whose_wait_runs_out_leaves_the_line() {
+    lock_tests::bounded(
+        "in_process_a_waiter_whose_wait_runs_out_leaves_the_line",
+        async move {
+            let locks = patient_line().in_memory().expect("in-process client");
+            let holder = locks.lock("q").fair(true).acquire().await.expect("holder");
+            // Each waiter is a task of its own: this task holds the lock.
+            let waiter = |wait: Duration| {
+                let locks = locks.clone();
+                tokio::spawn(async move { locks.lock("q").fair(true).wait(wait).run(async {}).await })
+            };
+            let gave_up = waiter(Duration::from_millis(300)).await.expect("waiter task");
+            assert!(matches!(gave_up, Err(LockError::Timeout { .. })), "{gave_up:?}");
+            let next = waiter(Duration::from_secs(10));
+            // The spawned waiter runs until it waits: it is in line.
+            tokio::task::yield_now().await;
+            holder.release().await.expect("release");
+            let next = next.await.expect("waiter task");
+            assert!(
+                next.is_ok(),
+                "the line waited for a waiter that had gone: {next:?}"
+            );
+        },
+    )
+    .await
 }
 
 /// In-process, the line is kept in memory: on a one-thread runtime, a

@@ -251,6 +251,9 @@ impl State {
                     lapses,
                 }),
             }
+        } else {
+            // A last try, or a caller that does not wait: no place kept.
+            self.leave_line(key, req.holder);
         }
         Ok(AcquireReply::Held {
             pttl: Some(pttl),

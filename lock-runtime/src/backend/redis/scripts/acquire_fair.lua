@@ -12,7 +12,7 @@
 -- ARGV[2]  lease length in milliseconds, an integer >= 1
 -- ARGV[3]  '1' to issue a fencing token, '0' not to
 -- ARGV[4]  '1' if the caller will wait: it takes (or keeps) its place in
---          line; '0' not to
+--          line; '0' if not: a place it had is given up
 -- ARGV[5]  how long a place lasts without an attempt (ms)
 --
 -- Returns one of
@@ -99,5 +99,10 @@ if ARGV[4] == '1' then
   redis.call('PEXPIRE', KEYS[3], place_ttl)
   redis.call('PEXPIRE', KEYS[4], place_ttl)
   queued = 1
+else
+  -- A last try, or a caller that does not wait: no place kept. Without
+  -- this, a caller whose wait ran out stood first in line until its place
+  -- lapsed, and a free lock went to nobody for that long.
+  leave_line()
 end
 return {0, pttl, queued}
