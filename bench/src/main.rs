@@ -13,6 +13,7 @@
 //! cargo run --release -p lock-bench -- --only WG    # PostgreSQL
 //! cargo run --release -p lock-bench -- --only WG1 --pg-url postgres://…   # WG0+WG1 there
 //! cargo run --release -p lock-bench -- --only WE    # etcd
+//! cargo run --release -p lock-bench -- --only WL    # elections' failover, every backend
 //! cargo run --release -p lock-bench -- --only W1,W2,W3,W4,WP   # against rslock 0.10
 //! cargo run --release -p lock-bench -- --pin --only WSF,WSB,WSC   # renewals under load, leases per core
 //! ```
@@ -69,6 +70,7 @@ mod w7_transfer;
 mod we_etcd;
 mod wg_postgres;
 mod wk_kinds;
+mod wl_leader;
 mod wm_mysql;
 mod wp_rslock;
 mod wr_replica_acks;
@@ -89,6 +91,7 @@ use w7_transfer::*;
 use we_etcd::*;
 use wg_postgres::*;
 use wk_kinds::*;
+use wl_leader::*;
 use wm_mysql::*;
 use wp_rslock::*;
 use wr_replica_acks::*;
@@ -103,6 +106,11 @@ async fn main() -> Result<(), Error> {
         && flag == "--w3-worker"
     {
         return w3_worker(url, tasks.parse()?, increments.parse()?).await;
+    }
+    if let [_, flag, kind, target] = args.as_slice()
+        && flag == "--wl-candidate"
+    {
+        return wl_candidate(kind, target).await;
     }
     let given_url = args
         .iter()
@@ -231,6 +239,12 @@ async fn main() -> Result<(), Error> {
     }
     if wanted("WR") {
         for report in wr_replica_acks().await? {
+            println!("{}", report.json());
+            reports.push(report);
+        }
+    }
+    if wanted("WL") {
+        for report in wl_leader(&url).await? {
             println!("{}", report.json());
             reports.push(report);
         }

@@ -27,16 +27,20 @@ struct Fixture {
 }
 
 /// The line's order is what most tests here check, so their clients keep
-/// a place for a waiter that makes no attempt for 30 s. At the default 2 s,
-/// a waiter starved of CPU (a loaded CI machine) loses its place by design
-/// and the order check would fail for the starvation, not for the line.
-/// The bound itself is tested with a monitor in the dead-waiter tests.
-fn patient_line() -> lock_runtime::LockClientBuilder {
-    LockClient::builder().fair_waiter_timeout(Duration::from_secs(30))
+/// a place for a waiter that makes no attempt for 30 s, and wait 10 s for
+/// an answer. At the defaults (2 s, 1 s), a waiter starved of CPU (a loaded
+/// CI machine) loses its place by design, or a release is not answered in
+/// time, and the test would fail for the starvation, not for the line.
+/// The place's bound itself is tested with a monitor in the dead-waiter
+/// tests.
+fn patient() -> lock_runtime::LockClientBuilder {
+    LockClient::builder()
+        .fair_waiter_timeout(Duration::from_secs(30))
+        .command_timeout(Duration::from_secs(10))
 }
 
 async fn redis() -> Fixture {
-    redis_with(patient_line()).await
+    redis_with(patient()).await
 }
 
 async fn redis_with(builder: lock_runtime::LockClientBuilder) -> Fixture {
@@ -59,7 +63,7 @@ async fn sentinel() -> Fixture {
     let group = Replicated::start_named(1);
     let url = group.master.url();
     Fixture {
-        locks: patient_line()
+        locks: patient()
             .replica_acks(1)
             .sentinel(lock_tests::sentinel::MASTER_NAME, group.sentinel_urls())
             .await
@@ -78,7 +82,7 @@ async fn sentinel() -> Fixture {
 async fn mysql() -> Fixture {
     let server = MariaDb::start();
     Fixture {
-        locks: patient_line().mysql(&server.url()).await.expect("mysql client"),
+        locks: patient().mysql(&server.url()).await.expect("mysql client"),
         server_of: Box::new(|_| unreachable!("no Redis server on MariaDB")),
         mariadb: Some(server),
         postgres: None,
@@ -89,10 +93,7 @@ async fn mysql() -> Fixture {
 async fn postgres() -> Fixture {
     let server = Postgres::start();
     Fixture {
-        locks: patient_line()
-            .postgres(&server.url())
-            .await
-            .expect("postgres client"),
+        locks: patient().postgres(&server.url()).await.expect("postgres client"),
         server_of: Box::new(|_| unreachable!("no Redis server on PostgreSQL")),
         mariadb: None,
         postgres: Some(server),
@@ -102,10 +103,7 @@ async fn postgres() -> Fixture {
 
 async fn cluster() -> Fixture {
     let cluster = Cluster::start(3, 0);
-    let locks = patient_line()
-        .cluster(cluster.urls())
-        .await
-        .expect("cluster client");
+    let locks = patient().cluster(cluster.urls()).await.expect("cluster client");
     let urls = cluster.urls();
     let masters: Vec<usize> = (0..64)
         .map(|i| cluster.master_of(&format!("lock:{{q{i}}}")))
@@ -453,7 +451,7 @@ async fn in_process_a_waiter_whose_wait_runs_out_leaves_the_line() {
     lock_tests::bounded(
         "in_process_a_waiter_whose_wait_runs_out_leaves_the_line",
         async move {
-            let locks = patient_line().in_memory().expect("in-process client");
+            let locks = patient().in_memory().expect("in-process client");
             let holder = locks.lock("q").fair(true).acquire().await.expect("holder");
             // Each waiter is a task of its own: this task holds the lock.
             let waiter = |wait: Duration| {

@@ -587,10 +587,15 @@ async fn a_writer_never_overlaps_anyone(f: Fixture) {
                     let write = (task + round) % 4 == 0;
                     let mode = if write { LockMode::Write } else { LockMode::Read };
                     let (readers, writers, writes) = (&readers, &writers, &writes);
+                    // A release the store does not answer within the
+                    // command timeout (a loaded machine) leaves its lease to
+                    // its ttl: 5 s here, not the default 30, so that a few
+                    // of them cannot outlast a waiter's `wait`.
                     locks
                         .lock("ledger")
                         .mode(mode)
-                        .wait(Duration::from_secs(60))
+                        .ttl(Duration::from_secs(5))
+                        .wait(Duration::from_secs(120))
                         .run(async move {
                             if write {
                                 assert_eq!(writers.fetch_add(1, Ordering::SeqCst), 0, "two writers at once");

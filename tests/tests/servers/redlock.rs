@@ -202,7 +202,11 @@ async fn every_mask_of_foreign_holders_is_decided_by_the_majority() {
                                 .arg(60_000),
                         );
                     }
-                    let outcome = locks.lock(key.as_str()).acquire().await;
+                    let outcome = locks
+                        .lock(key.as_str())
+                        .ttl(Duration::from_secs(2))
+                        .acquire()
+                        .await;
                     let should_succeed = n - held.len() >= quorum;
                     match outcome {
                         Ok(guard) => {
@@ -214,10 +218,20 @@ async fn every_mask_of_foreign_holders_is_decided_by_the_majority() {
                             "n={n} mask={mask:b}: refused with a free majority: {e}"
                         ),
                     }
+                    // Foreign values stay; ours go with the release, or,
+                    // where a master applied our grant after the node
+                    // timeout (a loaded machine: the grant came after the
+                    // decision), with the 2 s lease.
                     for (i, master) in masters.iter().enumerate() {
-                        let value: Option<String> = master.query(redis::cmd("GET").arg(&redis_key));
                         let expected = held.contains(&i).then(|| foreign.clone());
-                        assert_eq!(value, expected, "n={n} mask={mask:b} master {i}");
+                        let value = || master.query::<Option<String>>(redis::cmd("GET").arg(&redis_key));
+                        let settled =
+                            lock_tests::eventually(Duration::from_secs(4), || value() == expected).await;
+                        assert!(
+                            settled.is_some(),
+                            "n={n} mask={mask:b} master {i}: {:?}, expected {expected:?}",
+                            value()
+                        );
                     }
                 }
             }
