@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::LeaderRecord;
+use crate::backend::{LeaderChange, LeaderRecord};
 use crate::entry::{self, Entered};
 use crate::error::{LockError, LostReason};
 use crate::key::LockKey;
@@ -206,11 +206,14 @@ impl Election {
     ///   read succeeds again.
     /// - A release announced by the store (the same announcement that wakes
     ///   waiting candidates: Redis pub/sub, PostgreSQL `LISTEN`) wakes it,
-    ///   as does a reconnection of the connection that hears them. An expiry
+    ///   as does a reconnection of the connection that hears them. On
+    ///   ZooKeeper and etcd each read sets a watch on the election's line
+    ///   and its leader's value, and any change wakes it. An expiry
     ///   announces nothing: it reads again when the lease it last read runs
     ///   out. Otherwise it reads at least once a second, which is how a new
-    ///   leader and a proclaimed value reach it (neither is announced), and
-    ///   anything announced while it was disconnected.
+    ///   leader and a proclaimed value reach it on the other stores
+    ///   (neither is announced), and anything announced while it was
+    ///   disconnected.
     pub async fn observe(&self) -> Result<watch::Receiver<Option<Leader>>, LockError> {
         let key = self.key()?;
         let watching = self
@@ -222,7 +225,7 @@ impl Election {
         // task's first wait must still end that wait.
         let mut woken = Box::pin(Arc::clone(&watching.notify).notified_owned());
         woken.as_mut().enable();
-        let first = read(&self.client, &key).await?;
+        let (first, changed) = read_watched(&self.client, &key).await?;
         let (tx, rx) = watch::channel(first.clone().map(Leader::from));
         let mut observer = Observer {
             client: Arc::clone(&self.client),
@@ -234,7 +237,7 @@ impl Election {
         };
         observer.shown.judge(first.clone(), Instant::now());
         self.observing.live.fetch_add(1, Ordering::AcqRel);
-        tokio::spawn(observer.run(watching, first, woken));
+        tokio::spawn(observer.run(watching, first, woken, changed.unwrap_or_else(unwatched)));
         Ok(rx)
     }
 
@@ -313,13 +316,35 @@ impl Election {
 
 /// Who leads the election `key`, if anyone: a Redlock refuses.
 async fn read(client: &ClientInner, key: &LockKey) -> Result<Option<LeaderRecord>, LockError> {
-    if let Some(feature) = client.backend.cannot_elect() {
-        return Err(LockError::Unsupported {
+    elects(client, key)?;
+    client.backend.leader(key).await.map_err(|f| f.error)
+}
+
+/// [`read`] for an observer, with what tells it of the next change where
+/// the store watches (ZooKeeper, etcd).
+async fn read_watched(
+    client: &ClientInner,
+    key: &LockKey,
+) -> Result<(Option<LeaderRecord>, Option<LeaderChange>), LockError> {
+    elects(client, key)?;
+    client.backend.leader_watched(key).await.map_err(|f| f.error)
+}
+
+/// `Unsupported` on a backend that holds no elections (a Redlock).
+fn elects(client: &ClientInner, key: &LockKey) -> Result<(), LockError> {
+    match client.backend.cannot_elect() {
+        Some(feature) => Err(LockError::Unsupported {
             key: key.name.clone(),
             feature: feature.to_owned(),
-        });
+        }),
+        None => Ok(()),
     }
-    client.backend.leader(key).await.map_err(|f| f.error)
+}
+
+/// A change that never comes: for a store that does not watch, or after a
+/// failed read.
+fn unwatched() -> LeaderChange {
+    Box::pin(std::future::pending())
 }
 
 impl From<LeaderRecord> for Leader {
@@ -370,6 +395,7 @@ impl Observer {
         watching: crate::waiter::Watch,
         first: Option<LeaderRecord>,
         mut woken: Pin<Box<tokio::sync::futures::OwnedNotified>>,
+        mut changed: LeaderChange,
     ) {
         let mut soon = OBSERVE_SOON;
         let mut pause = self.pause_after(first.as_ref(), &mut soon);
@@ -378,6 +404,9 @@ impl Observer {
                 biased;
                 () = self.tx.closed() => break,
                 () = &mut woken => soon = OBSERVE_SOON,
+                // Every read below sets the next watch (or none), so a
+                // watch that fired is never awaited again.
+                () = &mut changed => soon = OBSERVE_SOON,
                 () = tokio::time::sleep(pause) => {}
             }
             // Enabled before the read: `notify_waiters` wakes only those
@@ -385,8 +414,9 @@ impl Observer {
             // still end the pause after it.
             woken = Box::pin(Arc::clone(&watching.notify).notified_owned());
             woken.as_mut().enable();
-            pause = match read(&self.client, &self.key).await {
-                Ok(found) => {
+            pause = match read_watched(&self.client, &self.key).await {
+                Ok((found, change)) => {
+                    changed = change.unwrap_or_else(unwatched);
                     self.reached(true);
                     let pause = self.pause_after(found.as_ref(), &mut soon);
                     match self.shown.judge(found, Instant::now()) {
@@ -409,6 +439,7 @@ impl Observer {
                     }
                 }
                 Err(error) => {
+                    changed = unwatched();
                     if !self.cut_off {
                         tracing::warn!(election = %self.key.name, %error, "an election's observer cannot read who leads; keeping the last value");
                     }

@@ -136,6 +136,10 @@ pub(crate) struct LeaderRecord {
     pub(crate) left: Option<Duration>,
 }
 
+/// Resolves when who leads an election may have changed, as a store that
+/// watches tells it (ZooKeeper, etcd): an observer reads again then.
+pub(crate) type LeaderChange = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// The value in an election's stored record (`<holder id>\n<value>`, as
 /// Redis, the SQL stores and etcd keep it) if the record is `holder`'s: a
 /// record names its term, so one an earlier term left is never read as the

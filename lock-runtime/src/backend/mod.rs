@@ -43,7 +43,7 @@ use self::redis::cluster::ClusterLink;
 use self::redis::redlock::{self, RedlockBackend};
 use self::redis::sentinel::SentinelLink;
 pub(crate) use contract::{
-    AcquireReply, AcquireRequest, Backend, Failure, HandOver, LeaderRecord, RenewItem, Renewal,
+    AcquireReply, AcquireRequest, Backend, Failure, HandOver, LeaderChange, LeaderRecord, RenewItem, Renewal,
 };
 
 /// The backend a client was built with.
@@ -484,6 +484,26 @@ impl AnyBackend {
             #[cfg(feature = "etcd")]
             AnyBackend::Etcd(b) => b.leader(key).await,
             _ => Err(Failure::permanent(self.no_election(key))),
+        }
+    }
+
+    /// [`leader`](Self::leader) for an observer, with what tells it the
+    /// next change where the store can watch (ZooKeeper, etcd). The other
+    /// stores' observers are woken by the releases they announce, and by
+    /// their clock.
+    pub(crate) async fn leader_watched(
+        &self,
+        key: &LockKey,
+    ) -> Result<(Option<LeaderRecord>, Option<LeaderChange>), Failure> {
+        match self {
+            #[cfg(feature = "zookeeper")]
+            AnyBackend::ZooKeeper(b) => b
+                .leader_watched(key)
+                .await
+                .map(|(found, change)| (found, Some(change))),
+            #[cfg(feature = "etcd")]
+            AnyBackend::Etcd(b) => b.leader_watched(key).await,
+            _ => self.leader(key).await.map(|found| (found, None)),
         }
     }
 

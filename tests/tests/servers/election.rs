@@ -243,6 +243,53 @@ mod observers {
     on_backends!(followers_observe_who_leads: in_memory, redis, mysql, postgres, zookeeper, etcd);
 }
 
+/// On ZooKeeper and etcd an observer is woken by its watch. A leader's new
+/// value, which no store announces, reaches it in under 500 ms in each of
+/// 10 proclamations; an observer that read only by its clock (once a
+/// second) would take longer in about half of them. A trial in which this
+/// process was starved past 250 ms proves nothing and runs again.
+async fn an_observer_is_woken_by_the_stores_watch(replicas: Replicas) {
+    let Replicas { a, b, .. } = replicas;
+    let (ours, follower) = (a.election("watched"), b.election("watched"));
+    let mut seen = follower.observe().await.expect("observe");
+    for trial in 1..=3 {
+        let mut term = ours.campaign("v0").await.expect("elected");
+        let epoch = term.epoch();
+        until(&mut seen, "the leader", |l| {
+            l.as_ref().is_some_and(|l| l.epoch == epoch)
+        })
+        .await;
+        let starved = Watch::start();
+        let mut late = Vec::new();
+        for i in 1..=10 {
+            let value = format!("v{i}");
+            let proclaimed = Instant::now();
+            term.proclaim(value.as_str()).await.expect("proclaim");
+            until(&mut seen, "the new value", |l| {
+                l.as_ref().is_some_and(|l| l.value == value)
+            })
+            .await;
+            if proclaimed.elapsed() >= Duration::from_millis(500) {
+                late.push(proclaimed.elapsed());
+            }
+        }
+        term.resign().await.expect("resign");
+        if late.is_empty() {
+            return;
+        }
+        assert!(
+            starved.worst() > Duration::from_millis(250),
+            "read by the clock, not woken by the watch: {late:?}"
+        );
+        eprintln!("trial {trial} INVALID: starved {:?}", starved.worst());
+    }
+    panic!("every trial was starved");
+}
+
+mod watched_observers {
+    on_backends!(an_observer_is_woken_by_the_stores_watch: zookeeper, etcd);
+}
+
 /// An observer cut off from its store keeps the last leader it read and
 /// says it is cut off (never `None`); reconnected, it reads again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

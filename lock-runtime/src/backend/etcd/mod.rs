@@ -44,7 +44,8 @@ use etcd_client as etcd;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
 use super::contract::{
-    AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal, recorded_value,
+    AcquireReply, AcquireRequest, Backend, Failure, LeaderChange, LeaderRecord, RenewItem, Renewal,
+    recorded_value,
 };
 use super::queue::{InTheWay, in_the_way};
 use crate::config::{ClientCertificate, EtcdUser};
@@ -930,6 +931,43 @@ impl EtcdBackend {
     /// fencing token) and the record, read in one transaction. No lease is
     /// read: the head lives as long as its client's etcd lease.
     pub(crate) async fn leader(&self, key: &LockKey) -> Result<Option<LeaderRecord>, Failure> {
+        self.leader_at(key).await.map(|(found, _)| found)
+    }
+
+    /// [`leader`](Self::leader) for an observer, with a watch of the line
+    /// and the record from the revision after the read: it resolves at the
+    /// first change (a candidate joins or leaves, the leader proclaims) or
+    /// when the watch ends. None if the watch could not be set: the
+    /// observer then reads by its clock.
+    pub(crate) async fn leader_watched(
+        &self,
+        key: &LockKey,
+    ) -> Result<(Option<LeaderRecord>, Option<LeaderChange>), Failure> {
+        let (found, revision) = self.leader_at(key).await?;
+        let from = || etcd::WatchOptions::new().with_start_revision(revision + 1);
+        let watched = self
+            .bounded(key, "a watch of who leads", async {
+                let mut client = self.client().await?;
+                let fail = |e: etcd::Error| self.failure(Some(key), &e);
+                let mut watch = client
+                    .watch(self.queue(key), Some(from().with_prefix()))
+                    .await
+                    .map_err(fail)?;
+                watch
+                    .watch(self.record_of(key), Some(from()))
+                    .await
+                    .map_err(fail)?;
+                Ok(watch)
+            })
+            .await;
+        let change = watched
+            .ok()
+            .map(|watch| -> LeaderChange { Box::pin(fired(watch)) });
+        Ok((found, change))
+    }
+
+    /// [`leader`](Self::leader), and the revision it was read at.
+    async fn leader_at(&self, key: &LockKey) -> Result<(Option<LeaderRecord>, i64), Failure> {
         let mut client = self.client().await?;
         let head = etcd::TxnOp::get(
             self.queue(key),
@@ -947,22 +985,24 @@ impl EtcdBackend {
                 client.txn(txn).await.map_err(|e| self.failure(Some(key), &e))
             })
             .await?;
+        let revision = reply.header().map_or(0, etcd::ResponseHeader::revision);
         let found = |i: usize| match reply.op_responses().get(i) {
             Some(etcd::TxnOpResponse::Get(got)) => got.kvs().first().cloned(),
             _ => None,
         };
         let Some(head) = found(0) else {
-            return Ok(None);
+            return Ok((None, revision));
         };
         let holder = String::from_utf8_lossy(head.value()).into_owned();
         let value =
             found(1).and_then(|record| recorded_value(&String::from_utf8_lossy(record.value()), &holder));
-        Ok(Some(LeaderRecord {
+        let record = LeaderRecord {
             epoch: head.create_revision().unsigned_abs(),
             holder,
             value,
             left: None,
-        }))
+        };
+        Ok((Some(record), revision))
     }
 
     /// A watch on `key` (or every key under it, with `prefix`) from
@@ -1451,14 +1491,14 @@ impl EtcdBackend {
     pub(crate) async fn turn(&self, key: &LockKey, holder: &str) {
         let watch = self.with_entry(key, holder, |e| e.watch.take()).flatten();
         if let Some(watch) = watch {
-            deleted(watch).await;
+            fired(watch).await;
             return;
         }
         let segments = self.segment_waits().remove(holder);
         if let Some(wait) = segments
             && !wait.watches.is_empty()
         {
-            let changes = wait.watches.into_iter().map(|w| Box::pin(deleted(w)));
+            let changes = wait.watches.into_iter().map(|w| Box::pin(fired(w)));
             futures_util::future::select_all(changes).await;
         }
     }
@@ -1619,8 +1659,9 @@ fn collect_line(ops: &[etcd::TxnOpResponse], queue: &str, keys: &mut Vec<(i64, S
     }
 }
 
-/// Waits for a deletion event on `watch`, or for the watch to end.
-async fn deleted(mut watch: etcd::WatchStream) {
+/// Waits for an event on `watch` (of the kinds it asked for), or for the
+/// watch to end.
+async fn fired(mut watch: etcd::WatchStream) {
     // The first reply only says the watch was created; a cancelled watch
     // (its start revision compacted away) or a broken stream ends the
     // wait too, and the waiter looks again.

@@ -40,7 +40,9 @@ use tokio::time::Instant;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use zookeeper_client as zk;
 
-use super::contract::{AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal};
+use super::contract::{
+    AcquireReply, AcquireRequest, Backend, Failure, LeaderChange, LeaderRecord, RenewItem, Renewal,
+};
 use super::queue::{InTheWay, in_the_way};
 use super::startup;
 use crate::config::{ClientCertificate, ZooKeeperIdentity};
@@ -411,6 +413,29 @@ impl Doomed {
 
 fn sequence(name: &str) -> Option<u64> {
     name.rsplit_once('_').and_then(|(_, n)| n.parse().ok())
+}
+
+/// A queue's children in line order, with their sequence numbers; names
+/// that are not a lock's children are left out.
+fn in_order(names: Vec<String>) -> Vec<(u64, String)> {
+    let mut line: Vec<(u64, String)> = names
+        .into_iter()
+        .filter_map(|n| sequence(&n).map(|s| (s, n)))
+        .collect();
+    line.sort_unstable();
+    line
+}
+
+/// The record of an election whose line `name` heads: its holder, the
+/// node's creation zxid as the epoch, and its data as the value.
+fn head_record(name: &str, data: &[u8], stat: &zk::Stat) -> LeaderRecord {
+    let holder = name.rsplit_once('_').map_or(name, |(holder, _)| holder);
+    LeaderRecord {
+        holder: holder.to_owned(),
+        epoch: stat.czxid.unsigned_abs(),
+        value: (!data.is_empty()).then(|| String::from_utf8_lossy(data).into_owned()),
+        left: None,
+    }
 }
 
 impl ZooKeeperBackend {
@@ -1092,17 +1117,11 @@ impl ZooKeeperBackend {
 
     /// The children of `queue` in sequence order (none if it is missing).
     async fn line(&self, client: &zk::Client, queue: &str) -> Result<Vec<(u64, String)>, zk::Error> {
-        let names = match client.list_children(queue).await {
-            Ok(names) => names,
-            Err(zk::Error::NoNode) => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        let mut line: Vec<(u64, String)> = names
-            .into_iter()
-            .filter_map(|n| sequence(&n).map(|s| (s, n)))
-            .collect();
-        line.sort_unstable();
-        Ok(line)
+        match client.list_children(queue).await {
+            Ok(names) => Ok(in_order(names)),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
     }
 
     fn held(&self, claimed: bool) -> AcquireReply {
@@ -1327,19 +1346,64 @@ impl ZooKeeperBackend {
                     return Ok(None);
                 };
                 match client.get_data(&format!("{queue}/{name}")).await {
-                    Ok((data, stat)) => {
-                        let holder = name.rsplit_once('_').map_or(name.as_str(), |(holder, _)| holder);
-                        return Ok(Some(LeaderRecord {
-                            holder: holder.to_owned(),
-                            epoch: stat.czxid.unsigned_abs(),
-                            value: (!data.is_empty()).then(|| String::from_utf8_lossy(&data).into_owned()),
-                            left: None,
-                        }));
-                    }
+                    Ok((data, stat)) => return Ok(Some(head_record(name, &data, &stat))),
                     // The head left between the listing and the read: the
                     // next one is the leader now (bounded by the timeout).
                     Err(zk::Error::NoNode) => {}
                     Err(e) => return Err(self.failure(key, &e)),
+                }
+            }
+        })
+        .await
+    }
+
+    /// [`leader`](Self::leader) for an observer: the line and the head's
+    /// data read with watches, and a future that resolves when either
+    /// changes (a candidate joins or leaves, the leader proclaims, the
+    /// session breaks). A watch dropped unfired is removed.
+    pub(crate) async fn leader_watched(
+        &self,
+        key: &LockKey,
+    ) -> Result<(Option<LeaderRecord>, LeaderChange), Failure> {
+        let client = self.client().await?;
+        let queue = self.queue(key);
+        let fail = |e: zk::Error| self.failure(key, &e);
+        self.bounded(key, "a read of who leads", async {
+            loop {
+                let (names, line_changed) = match client.list_and_watch_children(&queue).await {
+                    Ok(listed) => listed,
+                    Err(zk::Error::NoNode) => {
+                        // No line yet: told when it is made.
+                        let (made, making) = client.check_and_watch_stat(&queue).await.map_err(fail)?;
+                        if made.is_some() {
+                            continue;
+                        }
+                        let change: LeaderChange = Box::pin(async move {
+                            making.changed().await;
+                        });
+                        return Ok((None, change));
+                    }
+                    Err(e) => return Err(fail(e)),
+                };
+                let Some((_, name)) = in_order(names).into_iter().next() else {
+                    let change: LeaderChange = Box::pin(async move {
+                        line_changed.changed().await;
+                    });
+                    return Ok((None, change));
+                };
+                match client.get_and_watch_data(&format!("{queue}/{name}")).await {
+                    Ok((data, stat, data_changed)) => {
+                        let change: LeaderChange = Box::pin(async move {
+                            let line = std::pin::pin!(line_changed.changed());
+                            let data = std::pin::pin!(data_changed.changed());
+                            futures_util::future::select(line, data).await;
+                        });
+                        return Ok((Some(head_record(&name, &data, &stat)), change));
+                    }
+                    // The head left between the listing and the read: list
+                    // again (the line's watch fired, and is set anew).
+                    Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(fail(e)),
                 }
             }
         })
