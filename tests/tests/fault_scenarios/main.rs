@@ -195,10 +195,13 @@ pub(crate) fn run_s0(target: &str, run: Baseline) {
             online_overlaps + logged.overlaps.len() as u64 + logged.token_regressions + lost_updates;
         let starved = worst_late > bound;
         // Too little traffic proves nothing. The run is judged again when
-        // the machine explains it: a process starved past the bound, or
-        // calls refused by servers this scenario does not touch (an etcd
-        // member starved of CPU by a loaded machine loses its leader, and
-        // no monitor here watches the servers). A healthy quiet run fails.
+        // the machine may explain it: a process starved past the bound, or
+        // failed calls. A baseline injects no fault, so on a loaded machine
+        // a failed call is most likely a starved server (an etcd member
+        // that lost its leader), which no monitor here watches; but it may
+        // be the library's, so the first error is printed, and three such
+        // runs end INVALID, which fails the command as FAIL does. A quiet
+        // run with no failed call fails.
         let thin = logged.entries <= run.min_entries;
         let verdict = if violations > 0 {
             Verdict::judge(true, starved)

@@ -44,14 +44,17 @@ async fn fails_without_showing_it(
 
 /// With `password` set on the server: each of `forms(password, port)`
 /// connects; with a wrong password each is `InvalidConfig`; to a closed port
-/// each fails; `bad_url` (which does not parse) is `InvalidConfig` and says
-/// to percent-encode. None shows any piece of the password.
+/// each fails (`unreachable`: a client with a short start-up wait, which a
+/// closed port runs out); `bad_url` (which does not parse) is
+/// `InvalidConfig` and says to percent-encode. None shows any piece of the
+/// password.
 async fn every_form_behaves(
     password: &str,
     port: u16,
     forms: impl Fn(&str, u16) -> Vec<String>,
     bad_url: &str,
     connect: impl AsyncFn(&str) -> Result<LockClient, LockError> + Copy,
+    unreachable: impl AsyncFn(&str) -> Result<LockClient, LockError> + Copy,
 ) {
     for url in forms(password, port) {
         connects_and_keeps_it(&url, connect).await;
@@ -61,7 +64,7 @@ async fn every_form_behaves(
         assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
     }
     for url in forms(password, free_port()) {
-        fails_without_showing_it("no server", &url, connect).await;
+        fails_without_showing_it("no server", &url, unreachable).await;
     }
     let e = fails_without_showing_it("a bad URL", bad_url, connect).await;
     assert!(matches!(e, LockError::InvalidConfig { .. }), "{e}");
@@ -97,7 +100,16 @@ async fn postgres_passwords_of_url_characters_connect_and_never_show() {
             let (captured, _tracing) = capture_tracing();
             let recorder = DebuggingRecorder::new();
             let _metrics = metrics::set_default_local_recorder(&recorder);
+            // A loaded machine can take more than 300 ms to answer a
+            // first connection (with its authentication); only a closed
+            // port is given that little.
             let connect = async |url: &str| {
+                LockClient::builder()
+                    .startup_timeout(Duration::from_secs(10))
+                    .postgres(url)
+                    .await
+            };
+            let unreachable = async |url: &str| {
                 LockClient::builder()
                     .startup_timeout(Duration::from_millis(300))
                     .postgres(url)
@@ -117,7 +129,7 @@ async fn postgres_passwords_of_url_characters_connect_and_never_show() {
                     ]
                 };
                 let bad_url = format!("postgres://app:{password}@[::1/locks");
-                every_form_behaves(&password, server.port(), forms, &bad_url, connect).await;
+                every_form_behaves(&password, server.port(), forms, &bad_url, connect, unreachable).await;
                 for url in [
                     format!("host=127.0.0.1 user=app password='{password} dbname=locks"),
                     format!("host=127.0.0.1 user=app password={password} sslmode=sometimes"),
@@ -155,7 +167,16 @@ async fn mysql_passwords_of_url_characters_connect_and_never_show() {
             let (captured, _tracing) = capture_tracing();
             let recorder = DebuggingRecorder::new();
             let _metrics = metrics::set_default_local_recorder(&recorder);
+            // A loaded machine can take more than 300 ms to answer a
+            // first connection (with its authentication); only a closed
+            // port is given that little.
             let connect = async |url: &str| {
+                LockClient::builder()
+                    .startup_timeout(Duration::from_secs(10))
+                    .mysql(url)
+                    .await
+            };
+            let unreachable = async |url: &str| {
                 LockClient::builder()
                     .startup_timeout(Duration::from_millis(300))
                     .mysql(url)
@@ -172,7 +193,7 @@ async fn mysql_passwords_of_url_characters_connect_and_never_show() {
                     ]
                 };
                 let bad_url = format!("mysql://app:{password}@[::1/locks");
-                every_form_behaves(&password, server.port(), forms, &bad_url, connect).await;
+                every_form_behaves(&password, server.port(), forms, &bad_url, connect, unreachable).await;
             }
             let password = every_character();
             let quoted = password.replace('\\', "\\\\").replace('\'', "''");

@@ -960,9 +960,16 @@ impl EtcdBackend {
                 Ok(watch)
             })
             .await;
-        let change = watched
-            .ok()
-            .map(|watch| -> LeaderChange { Box::pin(fired(watch)) });
+        // A watch that ends without an event leaves the observer to its
+        // clock: waking it would have it read and watch again at once, as
+        // fast as the store answers.
+        let change = watched.ok().map(|watch| -> LeaderChange {
+            Box::pin(async move {
+                if !fired(watch).await {
+                    std::future::pending::<()>().await;
+                }
+            })
+        });
         Ok((found, change))
     }
 
@@ -1660,16 +1667,20 @@ fn collect_line(ops: &[etcd::TxnOpResponse], queue: &str, keys: &mut Vec<(i64, S
 }
 
 /// Waits for an event on `watch` (of the kinds it asked for), or for the
-/// watch to end.
-async fn fired(mut watch: etcd::WatchStream) {
+/// watch to end; true for an event.
+async fn fired(mut watch: etcd::WatchStream) -> bool {
     // The first reply only says the watch was created; a cancelled watch
     // (its start revision compacted away) or a broken stream ends the
     // wait too, and the waiter looks again.
     while let Ok(Some(reply)) = watch.message().await {
-        if reply.canceled() || !reply.events().is_empty() {
-            return;
+        if !reply.events().is_empty() {
+            return true;
+        }
+        if reply.canceled() {
+            return false;
         }
     }
+    false
 }
 
 impl Backend for EtcdBackend {
