@@ -765,9 +765,13 @@ async fn never_more_than_n_holders(f: Fixture) {
             tokio::spawn(async move {
                 for _ in 0..rounds {
                     let inside = &inside;
+                    // 5 s leases, as in `a_writer_never_overlaps_anyone`: a
+                    // release a loaded store does not answer in time ends
+                    // with its lease, and must not hold a permit for 30 s.
                     locks
                         .lock("pool")
                         .permits(u32::try_from(PERMITS).expect("few"))
+                        .ttl(Duration::from_secs(5))
                         .wait(Duration::from_secs(60))
                         .run(async move {
                             let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
@@ -794,14 +798,14 @@ async fn never_more_than_n_holders(f: Fixture) {
                 locks
                     .lock("pool")
                     .permits(3)
-                    .wait(Duration::from_secs(10))
+                    .wait(Duration::from_secs(30))
                     .run(async move { side_by_side.wait().await })
                     .await
             })
         })
         .collect();
     for holder in holders {
-        tokio::time::timeout(Duration::from_secs(20), holder)
+        tokio::time::timeout(Duration::from_secs(40), holder)
             .await
             .expect("three permits held at once")
             .expect("task")
