@@ -111,13 +111,6 @@ fn distribution(path: &Path, title: &str, series: &[(&Report, &str)]) -> PlotRes
     Ok(())
 }
 
-fn percentile_of(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
 /// Operations per second of every workload, on a log scale (they span
 /// four orders of magnitude), floors in grey.
 fn throughput(path: &Path, reports: &[Report]) -> PlotResult {

@@ -51,13 +51,17 @@ impl Report {
 }
 
 pub(crate) fn percentile_us(latencies: &[Duration], p: f64) -> f64 {
-    if latencies.is_empty() {
+    let mut sorted: Vec<f64> = latencies.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    sorted.sort_by(f64::total_cmp);
+    percentile_of(&sorted, p)
+}
+
+/// The `p`-quantile (0..=1) of `sorted`, the nearest rank; NaN for none.
+pub(crate) fn percentile_of(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
         return f64::NAN;
     }
-    let mut sorted = latencies.to_vec();
-    sorted.sort_unstable();
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index].as_secs_f64() * 1e6
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 /// The median of `figures` (the upper one of an even count), NaN for none.

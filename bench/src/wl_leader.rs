@@ -303,12 +303,13 @@ fn millis_f64(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// The `p` quantile of `figures` (0 for none).
+/// The `p` quantile of `figures`; 0 for none (a JSON line has no NaN).
 fn percentile(figures: &[f64], p: f64) -> f64 {
-    if figures.is_empty() {
-        return 0.0;
-    }
     let mut sorted = figures.to_vec();
     sorted.sort_by(f64::total_cmp);
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+    if sorted.is_empty() {
+        0.0
+    } else {
+        percentile_of(&sorted, p)
+    }
 }
