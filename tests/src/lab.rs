@@ -76,6 +76,9 @@ pub struct Workload {
     pub replica_acks: Option<u32>,
     /// Each call's `wait`, when not the worker's 3 s.
     pub wait: Option<Duration>,
+    /// The backend's own lease, when not the client's default: the
+    /// ZooKeeper session timeout, or the etcd lease (whole seconds).
+    pub lease: Option<Duration>,
 }
 
 /// What workers did: counted by each task, summed per process (printed as
@@ -185,53 +188,34 @@ impl Workers {
 
     /// Starts one worker per workload on `board`.
     pub fn spawn_each(board: &Board, workloads: &[Workload]) -> Workers {
-        let children = workloads
-            .iter()
-            .map(|workload| {
-                let mut command = worker_command();
-                command
-                    .args([
-                        "witness",
-                        &workload.target,
-                        &board.path().to_string_lossy(),
-                        &workload.keys.join(","),
-                        &workload.tasks.to_string(),
-                        &workload.duration.as_millis().to_string(),
-                        &workload.lock,
-                        &workload.ttl.as_millis().to_string(),
-                        &workload.max_body.as_millis().to_string(),
-                    ])
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::inherit());
-                // Closing the worker's standard input ends its run
-                // (`stop`).
-                command.env("LOCK_WORKER_STOP_ON_EOF", "1");
-                command.env(
-                    "LOCK_WORKER_LONG_BODY_PERCENT",
-                    workload.long_body_percent.to_string(),
-                );
-                if let Some(timeout) = workload.command_timeout {
-                    command.env("LOCK_WORKER_COMMAND_TIMEOUT_MS", timeout.as_millis().to_string());
-                }
-                if let Some(acks) = workload.replica_acks {
-                    command.env("LOCK_WORKER_REPLICA_ACKS", acks.to_string());
-                }
-                if let Some(wait) = workload.wait {
-                    command.env("LOCK_WORKER_WAIT_MS", wait.as_millis().to_string());
-                }
-                crate::server::spawn_owned(command).expect("spawn worker")
-            })
-            .collect();
+        let children = workloads.iter().map(|w| spawn_worker(board, w)).collect();
         Workers { children }
+    }
+
+    /// Starts one more worker on `board` (a replacement for one killed).
+    pub fn add(&mut self, board: &Board, workload: &Workload) -> nix::unistd::Pid {
+        let child = spawn_worker(board, workload);
+        let pid = pid_of(&child);
+        self.children.push(child);
+        pid
+    }
+
+    /// SIGKILLs the worker `pid` and reaps it: what it did is lost with it,
+    /// and [`Workers::finish`] no longer waits for it.
+    pub fn kill(&mut self, pid: nix::unistd::Pid) {
+        let at = self
+            .children
+            .iter()
+            .position(|c| pid_of(c) == pid)
+            .expect("a worker of this run");
+        let mut child = self.children.swap_remove(at);
+        child.kill().expect("SIGKILL the worker");
+        child.wait().expect("reap the worker");
     }
 
     /// The workers' process ids.
     pub fn pids(&self) -> Vec<nix::unistd::Pid> {
-        self.children
-            .iter()
-            .map(|c| nix::unistd::Pid::from_raw(i32::try_from(c.id()).expect("pid fits i32")))
-            .collect()
+        self.children.iter().map(pid_of).collect()
     }
 
     /// Ends the workers' runs before their time: each takes no new lock,
@@ -265,6 +249,97 @@ impl Drop for Workers {
             let _ = child.wait();
         }
     }
+}
+
+fn pid_of(child: &Child) -> nix::unistd::Pid {
+    nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"))
+}
+
+fn spawn_worker(board: &Board, workload: &Workload) -> Child {
+    let mut command = worker_command();
+    command
+        .args([
+            "witness",
+            &workload.target,
+            &board.path().to_string_lossy(),
+            &workload.keys.join(","),
+            &workload.tasks.to_string(),
+            &workload.duration.as_millis().to_string(),
+            &workload.lock,
+            &workload.ttl.as_millis().to_string(),
+            &workload.max_body.as_millis().to_string(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    // Closing the worker's standard input ends its run (`stop`).
+    command.env("LOCK_WORKER_STOP_ON_EOF", "1");
+    command.env(
+        "LOCK_WORKER_LONG_BODY_PERCENT",
+        workload.long_body_percent.to_string(),
+    );
+    if let Some(timeout) = workload.command_timeout {
+        command.env("LOCK_WORKER_COMMAND_TIMEOUT_MS", timeout.as_millis().to_string());
+    }
+    if let Some(acks) = workload.replica_acks {
+        command.env("LOCK_WORKER_REPLICA_ACKS", acks.to_string());
+    }
+    if let Some(wait) = workload.wait {
+        command.env("LOCK_WORKER_WAIT_MS", wait.as_millis().to_string());
+    }
+    if let Some(lease) = workload.lease {
+        // The worker reads the one its target's backend has.
+        command.env("LOCK_WORKER_SESSION_TIMEOUT_MS", lease.as_millis().to_string());
+        command.env("LOCK_WORKER_ETCD_LEASE_TTL_S", lease.as_secs().max(1).to_string());
+    }
+    crate::server::spawn_owned(command).expect("spawn worker")
+}
+
+/// The file whose presence asks the leader among worker `pid`'s
+/// candidates to stop itself (SIGSTOP) inside its term, and to write its
+/// epoch once continued: the controller creates it, the term removes it.
+/// A paused process is told nothing, so what it writes after its deadline
+/// is fenced by its epoch alone.
+pub fn pause_request(board: &Path, pid: u32) -> std::path::PathBuf {
+    board.join(format!("pause-{pid}"))
+}
+
+/// The register each term of an election writes its epoch to without a
+/// fence, beside the fenced one of the election's own name: the control
+/// that must take a paused leader's late write.
+pub fn unfenced_register(election: &str) -> String {
+    format!("{election}:unfenced")
+}
+
+/// A client of `target`, in `lock-worker`'s notation: a Redis URL;
+/// `redlock=` and comma-separated URLs; `sentinel=`, the master's name, `@`
+/// and comma-separated sentinel URLs; a `mysql://` or `postgres://` URL;
+/// `zookeeper=` and a connect string; `etcd=` and comma-separated
+/// endpoints.
+pub async fn connect(
+    target: &str,
+    builder: lock_runtime::LockClientBuilder,
+) -> Result<lock_runtime::LockClient, lock_runtime::LockError> {
+    if let Some(urls) = target.strip_prefix("redlock=") {
+        return builder.redlock(urls.split(',')).await;
+    }
+    if let Some((name, urls)) = target.strip_prefix("sentinel=").and_then(|t| t.split_once('@')) {
+        return builder.sentinel(name, urls.split(',')).await;
+    }
+    if target.starts_with("mysql://") {
+        return builder.mysql(target).await;
+    }
+    if target.starts_with("postgres://") {
+        return builder.postgres(target).await;
+    }
+    if let Some(connect) = target.strip_prefix("zookeeper=") {
+        return builder.zookeeper(connect).await;
+    }
+    if let Some(endpoints) = target.strip_prefix("etcd=") {
+        let endpoints: Vec<&str> = endpoints.split(',').collect();
+        return builder.etcd(&endpoints).await;
+    }
+    builder.connect(target).await
 }
 
 /// Runs `processes` workers to completion on `board`.

@@ -514,7 +514,9 @@ pub fn spawn_owned(mut command: Command) -> std::io::Result<Child> {
         .expect("spawner")
         .send((command, reply))
         .expect("the spawner thread lives as long as the process");
-    child.recv().expect("the spawner answers")
+    let child = child.recv().expect("the spawner answers")?;
+    crate::monitor::watch_process(child.id());
+    Ok(child)
 }
 
 #[allow(unsafe_code)]

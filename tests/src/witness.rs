@@ -356,6 +356,11 @@ impl Witness {
         }
     }
 
+    /// The highest token the register of `key` has taken.
+    pub fn register_max(&self, key: &str) -> u64 {
+        self.slot(key)[MAX_TOKEN].load(Ordering::SeqCst)
+    }
+
     /// A call for a fair lock on `key` ended, before its body (if it got
     /// the lock) enters with the same `holder`. It started at `started`
     /// and was first told to wait at `waited` (`None`: it never waited).
@@ -523,9 +528,30 @@ struct FairCall {
     entered: Option<u64>,
 }
 
+/// A process stopped (SIGSTOP) by the controller from `from` to `to`, on
+/// the raw monotonic clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pause {
+    /// The stopped process.
+    pub pid: u32,
+    /// Seen stopped.
+    pub from: u64,
+    /// Continued.
+    pub to: u64,
+}
+
 /// Reads a run's logs and checks them. `keys` names the
 /// key ids in the overlaps it reports.
 pub fn analyze(dir: &Path, keys: &[&str]) -> std::io::Result<Analysis> {
+    analyze_with_pauses(dir, keys, &[])
+}
+
+/// [`analyze`], for a run in which the controller stopped processes: a
+/// stopped process cannot be told anything, so a body lost while its
+/// process was stopped at the body's validity deadline is judged to have
+/// ended at that deadline (what it does later is for fencing to stop), not
+/// when it noticed. Every other body ends when it noticed.
+pub fn analyze_with_pauses(dir: &Path, keys: &[&str], pauses: &[Pause]) -> std::io::Result<Analysis> {
     let records = read_logs(dir)?;
     let names: BTreeMap<u64, &str> = keys.iter().map(|k| (key_id(k), *k)).collect();
     let name = |id: u64| {
@@ -556,8 +582,14 @@ pub fn analyze(dir: &Path, keys: &[&str]) -> std::io::Result<Analysis> {
                 }
             }
             Kind::Exit | Kind::Lost => {
+                let stopped_at_deadline = r.kind == Kind::Lost
+                    && r.detail < r.at
+                    && pauses
+                        .iter()
+                        .any(|p| p.pid == r.pid && p.from <= r.detail && r.detail <= p.to);
+                let ended = if stopped_at_deadline { r.detail } else { r.at };
                 if let Some(enter) = open.remove(&(r.pid, r.holder, r.key)) {
-                    intervals.entry(r.key).or_default().push((enter.at, r.at));
+                    intervals.entry(r.key).or_default().push((enter.at, ended));
                 }
                 if r.kind == Kind::Lost {
                     analysis
@@ -800,6 +832,48 @@ mod tests {
         assert_eq!(analysis.faults_by_kind.get("server-sigstop"), Some(&1));
         assert_eq!(analysis.heal_to_entry_ns.len(), 1);
         assert_eq!(analysis.heals_without_entry, 1);
+    }
+
+    #[test]
+    fn a_body_lost_while_its_process_was_stopped_ends_at_its_deadline() {
+        let (dir, w) = board();
+        let pid = std::process::id();
+        w.enter("k", 1, 1);
+        let deadline = Instant::now();
+        // `instant_ns` reads two clocks, so it can differ by a few
+        // microseconds from one call to the next: margins of a millisecond.
+        let ms = 1_000_000;
+        let stopped = Pause {
+            pid,
+            from: instant_ns(deadline) - ms,
+            to: instant_ns(deadline) + ms,
+        };
+        w.enter("k", 2, 2);
+        w.lost("k", 1, 1, deadline);
+        w.exit("k", 2, 2);
+        let overlaps = |pauses: &[Pause]| {
+            analyze_with_pauses(dir.path(), &["k"], pauses)
+                .expect("analyze")
+                .overlaps
+                .len()
+        };
+        assert_eq!(overlaps(&[]), 1, "noticed late and not stopped: an overlap");
+        assert_eq!(overlaps(&[stopped]), 0, "stopped at its deadline: ended there");
+        let other = Pause {
+            pid: pid + 1,
+            ..stopped
+        };
+        assert_eq!(overlaps(&[other]), 1, "another process's stop excuses nothing");
+        let continued_before = Pause {
+            from: instant_ns(deadline) - 2 * ms,
+            to: instant_ns(deadline) - ms,
+            ..stopped
+        };
+        assert_eq!(
+            overlaps(&[continued_before]),
+            1,
+            "continued before its deadline: told late"
+        );
     }
 
     /// A moment on the shared clock later than any before (records are

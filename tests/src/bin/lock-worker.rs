@@ -616,38 +616,21 @@ async fn connect(target: &str) -> Result<LockClient, LockError> {
     {
         builder = builder.replica_acks(acks);
     }
-    if let Some(urls) = target.strip_prefix("redlock=") {
-        return builder.redlock(urls.split(',')).await;
-    }
-    if let Some((name, urls)) = target.strip_prefix("sentinel=").and_then(|t| t.split_once('@')) {
-        return builder.sentinel(name, urls.split(',')).await;
-    }
-    if target.starts_with("mysql://") {
-        return builder.mysql(target).await;
-    }
-    if target.starts_with("postgres://") {
-        return builder.postgres(target).await;
-    }
-    if let Some(connect) = target.strip_prefix("zookeeper=") {
-        if let Some(ms) = std::env::var("LOCK_WORKER_SESSION_TIMEOUT_MS")
+    if target.starts_with("zookeeper=")
+        && let Some(ms) = std::env::var("LOCK_WORKER_SESSION_TIMEOUT_MS")
             .ok()
             .and_then(|ms| ms.parse().ok())
-        {
-            builder = builder.zookeeper_session_timeout(Duration::from_millis(ms));
-        }
-        return builder.zookeeper(connect).await;
+    {
+        builder = builder.zookeeper_session_timeout(Duration::from_millis(ms));
     }
-    if let Some(endpoints) = target.strip_prefix("etcd=") {
-        if let Some(seconds) = std::env::var("LOCK_WORKER_ETCD_LEASE_TTL_S")
+    if target.starts_with("etcd=")
+        && let Some(seconds) = std::env::var("LOCK_WORKER_ETCD_LEASE_TTL_S")
             .ok()
             .and_then(|s| s.parse().ok())
-        {
-            builder = builder.etcd_lease_ttl(Duration::from_secs(seconds));
-        }
-        let endpoints: Vec<&str> = endpoints.split(',').collect();
-        return builder.etcd(&endpoints).await;
+    {
+        builder = builder.etcd_lease_ttl(Duration::from_secs(seconds));
     }
-    builder.connect(target).await
+    lock_tests::lab::connect(target, builder).await
 }
 
 async fn witness(run: WitnessRun, witness_dir: &str, tasks: usize) -> Result<(), Box<dyn std::error::Error>> {
@@ -1040,10 +1023,14 @@ impl Candidate {
 }
 
 /// One term as the checker sees it: entered when its future starts, left
-/// when its work ends or the future is dropped; a term dropped with its
-/// leadership no longer held was lost.
+/// when its work ends or the future is dropped. A term that ends with its
+/// leadership no longer held was lost: the checker is told so, with the
+/// term's validity deadline (a leader paused past it ends its term there,
+/// since it could not be told).
 struct Term {
-    _exit: ExitOnDrop,
+    checker: lock_tests::witness::Witness,
+    key: String,
+    holder: u64,
     leadership: lock_runtime::Leadership,
     ended: bool,
     counts: std::sync::Arc<TermCounts>,
@@ -1058,12 +1045,21 @@ struct TermCounts {
 impl Drop for Term {
     fn drop(&mut self) {
         use std::sync::atomic::Ordering;
+        let epoch = self.leadership.epoch();
+        // Judged by the clock, not by how the work ended: work that ran
+        // to its end after the deadline (a leader stopped, then continued)
+        // ended a lost term.
+        if !self.leadership.is_held() {
+            self.counts.lost.fetch_add(1, Ordering::Relaxed);
+            let deadline = self.leadership.valid_until().into_std();
+            self.checker.lost(&self.key, self.holder, epoch, deadline);
+            return;
+        }
         if self.ended {
             self.counts.ended.fetch_add(1, Ordering::Relaxed);
-        } else if !self.leadership.is_held() {
-            self.counts.lost.fetch_add(1, Ordering::Relaxed);
         }
-        // `_exit` tells the checker the term ended when it drops, after this.
+        self.checker
+            .exit_shared(&self.key, self.holder, epoch, Share::EXCLUSIVE);
     }
 }
 
@@ -1102,28 +1098,47 @@ async fn election_task(
         async move {
             let epoch = leadership.epoch();
             checker.enter_shared(&key, holder, epoch, Share::EXCLUSIVE);
-            let mut term = Term {
-                _exit: ExitOnDrop {
-                    checker: checker.clone(),
-                    key: key.clone(),
-                    holder,
-                    token: epoch,
-                },
+            let term = Term {
+                checker: checker.clone(),
+                key: key.clone(),
+                holder,
                 leadership,
                 ended: false,
                 counts,
             };
             let work = async move {
-                checker.write(&key, epoch, true);
+                let mut term = term;
+                let write = |epoch| {
+                    checker.write(&key, epoch, true);
+                    checker.write(&lock_tests::lab::unfenced_register(&key), epoch, false);
+                };
+                write(epoch);
                 checker.bump(&key).await;
-                tokio::time::sleep(length).await;
+                let ends = tokio::time::Instant::now() + length;
+                while tokio::time::Instant::now() < ends {
+                    // A poll of the controller's request, not a
+                    // synchronisation: a pause may begin within 10 ms.
+                    tokio::time::sleep_until(
+                        ends.min(tokio::time::Instant::now() + Duration::from_millis(10)),
+                    )
+                    .await;
+                    let request = lock_tests::lab::pause_request(checker.dir(), std::process::id());
+                    if !candidate.detached && std::fs::remove_file(&request).is_ok() {
+                        // The whole process stops here, and runs on from
+                        // here when continued: the write below comes
+                        // before the runtime can drop this term.
+                        nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP)?;
+                        write(epoch);
+                    }
+                }
                 term.ended = true;
                 drop(term);
+                Ok::<(), nix::Error>(())
             };
             if candidate.detached {
                 let _ = tokio::spawn(work).await;
             } else {
-                work.await;
+                let _ = work.await;
             }
         }
     };

@@ -70,6 +70,7 @@ fn workload(target: String, keys: &[&str], duration: Duration, max_body: Duratio
         long_body_percent: 0,
         replica_acks: None,
         wait: None,
+        lease: None,
     }
 }
 

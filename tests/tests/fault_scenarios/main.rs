@@ -18,6 +18,7 @@ use lock_tests::witness::analyze;
 use lock_tests::{Proxy, RedisServer, eventually};
 use serde_json::json;
 
+mod candidates;
 mod deaths;
 mod elections;
 mod etcd;
@@ -107,6 +108,7 @@ pub(crate) fn broken_or_library(target: &str, keys: &[&str], lock: &str, duratio
         long_body_percent: 0,
         replica_acks: None,
         wait: None,
+        lease: None,
     }
 }
 

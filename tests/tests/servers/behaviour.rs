@@ -685,12 +685,11 @@ async fn a_fixed_lease_expires(f: Fixture) {
 async fn a_renewed_lease_outlives_its_ttl(f: Fixture) {
     // Renewed every ttl/3 for three ttls. A process starved past the lease's
     // drift allowance can lose it (the lease says so rather than trust a
-    // renewal it did not see): such a run says nothing and is run again, on
-    // a key of its own (the lost lease's key may still be held: CI). The
-    // monitor sees this process only: a database server starved of CPU
-    // (a CPU-hog run lost a 300 ms PostgreSQL lease with this process late
-    // by 2 ms) answers late unseen, so the lease is long enough to outlast
-    // a few hundred milliseconds of that.
+    // renewal it did not see), and so can a renewal answered late by a
+    // database server starved of CPU (CPU-hog runs lost this 1 s
+    // PostgreSQL lease with this process never more than 3.3 ms late): such
+    // a run says nothing and is run again, on a key of its own (the lost
+    // lease's key may still be held: CI).
     let ttl = Duration::from_secs(1);
     for run in 1..=3 {
         let monitor = Monitor::start();
@@ -708,15 +707,16 @@ async fn a_renewed_lease_outlives_its_ttl(f: Fixture) {
                 }
             })
             .await;
+        let (late, server_late) = (monitor.worst(), monitor.children_worst());
         match outcome {
             Ok(()) => return,
-            Err(e) if monitor.worst() > monitor::bound(ttl) && run < 3 => {
-                eprintln!("run {run} INVALID: starved {:?}: {e}", monitor.worst());
+            Err(e) if late > monitor::bound(ttl) || server_late > ttl / 4 => {
+                eprintln!("run {run} INVALID: starved {late:?}, the server {server_late:?}: {e}");
             }
-            Err(e) => panic!(
-                "lost a renewed lease: {e} (starved at most {:?})",
-                monitor.worst()
-            ),
+            Err(e) => {
+                panic!("lost a renewed lease: {e} (starved at most {late:?}, the server {server_late:?})")
+            }
         }
     }
+    panic!("INVALID: every run was starved");
 }

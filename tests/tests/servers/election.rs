@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{Leader, LockClient, LockError};
 use lock_tests::monitor::{self, Watch};
-use lock_tests::{Etcd, MariaDb, Postgres, Proxy, RedisServer, ZooKeeper, eventually};
+use lock_tests::{Cluster, Etcd, MariaDb, Postgres, Proxy, RedisServer, Replicated, ZooKeeper, eventually};
 
 /// Two clients of one store (two replicas of a service), and the server.
 struct Replicas {
@@ -37,6 +37,32 @@ async fn redis() -> Replicas {
             .await
             .expect("connect"),
         _server: Box::new(server),
+    }
+}
+
+/// A master, a replica and three sentinels, as the least-privilege ACL
+/// user.
+async fn sentinel() -> Replicas {
+    let group = Replicated::start_named_with_lock_user(1);
+    Replicas {
+        a: lock_tests::sentinel::lock_user_client(&group).await,
+        b: lock_tests::sentinel::lock_user_client(&group).await,
+        _server: Box::new(group),
+    }
+}
+
+/// Three masters, as the least-privilege ACL user: an election's keys
+/// share a slot.
+async fn cluster() -> Replicas {
+    let cluster = Cluster::start_with_lock_user(3, 0);
+    Replicas {
+        a: LockClient::cluster(cluster.lock_user_urls())
+            .await
+            .expect("cluster client"),
+        b: LockClient::cluster(cluster.lock_user_urls())
+            .await
+            .expect("cluster client"),
+        _server: Box::new(cluster),
     }
 }
 
@@ -175,7 +201,7 @@ macro_rules! on_backends {
 }
 
 mod one_leader {
-    on_backends!(one_leader_at_a_time: in_memory, redis, mysql, postgres, zookeeper, etcd);
+    on_backends!(one_leader_at_a_time: in_memory, redis, sentinel, cluster, mysql, postgres, zookeeper, etcd);
 }
 
 /// Who leads `election` now; somebody must.
@@ -240,7 +266,9 @@ async fn followers_observe_who_leads(replicas: Replicas) {
 }
 
 mod observers {
-    on_backends!(followers_observe_who_leads: in_memory, redis, mysql, postgres, zookeeper, etcd);
+    on_backends!(
+        followers_observe_who_leads: in_memory, redis, sentinel, cluster, mysql, postgres, zookeeper, etcd
+    );
 }
 
 /// On ZooKeeper and etcd an observer is woken by its watches. A leader's

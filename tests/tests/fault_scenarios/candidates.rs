@@ -1,0 +1,462 @@
+//! Leader elections when the candidates fail (#56 item 5): three worker
+//! processes of two candidates each campaign in one election through
+//! `Election::run`, each process through a proxy of its own, while the
+//! controller strikes whichever process leads: SIGKILLed (and replaced),
+//! stopped (SIGSTOP) inside its term past its lease, and cut off (its proxy
+//! blackholed) past its lease; on Redis, which runs with `appendfsync
+//! always`, the server is also killed and restarted. The checker asks:
+//! - no two terms overlap. A term lost while its process was stopped ends
+//!   at its validity deadline (a stopped process cannot be told anything:
+//!   `witness::analyze_with_pauses`); every other term ends when its
+//!   leader was told;
+//! - epochs rise in the order terms began (the epoch is the term's token);
+//! - the stopped leader, continued, writes with its epoch: the fenced
+//!   register refuses it and the unfenced one takes it (the control);
+//! - after each fault to a candidate, a term of another process begins
+//!   within the backend's lease + 1 s; after the server's restart, the
+//!   store names a leader within the same bound.
+//!
+//! A run that breaks one of these while a process (this one, a worker or
+//! the server) was starved is INVALID and runs again, three runs at most.
+//! The control for a leader not told its term ended is SEctl.
+
+use std::collections::HashMap;
+
+use super::deaths::CALL_WAIT;
+use super::*;
+use lock_runtime::Election;
+use lock_tests::lab::{Workers, pause_request, unfenced_register};
+use lock_tests::witness::{Kind, Pause, analyze_with_pauses, key_id, now_ns, read_logs};
+use lock_tests::{Etcd, MariaDb, Postgres, ZooKeeper, etcd, zookeeper};
+
+/// The one election.
+const ELECTION: &str = "sc:a";
+
+/// Worker processes, each with two candidates and a proxy of its own.
+const PROCESSES: usize = 3;
+
+/// Load before each fault and after the last.
+const SPACING: Duration = Duration::from_secs(1);
+
+/// One backend's scenario.
+struct Candidates {
+    id: &'static str,
+    name: &'static str,
+    /// The backend, in `lock-worker`'s notation, reached directly.
+    target: String,
+    /// How long a leader's claim outlives it on this backend: the
+    /// election's ttl on Redis and SQL, the session on ZooKeeper, the
+    /// lease on etcd.
+    lease: Duration,
+    /// The session or etcd lease the candidates ask for, where the backend
+    /// has one.
+    backend_lease: Option<Duration>,
+}
+
+/// What the controller does to the leader's process, or to the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Kill,
+    Pause,
+    Cut,
+    ServerRestart,
+}
+
+impl Fault {
+    /// The witness log's name for it.
+    fn logged_as(self) -> &'static str {
+        match self {
+            Fault::Kill => "client-kill",
+            Fault::Pause => "client-pause",
+            Fault::Cut => "proxy-blackhole",
+            Fault::ServerRestart => "kill-restart-aof",
+        }
+    }
+}
+
+/// A fault as it happened: to which process, and when it began (raw
+/// monotonic clock).
+#[derive(Debug)]
+struct Struck {
+    fault: Fault,
+    process: Option<u32>,
+    began: u64,
+    /// The server's restart only: how long after it the store named a
+    /// leader.
+    named_after: Option<Duration>,
+}
+
+/// The port of a loopback target (`127.0.0.1:<port>`).
+fn port_of(target: &str) -> u16 {
+    let after = target.split("127.0.0.1:").nth(1).expect("a loopback target");
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().expect("a port")
+}
+
+/// `target`, reached through `proxy`.
+fn through(target: &str, proxy: &Proxy) -> String {
+    target.replacen(
+        &format!("127.0.0.1:{}", port_of(target)),
+        &format!("127.0.0.1:{}", proxy.port()),
+        1,
+    )
+}
+
+/// The process whose candidate the store names leader, polled until it
+/// names one of `running` (its value is `<pid>:<task>`; a killed leader is
+/// named until its lease ends).
+async fn leading_process(election: &Election, within: Duration, running: &[u32]) -> Option<u32> {
+    let until = Instant::now() + within;
+    loop {
+        if let Ok(Some(leader)) = election.leader().await
+            && let Some(pid) = leader.value.split(':').next().and_then(|p| p.parse().ok())
+            && (running.is_empty() || running.contains(&pid))
+        {
+            return Some(pid);
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        // A poll of the store, not a synchronisation.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") T "))
+}
+
+fn signal(pid: u32, signal: nix::sys::signal::Signal) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid"));
+    nix::sys::signal::kill(pid, signal).expect("signal the worker");
+}
+
+async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMut() + Send)>) {
+    let started = Instant::now();
+    let bound = c.lease + Duration::from_secs(1);
+    let observer = lab::connect(&c.target, LockClient::builder())
+        .await
+        .expect("connect the controller");
+    let election = observer.election(ELECTION);
+    let mut faults = vec![Fault::Kill, Fault::Pause, Fault::Cut];
+    if restart_server.is_some() {
+        faults.push(Fault::ServerRestart);
+    }
+    for attempt in 1..=3 {
+        let board = Board::new();
+        let watch = Watch::start();
+        let children = Monitor::start();
+        let mut proxies = Vec::new();
+        for _ in 0..PROCESSES {
+            proxies.push(Proxy::start(port_of(&c.target)).await);
+        }
+        let workloads: Vec<Workload> = proxies
+            .iter()
+            .map(|proxy| {
+                let mut w = broken_or_library(
+                    &through(&c.target, proxy),
+                    &[ELECTION],
+                    "library-election",
+                    Duration::from_secs(120),
+                );
+                w.tasks = 2;
+                w.max_body = Duration::from_millis(5);
+                w.long_body_percent = 10;
+                w.wait = Some(CALL_WAIT);
+                w.lease = c.backend_lease;
+                w
+            })
+            .collect();
+        let mut workers = Workers::spawn_each(&board, &workloads);
+        // The proxy each worker goes through.
+        let mut link: HashMap<u32, usize> = workers
+            .pids()
+            .iter()
+            .enumerate()
+            .map(|(i, pid)| (u32::try_from(pid.as_raw()).expect("pid"), i))
+            .collect();
+        let mut struck = Vec::new();
+        let mut pauses = Vec::new();
+        for &fault in &faults {
+            tokio::time::sleep(SPACING).await;
+            let process = match fault {
+                Fault::ServerRestart => None,
+                _ => {
+                    let running: Vec<u32> = link.keys().copied().collect();
+                    Some(
+                        leading_process(&election, Duration::from_secs(10), &running)
+                            .await
+                            .expect("a running leader before the fault"),
+                    )
+                }
+            };
+            // The successor's term has begun once the register holds an
+            // epoch above the one it holds now.
+            let epoch_before = board.witness.register_max(ELECTION);
+            let successor_wrote = || board.witness.register_max(ELECTION) > epoch_before;
+            let (began, named_after) = match (fault, process) {
+                (Fault::Kill, Some(pid)) => {
+                    board.witness.fault(fault.logged_as());
+                    let began = now_ns();
+                    workers.kill(nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")));
+                    let proxy = link.remove(&pid).expect("a worker of this run");
+                    let replacement = workers.add(&board, &workloads[proxy]);
+                    link.insert(u32::try_from(replacement.as_raw()).expect("pid"), proxy);
+                    board.witness.heal(fault.logged_as());
+                    (began, None)
+                }
+                (Fault::Pause, Some(pid)) => {
+                    std::fs::write(pause_request(board.path(), pid), b"").expect("ask for a pause");
+                    let seen = eventually(Duration::from_secs(10), || stopped(pid)).await;
+                    assert!(
+                        seen.is_some(),
+                        "{}: the leader's process did not stop in its term",
+                        c.id
+                    );
+                    board.witness.fault(fault.logged_as());
+                    let began = now_ns();
+                    let epoch_at_stop = board.witness.register_max(ELECTION);
+                    let _ = eventually(bound + SPACING, || {
+                        board.witness.register_max(ELECTION) > epoch_at_stop
+                    })
+                    .await;
+                    pauses.push(Pause {
+                        pid,
+                        from: began,
+                        to: now_ns(),
+                    });
+                    signal(pid, nix::sys::signal::Signal::SIGCONT);
+                    board.witness.heal(fault.logged_as());
+                    (began, None)
+                }
+                (Fault::Cut, Some(pid)) => {
+                    let proxy = &proxies[link[&pid]];
+                    board.witness.fault(fault.logged_as());
+                    let began = now_ns();
+                    proxy.blackhole();
+                    let _ = eventually(bound + SPACING, successor_wrote).await;
+                    proxy.pass();
+                    board.witness.heal(fault.logged_as());
+                    (began, None)
+                }
+                (Fault::ServerRestart, None) => {
+                    let restart = restart_server.as_mut().expect("a server to restart");
+                    board.witness.fault(fault.logged_as());
+                    let began = now_ns();
+                    tokio::task::block_in_place(restart);
+                    board.witness.heal(fault.logged_as());
+                    let healed = Instant::now();
+                    let named = leading_process(&election, bound + SPACING, &[]).await;
+                    (began, named.map(|_| healed.elapsed()))
+                }
+                _ => unreachable!("a candidate's fault strikes a process"),
+            };
+            struck.push(Struck {
+                fault,
+                process,
+                began,
+                named_after,
+            });
+        }
+        tokio::time::sleep(SPACING).await;
+        workers.stop();
+        let tally = tokio::task::block_in_place(|| workers.finish());
+        let starved = watch.worst().max(children.children_worst());
+        let analysis = analyze_with_pauses(board.path(), &[ELECTION], &pauses).expect("analyze");
+        let records = read_logs(board.path()).expect("logs");
+        let election_id = key_id(ELECTION);
+        // From each fault to the next term: of another process after a
+        // candidate's fault, the store's leader after the server's restart.
+        let reelected: Vec<Option<Duration>> = struck
+            .iter()
+            .map(|s| match s.process {
+                Some(pid) => records
+                    .iter()
+                    .find(|r| {
+                        r.kind == Kind::Enter && r.key == election_id && r.at >= s.began && r.pid != pid
+                    })
+                    .map(|r| Duration::from_nanos(r.at - s.began)),
+                None => s.named_after,
+            })
+            .collect();
+        let fenced = board.witness.seen(ELECTION);
+        let unfenced = board.witness.seen(&unfenced_register(ELECTION));
+        assert_eq!(
+            tally.errors, 0,
+            "{}: {} candidates' runs ended in an error (first: {:?})",
+            c.id, tally.errors, tally.first_error
+        );
+        let late: Vec<String> = struck
+            .iter()
+            .zip(&reelected)
+            .filter(|(_, took)| took.is_none_or(|t| t > bound))
+            .map(|(s, took)| format!("{:?}: {took:?}", s.fault))
+            .collect();
+        // The stopped leader's one late write: refused with its epoch,
+        // taken without.
+        let fenced_late_write = fenced.stale_rejected == 1 && unfenced.stale_accepted == 1;
+        // The stopped leader's term, at least, was lost.
+        let violated = !analysis.overlaps.is_empty()
+            || analysis.token_regressions > 0
+            || analysis.lost_slack_ns.is_empty()
+            || !fenced_late_write
+            || !late.is_empty();
+        let verdict = Verdict::judge(violated, starved > monitor::bound(T));
+        let summary = format!(
+            "{} run {attempt}: {} terms, {} lost, overlaps {:?}, {} epoch regressions, the stopped leader's late write refused {} and taken by the control {}, next term after each fault {reelected:?} (bound {bound:?}; late: {late:?}), starved at most {starved:?}",
+            c.id,
+            analysis.entries,
+            analysis.lost_slack_ns.len(),
+            analysis.overlaps,
+            analysis.token_regressions,
+            fenced.stale_rejected,
+            unfenced.stale_accepted,
+        );
+        match verdict {
+            Verdict::Fail => panic!("{summary}"),
+            Verdict::Invalid => {
+                eprintln!("INVALID: {summary}");
+                assert!(attempt < 3, "INVALID three times: {summary}");
+                continue;
+            }
+            Verdict::Pass => {}
+        }
+        let ms = |d: &Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
+        report::write(
+            c.id,
+            json!({
+                "scenario": c.name,
+                "verdict": "PASS; control caught",
+                "attempt": attempt,
+                "parameters": {
+                    "processes": PROCESSES,
+                    "candidates_per_process": 2,
+                    "election_ttl_ms": T.as_millis(),
+                    "lease_ms": c.lease.as_millis(),
+                    "bound_ms": bound.as_millis(),
+                },
+                "terms": analysis.entries,
+                "terms_lost": analysis.lost_slack_ns.len(),
+                "overlaps": 0,
+                "epoch_regressions": 0,
+                "late_write_refused_by_epoch": fenced.stale_rejected,
+                "control_unfenced_late_write_taken": unfenced.stale_accepted,
+                "faults": struck.iter().zip(&reelected).map(|(s, took)| json!({
+                    "fault": s.fault.logged_as(),
+                    "next_leader_ms": ms(took),
+                })).collect::<Vec<_>>(),
+                "starved_at_most_ms": starved.as_secs_f64() * 1e3,
+                "key_figure": format!(
+                    "{} terms, 0 overlaps, 0 epoch regressions, late write refused; next leader after kill/pause/cut{}: {} ms (bound {} ms)",
+                    analysis.entries,
+                    if faults.len() > 3 { "/server restart" } else { "" },
+                    reelected.iter().map(|t| format!("{:.0}", ms(t))).collect::<Vec<_>>().join("/"),
+                    bound.as_millis()
+                ),
+                "seconds": started.elapsed().as_secs_f64(),
+            }),
+        );
+        return;
+    }
+}
+
+/// SC: Redis (`appendfsync always`), the candidates' three faults and the
+/// server killed and restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sc_candidates_killed_stopped_and_cut_off_on_redis() {
+    scenario("sc_candidates_killed_stopped_and_cut_off_on_redis", async move {
+        let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+        let candidates = Candidates {
+            id: "SC",
+            name: "SC elections, the leader killed, stopped past its lease and cut off; Redis (appendfsync always) killed and restarted",
+            target: server.url(),
+            lease: T,
+            backend_lease: None,
+        };
+        let mut restart = || server.restart();
+        run_candidates(candidates, Some(&mut restart)).await;
+    })
+    .await
+}
+
+/// SCmy: MariaDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scmy_candidates_killed_stopped_and_cut_off_on_mariadb() {
+    scenario(
+        "scmy_candidates_killed_stopped_and_cut_off_on_mariadb",
+        async move {
+            let server = MariaDb::start();
+            let candidates = Candidates {
+                id: "SCmy",
+                name: "SC elections on MariaDB, the leader killed, stopped past its lease and cut off",
+                target: server.url(),
+                lease: T,
+                backend_lease: None,
+            };
+            run_candidates(candidates, None).await;
+        },
+    )
+    .await
+}
+
+/// SCpg: PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scpg_candidates_killed_stopped_and_cut_off_on_postgres() {
+    scenario(
+        "scpg_candidates_killed_stopped_and_cut_off_on_postgres",
+        async move {
+            let server = Postgres::start();
+            let candidates = Candidates {
+                id: "SCpg",
+                name: "SC elections on PostgreSQL, the leader killed, stopped past its lease and cut off",
+                target: server.url(),
+                lease: T,
+                backend_lease: None,
+            };
+            run_candidates(candidates, None).await;
+        },
+    )
+    .await
+}
+
+/// SCzk: ZooKeeper, the candidates' sessions 1.5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sczk_candidates_killed_stopped_and_cut_off_on_zookeeper() {
+    scenario(
+        "sczk_candidates_killed_stopped_and_cut_off_on_zookeeper",
+        async move {
+            let zk = ZooKeeper::start();
+            let session = Duration::from_millis(1500);
+            let candidates = Candidates {
+                id: "SCzk",
+                name: "SC elections on ZooKeeper, the leader killed, stopped past its session and cut off",
+                target: zookeeper::target(&zk),
+                lease: session,
+                backend_lease: Some(session),
+            };
+            run_candidates(candidates, None).await;
+        },
+    )
+    .await
+}
+
+/// SCetcd: etcd, the candidates' leases 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scetcd_candidates_killed_stopped_and_cut_off_on_etcd() {
+    scenario(
+        "scetcd_candidates_killed_stopped_and_cut_off_on_etcd",
+        async move {
+            let server = Etcd::start();
+            let lease = Duration::from_secs(3);
+            let candidates = Candidates {
+                id: "SCetcd",
+                name: "SC elections on etcd, the leader killed, stopped past its lease and cut off",
+                target: etcd::target(&server),
+                lease,
+                backend_lease: Some(lease),
+            };
+            run_candidates(candidates, None).await;
+        },
+    )
+    .await
+}
