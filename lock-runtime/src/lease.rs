@@ -98,23 +98,18 @@ impl Cleanup for Release {
         match released {
             Ok(true) => {
                 tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, "lock released");
-                // Waiters in this process retry now, without waiting for the
-                // server's notification to come back.
-                if state.kind == Kind::Fair {
-                    // The server names the next in line; in-process, the
-                    // line's waiters look again and the first gets it.
-                    if !client.backend.announces_releases() {
-                        client.notifier.wake_line(&state.key.channel);
-                    }
-                } else {
-                    client.notifier.released_by(&state.key.channel, &state.holder);
-                }
+                announce_release(client, state);
                 Ok(())
             }
             Ok(false) => Err(LockError::NotHeld {
                 key: state.key.name.clone(),
             }),
-            Err(failure) => Err(failure.error),
+            Err(failure) => {
+                if failure.transient {
+                    send_again_later(Arc::clone(client), Arc::clone(state));
+                }
+                Err(failure.error)
+            }
         }
     }
 
@@ -126,10 +121,70 @@ impl Cleanup for Release {
             );
         }
         format!(
-            "the release of lock `{}` (it will expire by its ttl)",
+            "the release of lock `{}` (sent again until the server answers; else it expires by its ttl)",
             self.state.key.name
         )
     }
+}
+
+/// Waiters in this process retry now, without waiting for the server's
+/// notification to come back.
+fn announce_release(client: &ClientInner, state: &LeaseState) {
+    if state.kind == Kind::Fair {
+        // The server names the next in line; in-process, the line's
+        // waiters look again and the first gets it.
+        if !client.backend.announces_releases() {
+            client.notifier.wake_line(&state.key.channel);
+        }
+    } else {
+        client.notifier.released_by(&state.key.channel, &state.holder);
+    }
+}
+
+/// The first pause before a release that got no answer is sent again; each
+/// later copy waits twice as long as the one before, up to
+/// [`RESEND_LONGEST_GAP`].
+const RESEND_FIRST_GAP: Duration = Duration::from_millis(100);
+const RESEND_LONGEST_GAP: Duration = Duration::from_secs(1);
+
+/// A release that got no answer (timed out, refused by a busy or loading
+/// server, its connection broken again) is sent again in the background
+/// until the server answers it, rather than leave the lock held to its ttl
+/// (30 s by default) because of one slow moment. The caller has heard its
+/// error already. Past the lease's end on the server (the ttl, counted
+/// from now, since no renewal leaves after a release, plus the clocks'
+/// drift) the key is gone by expiry and nothing is sent. Owner-checked,
+/// so a copy that lands after another is harmless, and a holder id is
+/// never granted twice, so no copy can free a later lease.
+fn send_again_later(client: Arc<ClientInner>, state: Arc<LeaseState>) {
+    let ttl = state.ttl();
+    let expired_by = Instant::now() + ttl + crate::timing::drift(ttl);
+    tokio::spawn(async move {
+        let mut gap = RESEND_FIRST_GAP;
+        loop {
+            tokio::time::sleep(gap).await;
+            if Instant::now() >= expired_by {
+                return;
+            }
+            let answer = client
+                .backend
+                .release_lease(&state.key, &state.holder, state.token.is_some())
+                .await;
+            match answer {
+                Ok(true) => {
+                    tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, "lock released by a later copy of its release");
+                    announce_release(&client, &state);
+                    return;
+                }
+                Ok(false) => return,
+                Err(failure) if failure.transient => gap = (gap * 2).min(RESEND_LONGEST_GAP),
+                Err(failure) => {
+                    tracing::debug!(key = %state.key.name, lock = state.name, holder = %state.holder, error = %failure.error, "a later copy of a release was refused; the lock expires by its ttl");
+                    return;
+                }
+            }
+        }
+    });
 }
 
 /// Sends `op`, an owner-checked end of the lease, and sends it again at

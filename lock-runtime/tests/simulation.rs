@@ -516,6 +516,34 @@ fn a_lost_reply_to_a_grant_is_retried_into_the_same_lease() {
     });
 }
 
+/// A release the server refused (busy, loading: a transient error) is sent
+/// again in the background: the caller hears of the failure, and the lock
+/// is free long before its 30 s ttl.
+#[test]
+fn a_refused_release_is_sent_again_until_it_lands() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(17);
+        let guard = locks
+            .lock("resent")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .expect("free");
+        sim.fail_next(3);
+        guard.release().await.expect_err("the release was refused");
+        let began = Instant::now();
+        sim.client()
+            .lock("resent")
+            .wait(Duration::from_secs(5))
+            .run(async {})
+            .await
+            .expect("freed by a later copy of the release, not by its ttl");
+        assert!(began.elapsed() < Duration::from_secs(2), "{:?}", began.elapsed());
+        sim.assert_no_overlap();
+        sim.assert_leases_respected();
+    });
+}
+
 /// Found by the simulation: a renewal the server refused was tried again
 /// at once, every round trip, rather than after a tenth of the renewal
 /// interval, because the watchdog took leases due within its batching

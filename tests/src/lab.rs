@@ -295,13 +295,27 @@ fn spawn_worker(board: &Board, workload: &Workload) -> Child {
     crate::server::spawn_owned(command).expect("spawn worker")
 }
 
+/// What the controller asks of the leader among a worker's candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TermRequest {
+    /// Stop the whole process (SIGSTOP) inside the term, and write the
+    /// term's epoch once continued. A stopped process is told nothing, so
+    /// what it writes after its deadline is fenced by its epoch alone.
+    Pause,
+    /// Work on until the term is lost (a term cut off from its store must
+    /// be, and be told so before its deadline).
+    Hold,
+}
+
 /// The file whose presence asks the leader among worker `pid`'s
-/// candidates to stop itself (SIGSTOP) inside its term, and to write its
-/// epoch once continued: the controller creates it, the term removes it.
-/// A paused process is told nothing, so what it writes after its deadline
-/// is fenced by its epoch alone.
-pub fn pause_request(board: &Path, pid: u32) -> std::path::PathBuf {
-    board.join(format!("pause-{pid}"))
+/// candidates for `request`: the controller creates it, the term that
+/// takes the request removes it.
+pub fn term_request(board: &Path, pid: u32, request: TermRequest) -> std::path::PathBuf {
+    let name = match request {
+        TermRequest::Pause => "pause",
+        TermRequest::Hold => "hold",
+    };
+    board.join(format!("{name}-{pid}"))
 }
 
 /// The register each term of an election writes its epoch to without a
@@ -312,7 +326,8 @@ pub fn unfenced_register(election: &str) -> String {
 }
 
 /// A client of `target`, in `lock-worker`'s notation: a Redis URL;
-/// `redlock=` and comma-separated URLs; `sentinel=`, the master's name, `@`
+/// `redlock=` and comma-separated URLs; `cluster=` and comma-separated
+/// node URLs; `sentinel=`, the master's name, `@`
 /// and comma-separated sentinel URLs; a `mysql://` or `postgres://` URL;
 /// `zookeeper=` and a connect string; `etcd=` and comma-separated
 /// endpoints.
@@ -322,6 +337,9 @@ pub async fn connect(
 ) -> Result<lock_runtime::LockClient, lock_runtime::LockError> {
     if let Some(urls) = target.strip_prefix("redlock=") {
         return builder.redlock(urls.split(',')).await;
+    }
+    if let Some(urls) = target.strip_prefix("cluster=") {
+        return builder.cluster(urls.split(',')).await;
     }
     if let Some((name, urls)) = target.strip_prefix("sentinel=").and_then(|t| t.split_once('@')) {
         return builder.sentinel(name, urls.split(',')).await;
@@ -375,6 +393,39 @@ impl Holder {
             .expect("holder output");
         assert_eq!(line.trim(), "HELD", "the holder did not get `{key}`");
         Holder { child }
+    }
+
+    /// Starts a candidate in `election` on `target` (in `lock-worker`'s
+    /// notation) with lease `ttl`, asking for `lease` as its ZooKeeper
+    /// session or etcd lease when given, and returns once it leads, with
+    /// its term's epoch.
+    pub fn lead(
+        target: &str,
+        election: &str,
+        ttl: Duration,
+        lease: Option<Duration>,
+        value: &str,
+    ) -> (Holder, u64) {
+        use std::io::{BufRead, BufReader};
+        let mut command = worker_command();
+        command
+            .args(["lead", target, election, &ttl.as_millis().to_string(), value])
+            .stdout(Stdio::piped());
+        if let Some(lease) = lease {
+            command.env("LOCK_WORKER_SESSION_TIMEOUT_MS", lease.as_millis().to_string());
+            command.env("LOCK_WORKER_ETCD_LEASE_TTL_S", lease.as_secs().max(1).to_string());
+        }
+        let mut child = crate::server::spawn_owned(command).expect("spawn a leader");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("leader stdout"))
+            .read_line(&mut line)
+            .expect("leader output");
+        let epoch = line
+            .trim()
+            .strip_prefix("ELECTED ")
+            .and_then(|e| e.parse().ok())
+            .unwrap_or_else(|| panic!("the candidate was not elected in `{election}`: {line:?}"));
+        (Holder { child }, epoch)
     }
 
     /// The holder's process id.

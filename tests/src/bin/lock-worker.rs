@@ -7,6 +7,8 @@
 //!   `balance:<i>`), locking both with `lock_all`.
 //! - `lock-worker hold <url> <key> <ttl-ms>`: take the lock, print `HELD`,
 //!   and keep it until killed; `hold-renewed` the same with lease renewal.
+//! - `lock-worker lead <target> <election> <ttl-ms> <value>`: campaign,
+//!   print `ELECTED <epoch>`, and lead (renewed) until killed.
 //! - `lock-worker pause <url> <witness-dir> <key> <ttl-ms>`: take the lock
 //!   with a fencing token, print `PAUSING`, stop itself (SIGSTOP: a failpoint
 //!   at a named point of its body, between check and write) and once
@@ -82,7 +84,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::lab::Tally;
+use lock_tests::lab::{Tally, TermRequest, term_request};
 use lock_tests::witness::Share;
 
 use redis::AsyncCommands;
@@ -98,6 +100,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         [_, "hold", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?, false).await,
         [_, "hold-renewed", url, key, ttl_ms] => hold(url, key, ttl_ms.parse()?, true).await,
+        [_, "lead", target, election, ttl_ms, value] => lead(target, election, ttl_ms.parse()?, value).await,
         [_, "pause", url, witness_dir, key, ttl_ms] => pause(url, witness_dir, key, ttl_ms.parse()?).await,
         [_, "act-until-lost", url, witness_dir, key, ttl_ms] => {
             act_until_lost(url, witness_dir, key, ttl_ms.parse()?).await
@@ -262,6 +265,24 @@ async fn hold(url: &str, key: &str, ttl_ms: u64, renew: bool) -> Result<(), Box<
     std::future::pending::<()>().await;
     guard.release().await?;
     Ok::<_, LockError>(()).map_err(Into::into)
+}
+
+async fn lead(
+    target: &str,
+    election: &str,
+    ttl_ms: u64,
+    value: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let locks = connect(target).await?;
+    let leadership = locks
+        .election(election)
+        .ttl(Duration::from_millis(ttl_ms))
+        .campaign(value)
+        .await?;
+    println!("ELECTED {}", leadership.epoch());
+    std::future::pending::<()>().await;
+    leadership.resign().await?;
+    Ok(())
 }
 
 /// A scheduled job's process (`job`, `job-killed`): with `until_killed`,
@@ -1114,16 +1135,26 @@ async fn election_task(
                 };
                 write(epoch);
                 checker.bump(&key).await;
-                let ends = tokio::time::Instant::now() + length;
+                let mut ends = tokio::time::Instant::now() + length;
                 while tokio::time::Instant::now() < ends {
-                    // A poll of the controller's request, not a
-                    // synchronisation: a pause may begin within 10 ms.
+                    // A poll of the controller's requests, not a
+                    // synchronisation: one is taken within 10 ms.
                     tokio::time::sleep_until(
                         ends.min(tokio::time::Instant::now() + Duration::from_millis(10)),
                     )
                     .await;
-                    let request = lock_tests::lab::pause_request(checker.dir(), std::process::id());
-                    if !candidate.detached && std::fs::remove_file(&request).is_ok() {
+                    if candidate.detached {
+                        continue;
+                    }
+                    let taken = |request| {
+                        std::fs::remove_file(term_request(checker.dir(), std::process::id(), request)).is_ok()
+                    };
+                    if taken(TermRequest::Hold) {
+                        // Works on until `run` drops it, when the term is
+                        // lost.
+                        ends = tokio::time::Instant::now() + Duration::from_secs(3600);
+                    }
+                    if taken(TermRequest::Pause) {
                         // The whole process stops here, and runs on from
                         // here when continued: the write below comes
                         // before the runtime can drop this term.

@@ -3,7 +3,7 @@
 //! `Election::run`, each process through a proxy of its own, while the
 //! controller strikes whichever process leads: SIGKILLed (and replaced),
 //! stopped (SIGSTOP) inside its term past its lease, and cut off (its proxy
-//! blackholed) past its lease; on Redis, which runs with `appendfsync
+//! blackholed) inside a term that works on until it is lost; on Redis, which runs with `appendfsync
 //! always`, the server is also killed and restarted. The checker asks:
 //! - no two terms overlap. A term lost while its process was stopped ends
 //!   at its validity deadline (a stopped process cannot be told anything:
@@ -12,6 +12,8 @@
 //! - epochs rise in the order terms began (the epoch is the term's token);
 //! - the stopped leader, continued, writes with its epoch: the fenced
 //!   register refuses it and the unfenced one takes it (the control);
+//! - the cut-off leader, whose term works on until it is lost, is told
+//!   before its deadline;
 //! - after each fault to a candidate, a term of another process begins
 //!   within the backend's lease + 1 s; after the server's restart, the
 //!   store names a leader within the same bound.
@@ -25,7 +27,7 @@ use std::collections::HashMap;
 use super::deaths::CALL_WAIT;
 use super::*;
 use lock_runtime::Election;
-use lock_tests::lab::{Workers, pause_request, unfenced_register};
+use lock_tests::lab::{TermRequest, Workers, term_request, unfenced_register};
 use lock_tests::witness::{Kind, Pause, analyze_with_pauses, key_id, now_ns, read_logs};
 use lock_tests::{Etcd, MariaDb, Postgres, ZooKeeper, etcd, zookeeper};
 
@@ -206,7 +208,8 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
                     (began, None)
                 }
                 (Fault::Pause, Some(pid)) => {
-                    std::fs::write(pause_request(board.path(), pid), b"").expect("ask for a pause");
+                    std::fs::write(term_request(board.path(), pid, TermRequest::Pause), b"")
+                        .expect("ask for a pause");
                     let seen = eventually(Duration::from_secs(10), || stopped(pid)).await;
                     assert!(
                         seen.is_some(),
@@ -230,6 +233,15 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
                     (began, None)
                 }
                 (Fault::Cut, Some(pid)) => {
+                    // Cut inside a term that works on until it is lost.
+                    let hold = term_request(board.path(), pid, TermRequest::Hold);
+                    std::fs::write(&hold, b"").expect("ask for a held term");
+                    let taken = eventually(Duration::from_secs(10), || !hold.exists()).await;
+                    assert!(
+                        taken.is_some(),
+                        "{}: the leader's process did not hold its term",
+                        c.id
+                    );
                     let proxy = &proxies[link[&pid]];
                     board.witness.fault(fault.logged_as());
                     let began = now_ns();
@@ -279,6 +291,20 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
                 None => s.named_after,
             })
             .collect();
+        // The cut-off leader's held term: lost, and told so before its
+        // deadline (it was running: nothing excuses it).
+        let cut_told: Vec<Option<i128>> = struck
+            .iter()
+            .filter(|s| s.fault == Fault::Cut)
+            .map(|s| {
+                let pid = s.process.expect("a process");
+                records
+                    .iter()
+                    .find(|r| r.kind == Kind::Lost && r.key == election_id && r.pid == pid && r.at >= s.began)
+                    .map(|r| i128::from(r.detail) - i128::from(r.at))
+            })
+            .collect();
+        let cut_told_in_time = cut_told.iter().all(|slack| slack.is_some_and(|ns| ns >= 0));
         let fenced = board.witness.seen(ELECTION);
         let unfenced = board.witness.seen(&unfenced_register(ELECTION));
         assert_eq!(
@@ -300,10 +326,11 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
             || analysis.token_regressions > 0
             || analysis.lost_slack_ns.is_empty()
             || !fenced_late_write
+            || !cut_told_in_time
             || !late.is_empty();
         let verdict = Verdict::judge(violated, starved > monitor::bound(T));
         let summary = format!(
-            "{} run {attempt}: {} terms, {} lost, overlaps {:?}, {} epoch regressions, the stopped leader's late write refused {} and taken by the control {}, next term after each fault {reelected:?} (bound {bound:?}; late: {late:?}), starved at most {starved:?}",
+            "{} run {attempt}: {} terms, {} lost, overlaps {:?}, {} epoch regressions, the stopped leader's late write refused {} and taken by the control {}, the cut-off leader told with {cut_told:?} ns to its deadline, next term after each fault {reelected:?} (bound {bound:?}; late: {late:?}), starved at most {starved:?}",
             c.id,
             analysis.entries,
             analysis.lost_slack_ns.len(),
@@ -341,6 +368,7 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
                 "epoch_regressions": 0,
                 "late_write_refused_by_epoch": fenced.stale_rejected,
                 "control_unfenced_late_write_taken": unfenced.stale_accepted,
+                "cut_off_leader_told_before_deadline_ms": cut_told.iter().map(|ns| ns.map_or(f64::NAN, |ns| ns as f64 / 1e6)).collect::<Vec<_>>(),
                 "faults": struck.iter().zip(&reelected).map(|(s, took)| json!({
                     "fault": s.fault.logged_as(),
                     "next_leader_ms": ms(took),

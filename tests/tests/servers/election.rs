@@ -228,6 +228,89 @@ async fn until(
     }
 }
 
+/// A leader whose process crashes (SIGKILL) neither resigns nor renews:
+/// its claim ends on the server with its lease (its session on ZooKeeper,
+/// its lease on etcd), and an observer then says nobody leads. On Redis
+/// an expiry publishes nothing, so the observer times it from the key's
+/// remaining TTL.
+async fn observers_see_nobody_once_a_crashed_leaders_lease_ends(target: String) {
+    let follower = lock_tests::lab::connect(&target, LockClient::builder())
+        .await
+        .expect("connect");
+    let election = follower.election("crashed");
+    let mut seen = election.observe().await.expect("observe");
+    // A 1 s lease; on ZooKeeper a 1 s session, on etcd the suite's lease.
+    let lease = if target.starts_with("etcd=") {
+        lock_tests::etcd::LEASE_TTL
+    } else {
+        Duration::from_secs(1)
+    };
+    let target_for_leader = target.clone();
+    let (leader, epoch) = tokio::task::spawn_blocking(move || {
+        lock_tests::lab::Holder::lead(
+            &target_for_leader,
+            "crashed",
+            Duration::from_secs(1),
+            Some(lease),
+            "doomed",
+        )
+    })
+    .await
+    .expect("the leader started");
+    until(&mut seen, "the doomed leader", |l| {
+        l.as_ref()
+            .is_some_and(|l| l.epoch == epoch && l.value == "doomed")
+    })
+    .await;
+    leader.kill();
+    let crashed = Instant::now();
+    until(
+        &mut seen,
+        "nobody leading once the crashed leader's lease ended",
+        Option::is_none,
+    )
+    .await;
+    assert_eq!(
+        election.leader().await.expect("read"),
+        None,
+        "the store still names a leader"
+    );
+    eprintln!("nobody observed {:?} after the crash", crashed.elapsed());
+}
+
+mod crashed_leaders {
+    use super::*;
+
+    macro_rules! crashed_on {
+        ($($backend:ident: $start:expr, $target:expr;)*) => {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $backend() {
+                    lock_tests::bounded(stringify!($backend), async move {
+                        let server = $start;
+                        observers_see_nobody_once_a_crashed_leaders_lease_ends($target(&server)).await;
+                    })
+                    .await
+                }
+            )*
+        };
+    }
+
+    crashed_on! {
+        redis: RedisServer::start(), |s: &RedisServer| s.url();
+        sentinel: Replicated::start_named(1), |g: &Replicated| format!(
+            "sentinel={}@{}",
+            lock_tests::sentinel::MASTER_NAME,
+            g.sentinel_urls().join(",")
+        );
+        cluster: Cluster::start(3, 0), |c: &Cluster| format!("cluster={}", c.urls().join(","));
+        mysql: MariaDb::start(), |s: &MariaDb| s.url();
+        postgres: Postgres::start(), |s: &Postgres| s.url();
+        zookeeper: ZooKeeper::start(), lock_tests::zookeeper::target;
+        etcd: Etcd::start(), lock_tests::etcd::target;
+    }
+}
+
 /// A follower that observes sees each term with its value and epoch, a
 /// new proclamation, and nobody after a resignation. (That it never shows
 /// an older term after a newer one is `election.rs`'s unit test: on these

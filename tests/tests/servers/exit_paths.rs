@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LostReason};
 use lock_tests::monitor::{self, Monitor};
-use lock_tests::{RedisServer, eventually};
+use lock_tests::{Proxy, RedisServer, eventually};
 
 const REDIS_KEY: &str = "lock:{exit}";
 
@@ -233,4 +233,37 @@ async fn a_body_that_outlives_a_fixed_lease_is_cancelled_before_expiry() {
         },
     )
     .await
+}
+
+/// A release that gets no answer (its request lost with its connection)
+/// is sent again until the server answers: the lock is free within
+/// moments, not held to its 30 s ttl, and the caller hears that its
+/// release failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_on_its_way_is_sent_again() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let locks = LockClient::builder()
+        .command_timeout(Duration::from_millis(200))
+        .connect(&proxy.url())
+        .await
+        .expect("connect");
+    let guard = locks
+        .lock("exit")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("free");
+    proxy.blackhole();
+    let unanswered = guard.release().await;
+    assert!(unanswered.is_err(), "no answer came, yet: {unanswered:?}");
+    // The held-back request goes with its connection.
+    proxy.reset();
+    proxy.pass();
+    assert!(held(&server), "the lost release landed after all");
+    let freed = eventually(Duration::from_secs(5), || !held(&server)).await;
+    assert!(
+        freed.is_some(),
+        "the release was not sent again: the lock stays until its 30 s ttl"
+    );
 }
