@@ -325,6 +325,22 @@ pub fn unfenced_register(election: &str) -> String {
     format!("{election}:unfenced")
 }
 
+/// The port of a loopback target (`127.0.0.1:<port>`, its first).
+pub fn port_of(target: &str) -> u16 {
+    let after = target.split("127.0.0.1:").nth(1).expect("a loopback target");
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().expect("a port")
+}
+
+/// `target` reached through `port` (a proxy's) instead of its own.
+pub fn through(target: &str, port: u16) -> String {
+    target.replacen(
+        &format!("127.0.0.1:{}", port_of(target)),
+        &format!("127.0.0.1:{port}"),
+        1,
+    )
+}
+
 /// A client of `target`, in `lock-worker`'s notation: a Redis URL;
 /// `redlock=` and comma-separated URLs; `cluster=` and comma-separated
 /// node URLs; `sentinel=`, the master's name, `@`

@@ -88,22 +88,6 @@ struct Struck {
     named_after: Option<Duration>,
 }
 
-/// The port of a loopback target (`127.0.0.1:<port>`).
-fn port_of(target: &str) -> u16 {
-    let after = target.split("127.0.0.1:").nth(1).expect("a loopback target");
-    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().expect("a port")
-}
-
-/// `target`, reached through `proxy`.
-fn through(target: &str, proxy: &Proxy) -> String {
-    target.replacen(
-        &format!("127.0.0.1:{}", port_of(target)),
-        &format!("127.0.0.1:{}", proxy.port()),
-        1,
-    )
-}
-
 /// The process whose candidate the store names leader, polled until it
 /// names one of `running` (its value is `<pid>:<task>`; a killed leader is
 /// named until its lease ends).
@@ -150,13 +134,13 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
         let children = Monitor::start();
         let mut proxies = Vec::new();
         for _ in 0..PROCESSES {
-            proxies.push(Proxy::start(port_of(&c.target)).await);
+            proxies.push(Proxy::start(lab::port_of(&c.target)).await);
         }
         let workloads: Vec<Workload> = proxies
             .iter()
             .map(|proxy| {
                 let mut w = broken_or_library(
-                    &through(&c.target, proxy),
+                    &lab::through(&c.target, proxy.port()),
                     &[ELECTION],
                     "library-election",
                     Duration::from_secs(120),

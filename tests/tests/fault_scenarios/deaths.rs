@@ -162,7 +162,20 @@ pub(crate) async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u3
         let overlaps = online_overlaps.max(logged.overlaps.len() as u64);
         // Fair locks: grants in arrival order among live waiters, judged
         // away from the faults (`witness::analyze`).
-        let violations = overlaps + logged.token_regressions + lost_updates + logged.fair_out_of_order;
+        // Elections: a leader again within the lease + 1 s of each heal
+        // (from the heal, or from when the term inside at the heal ended).
+        let reelection_bound = T + Duration::from_secs(1);
+        let late_reelections = if d.lock == "library-election" {
+            logged
+                .heal_to_entry_ns
+                .iter()
+                .filter(|ns| Duration::from_nanos(**ns) > reelection_bound)
+                .count() as u64
+        } else {
+            0
+        };
+        let violations =
+            overlaps + logged.token_regressions + lost_updates + logged.fair_out_of_order + late_reelections;
         let acquisitions = if shared { board_entries() } else { logged.entries };
         // Bodies ran after every fault healed: seen in the logs, or for
         // shared kinds on the board, whose count grew after the last heal
@@ -197,7 +210,7 @@ pub(crate) async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u3
         let verdict = Verdict::judge(violations > 0 || !progressed, starved);
         match verdict {
             Verdict::Fail => panic!(
-                "{}: {overlaps} overlaps, {lost_updates} lost updates, {} token regressions, {} fair grants out of order, bodies after {} of {} faults; board entries at each heal and at the end {entries_at_heal:?}, none for {:?} from {:?} into the run (faults from and to, ms: {faults_ms:?}), {} timeouts, {} lost, workers' runtimes up to {:?} late: {logged:?}",
+                "{}: {overlaps} overlaps, {lost_updates} lost updates, {} token regressions, {} fair grants out of order, {late_reelections} leaders elected later than {reelection_bound:?} after a heal, bodies after {} of {} faults; board entries at each heal and at the end {entries_at_heal:?}, none for {:?} from {:?} into the run (faults from and to, ms: {faults_ms:?}), {} timeouts, {} lost, workers' runtimes up to {:?} late: {logged:?}",
                 d.id,
                 logged.token_regressions,
                 logged.fair_out_of_order,

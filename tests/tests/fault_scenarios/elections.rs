@@ -10,9 +10,10 @@
 //! register), and a term begins after every fault. Most terms work up to
 //! 5 ms and are resigned; one in ten (one in a hundred in SEzk and SEetcd)
 //! works 0.5–2.5 s, renewed, and is lost when a stop outlasts its lease.
-//! Not asked here: that some term was lost in each run (a stop can fall
-//! between terms), and a bound on re-election: `candidates.rs` asks both,
-//! its faults striking the leader's own process.
+//! A leader is elected again within the lease + 1 s (2.5 s) of each heal
+//! (`deaths::run_deaths`). Not asked here: that some term was lost in each
+//! run (a stop can fall between terms): `candidates.rs` asks it, its
+//! faults striking the leader's own process.
 //!
 //! The control is a leader not told that its term ended: its work goes on
 //! in a task `run` cannot stop. It must be caught overlapping its

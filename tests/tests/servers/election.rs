@@ -278,25 +278,28 @@ async fn observers_see_nobody_once_a_crashed_leaders_lease_ends(target: String) 
     eprintln!("nobody observed {:?} after the crash", crashed.elapsed());
 }
 
+/// One test per server backend: `$test(target)`, the server started by
+/// `$start` and named by `$target` in `lock-worker`'s notation.
+macro_rules! on_servers {
+    ($test:ident: $($backend:ident: $start:expr, $target:expr;)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $backend() {
+                lock_tests::bounded(stringify!($test), async move {
+                    let server = $start;
+                    $test($target(&server)).await;
+                })
+                .await
+            }
+        )*
+    };
+}
+
 mod crashed_leaders {
     use super::*;
 
-    macro_rules! crashed_on {
-        ($($backend:ident: $start:expr, $target:expr;)*) => {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $backend() {
-                    lock_tests::bounded(stringify!($backend), async move {
-                        let server = $start;
-                        observers_see_nobody_once_a_crashed_leaders_lease_ends($target(&server)).await;
-                    })
-                    .await
-                }
-            )*
-        };
-    }
-
-    crashed_on! {
+    on_servers! {
+        observers_see_nobody_once_a_crashed_leaders_lease_ends:
         redis: RedisServer::start(), |s: &RedisServer| s.url();
         sentinel: Replicated::start_named(1), |g: &Replicated| format!(
             "sentinel={}@{}",
@@ -417,49 +420,57 @@ mod watched_observers {
 
 /// An observer cut off from its store keeps the last leader it read and
 /// says it is cut off (never `None`); reconnected, it reads again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_observer_cut_off_keeps_its_last_value_and_says_so() {
-    lock_tests::bounded(
-        "an_observer_cut_off_keeps_its_last_value_and_says_so",
-        async move {
-            let server = RedisServer::start();
-            let proxy = Proxy::start(server.port()).await;
-            let leader = LockClient::connect(&server.url()).await.expect("connect");
-            let follower = LockClient::builder()
-                .command_timeout(Duration::from_millis(200))
-                .connect(&proxy.url())
-                .await
-                .expect("connect");
-            let term = leader.election("far").campaign("here").await.expect("elected");
-            let observed = follower.election("far");
-            let mut seen = observed.observe().await.expect("observe");
-            assert_eq!(seen.borrow().as_ref().map(|l| l.epoch), Some(term.epoch()));
-
-            proxy.blackhole();
-            let cut_off = eventually(Duration::from_secs(10), || !observed.is_observing()).await;
-            assert!(cut_off.is_some(), "a cut-off observer still says it observes");
-            assert_eq!(
-                seen.borrow_and_update()
-                    .as_ref()
-                    .map(|l| (l.epoch, l.value.clone())),
-                Some((term.epoch(), "here".to_owned())),
-                "a cut-off observer keeps the last leader it read"
-            );
-
-            // While it is cut off the term ends; once the link is back, it
-            // reads again and shows nobody leading.
-            term.resign().await.expect("resign");
-            proxy.pass();
-            until(
-                &mut seen,
-                "nobody leading after the link came back",
-                Option::is_none,
-            )
-            .await;
-            assert!(observed.is_observing());
-        },
+async fn an_observer_cut_off_keeps_its_last_value_and_says_so(target: String) {
+    let proxy = Proxy::start(lock_tests::lab::port_of(&target)).await;
+    let leader = lock_tests::lab::connect(&target, LockClient::builder())
+        .await
+        .expect("connect");
+    let follower = lock_tests::lab::connect(
+        &lock_tests::lab::through(&target, proxy.port()),
+        LockClient::builder().command_timeout(Duration::from_millis(200)),
     )
     .await
+    .expect("connect");
+    let term = leader.election("far").campaign("here").await.expect("elected");
+    let observed = follower.election("far");
+    let mut seen = observed.observe().await.expect("observe");
+    assert_eq!(seen.borrow().as_ref().map(|l| l.epoch), Some(term.epoch()));
+
+    proxy.blackhole();
+    let cut_off = eventually(Duration::from_secs(10), || !observed.is_observing()).await;
+    assert!(cut_off.is_some(), "a cut-off observer still says it observes");
+    assert_eq!(
+        seen.borrow_and_update()
+            .as_ref()
+            .map(|l| (l.epoch, l.value.clone())),
+        Some((term.epoch(), "here".to_owned())),
+        "a cut-off observer keeps the last leader it read"
+    );
+
+    // While it is cut off the term ends; once the link is back, it reads
+    // again and shows nobody leading.
+    term.resign().await.expect("resign");
+    proxy.pass();
+    until(
+        &mut seen,
+        "nobody leading after the link came back",
+        Option::is_none,
+    )
+    .await;
+    assert!(observed.is_observing());
+}
+
+mod cut_off_observers {
+    use super::*;
+
+    on_servers! {
+        an_observer_cut_off_keeps_its_last_value_and_says_so:
+        redis: RedisServer::start(), |s: &RedisServer| s.url();
+        mysql: MariaDb::start(), |s: &MariaDb| s.url();
+        postgres: Postgres::start(), |s: &Postgres| s.url();
+        zookeeper: ZooKeeper::start(), lock_tests::zookeeper::target;
+        etcd: Etcd::start(), lock_tests::etcd::target;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -735,4 +746,14 @@ async fn a_stale_leader_cannot_proclaim() {
         successor.resign().await.expect("resign");
     })
     .await
+}
+
+/// An `Election` is owned (`Clone`, `Send`, `'static`): a service keeps it
+/// in its state or moves it into a task, and a `Leadership` moves with it.
+#[test]
+fn an_election_and_its_leadership_are_owned() {
+    fn owned<T: Clone + Send + Sync + 'static>() {}
+    fn movable<T: Send + 'static>() {}
+    owned::<lock_runtime::Election>();
+    movable::<lock_runtime::Leadership>();
 }
