@@ -106,7 +106,7 @@ impl Cleanup for Release {
             }),
             Err(failure) => {
                 if failure.transient {
-                    send_again_later(Arc::clone(client), Arc::clone(state));
+                    send_again_later(client, Arc::clone(state));
                 }
                 Err(failure.error)
             }
@@ -142,10 +142,16 @@ fn announce_release(client: &ClientInner, state: &LeaseState) {
 }
 
 /// The first pause before a release that got no answer is sent again; each
-/// later copy waits twice as long as the one before, up to
+/// later copy waits about twice as long as the one before (jittered, so
+/// that releases that failed together are not sent again together), up to
 /// [`RESEND_LONGEST_GAP`].
 const RESEND_FIRST_GAP: Duration = Duration::from_millis(100);
 const RESEND_LONGEST_GAP: Duration = Duration::from_secs(1);
+
+/// The longest a release is sent again: a lock whose ttl is longer (up to
+/// a day) is left to it after that, rather than keep a task resending
+/// once a second all day.
+const RESEND_AT_MOST: Duration = Duration::from_secs(300);
 
 /// A release that got no answer (timed out, refused by a busy or loading
 /// server, its connection broken again) is sent again in the background
@@ -153,19 +159,25 @@ const RESEND_LONGEST_GAP: Duration = Duration::from_secs(1);
 /// (30 s by default) because of one slow moment. The caller has heard its
 /// error already. Past the lease's end on the server (the ttl, counted
 /// from now, since no renewal leaves after a release, plus the clocks'
-/// drift) the key is gone by expiry and nothing is sent. Owner-checked,
-/// so a copy that lands after another is harmless, and a holder id is
-/// never granted twice, so no copy can free a later lease.
-fn send_again_later(client: Arc<ClientInner>, state: Arc<LeaseState>) {
+/// drift) the key is gone by expiry and nothing is sent; nor once the
+/// client is dropped (the task holds it weakly, so it does not keep the
+/// client's connections alive). Owner-checked, so a copy that lands after
+/// another is harmless, and a holder id is never granted twice, so no copy
+/// can free a later lease.
+fn send_again_later(client: &Arc<ClientInner>, state: Arc<LeaseState>) {
     let ttl = state.ttl();
-    let expired_by = Instant::now() + ttl + crate::timing::drift(ttl);
+    let until = Instant::now() + (ttl + crate::timing::drift(ttl)).min(RESEND_AT_MOST);
+    let client = Arc::downgrade(client);
     tokio::spawn(async move {
         let mut gap = RESEND_FIRST_GAP;
         loop {
-            tokio::time::sleep(gap).await;
-            if Instant::now() >= expired_by {
+            let Some(pause) = client.upgrade().map(|c| c.entropy.jitter(gap)) else {
                 return;
-            }
+            };
+            tokio::time::sleep(pause).await;
+            let Some(client) = client.upgrade().filter(|_| Instant::now() < until) else {
+                return;
+            };
             let answer = client
                 .backend
                 .release_lease(&state.key, &state.holder, state.token.is_some())

@@ -58,8 +58,9 @@ pub(crate) async fn run_with<F: Future>(
     match outcome {
         Ok(Ok(output)) => {
             if let Err(e) = released {
-                // The body's result must not be lost to a failed release; the
-                // key frees itself at its TTL.
+                // The body's result must not be lost to a failed release; an
+                // unanswered one is sent again in the background
+                // (`lease.rs`), else the key frees itself at its TTL.
                 tracing::warn!(key = %state.key.name, lock = state.name, holder = %state.holder, error = %e, "release failed after the body finished");
             }
             Ok(output)

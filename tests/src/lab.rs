@@ -287,12 +287,17 @@ fn spawn_worker(board: &Board, workload: &Workload) -> Child {
     if let Some(wait) = workload.wait {
         command.env("LOCK_WORKER_WAIT_MS", wait.as_millis().to_string());
     }
-    if let Some(lease) = workload.lease {
-        // The worker reads the one its target's backend has.
+    ask_for_lease(&mut command, workload.lease);
+    crate::server::spawn_owned(command).expect("spawn worker")
+}
+
+/// Has a `lock-worker` ask for `lease` as its ZooKeeper session or etcd
+/// lease (it reads the one its target's backend has).
+fn ask_for_lease(command: &mut Command, lease: Option<Duration>) {
+    if let Some(lease) = lease {
         command.env("LOCK_WORKER_SESSION_TIMEOUT_MS", lease.as_millis().to_string());
         command.env("LOCK_WORKER_ETCD_LEASE_TTL_S", lease.as_secs().max(1).to_string());
     }
-    crate::server::spawn_owned(command).expect("spawn worker")
 }
 
 /// What the controller asks of the leader among a worker's candidates.
@@ -427,10 +432,7 @@ impl Holder {
         command
             .args(["lead", target, election, &ttl.as_millis().to_string(), value])
             .stdout(Stdio::piped());
-        if let Some(lease) = lease {
-            command.env("LOCK_WORKER_SESSION_TIMEOUT_MS", lease.as_millis().to_string());
-            command.env("LOCK_WORKER_ETCD_LEASE_TTL_S", lease.as_secs().max(1).to_string());
-        }
+        ask_for_lease(&mut command, lease);
         let mut child = crate::server::spawn_owned(command).expect("spawn a leader");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("leader stdout"))

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A running lateness monitor; stops when dropped.
@@ -193,17 +193,17 @@ impl ChildrenWatch {
 }
 
 fn children_watch() -> &'static ChildrenWatch {
-    static WATCH: OnceLock<&'static ChildrenWatch> = OnceLock::new();
-    WATCH.get_or_init(|| {
-        let watch: &'static ChildrenWatch = Box::leak(Box::new(ChildrenWatch {
-            stalls: Mutex::new(std::collections::VecDeque::new()),
-        }));
+    static WATCH: ChildrenWatch = ChildrenWatch {
+        stalls: Mutex::new(std::collections::VecDeque::new()),
+    };
+    static SAMPLING: std::sync::Once = std::sync::Once::new();
+    SAMPLING.call_once(|| {
         std::thread::Builder::new()
             .name("children-watch".into())
-            .spawn(move || sample_children(watch))
+            .spawn(|| sample_children(&WATCH))
             .expect("spawn the children's watch");
-        watch
-    })
+    });
+    &WATCH
 }
 
 /// Per thread: its wait total at the last sample, and the waits it added

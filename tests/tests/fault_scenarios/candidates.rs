@@ -108,6 +108,16 @@ async fn leading_process(election: &Election, within: Duration, running: &[u32])
     }
 }
 
+/// Waits (at most `within`) until a term after the one that wrote last
+/// has written its epoch: a successor of the leader struck now. Read at
+/// the strike, not before the request that chose the term: the request
+/// may be taken by a later term of the same process (a cut healed at once
+/// when its term's own epoch counted as the successor's).
+async fn successor_writes(witness: &lock_tests::witness::Witness, within: Duration) {
+    let struck = witness.register_max(ELECTION);
+    let _ = eventually(within, || witness.register_max(ELECTION) > struck).await;
+}
+
 fn stopped(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") T "))
 }
@@ -176,10 +186,6 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
                     )
                 }
             };
-            // The successor's term has begun once the register holds an
-            // epoch above the one it holds now.
-            let epoch_before = board.witness.register_max(ELECTION);
-            let successor_wrote = || board.witness.register_max(ELECTION) > epoch_before;
             let (began, named_after) = match (fault, process) {
                 (Fault::Kill, Some(pid)) => {
                     board.witness.fault(fault.logged_as());
@@ -202,11 +208,7 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
                     );
                     board.witness.fault(fault.logged_as());
                     let began = now_ns();
-                    let epoch_at_stop = board.witness.register_max(ELECTION);
-                    let _ = eventually(bound + SPACING, || {
-                        board.witness.register_max(ELECTION) > epoch_at_stop
-                    })
-                    .await;
+                    successor_writes(&board.witness, bound + SPACING).await;
                     pauses.push(Pause {
                         pid,
                         from: began,
@@ -230,7 +232,7 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
                     board.witness.fault(fault.logged_as());
                     let began = now_ns();
                     proxy.blackhole();
-                    let _ = eventually(bound + SPACING, successor_wrote).await;
+                    successor_writes(&board.witness, bound + SPACING).await;
                     proxy.pass();
                     board.witness.heal(fault.logged_as());
                     (began, None)
