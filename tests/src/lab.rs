@@ -228,17 +228,28 @@ impl Workers {
 
     /// Waits for every worker (to the end of its run's time, unless
     /// [`Workers::stop`] ended it) and sums what they said.
-    pub fn finish(mut self) -> Tally {
+    pub fn finish(self) -> Tally {
+        self.try_finish().unwrap_or_else(|failed| panic!("{failed}"))
+    }
+
+    /// [`Workers::finish`], for a run that judges a failed worker itself
+    /// (one that could not connect to a server starved of CPU says nothing
+    /// about the lock): the first worker that failed, as an error.
+    pub fn try_finish(mut self) -> Result<Tally, String> {
         let mut total = Tally::default();
+        let mut failed = None;
         for mut child in std::mem::take(&mut self.children) {
             // `wait_with_output` closes the standard input first, which
             // would end the run: keep it open until the worker is done.
             let _running = child.stdin.take();
             let output = child.wait_with_output().expect("worker output");
-            assert!(output.status.success(), "a worker failed: {:?}", output.status);
-            total.add(Tally::from_json(&String::from_utf8_lossy(&output.stdout)));
+            if output.status.success() {
+                total.add(Tally::from_json(&String::from_utf8_lossy(&output.stdout)));
+            } else {
+                failed.get_or_insert_with(|| format!("a worker failed: {:?}", output.status));
+            }
         }
-        total
+        failed.map_or(Ok(total), Err)
     }
 }
 

@@ -619,12 +619,13 @@ fn call_wait() -> Duration {
         .map_or(Duration::from_secs(3), Duration::from_millis)
 }
 
-/// Connects. The client waits up to its start-up timeout (10 s) for a
-/// server that is not ready: a worker started beside a server that has just
-/// come back (an etcd member still without a leader, on a starved machine)
-/// is not the fault under test.
+/// Connects. The client waits up to 30 s (three times the default
+/// start-up timeout) for a server that is not ready: a worker started
+/// beside a server that has just come back (an etcd member still without a
+/// leader) or one starved of CPU (a PostgreSQL server beside a CPU hog took
+/// longer than 10 s) is not the fault under test.
 async fn connect(target: &str) -> Result<LockClient, LockError> {
-    let mut builder = LockClient::builder();
+    let mut builder = LockClient::builder().startup_timeout(Duration::from_secs(30));
     if let Some(ms) = std::env::var("LOCK_WORKER_COMMAND_TIMEOUT_MS")
         .ok()
         .and_then(|ms| ms.parse().ok())

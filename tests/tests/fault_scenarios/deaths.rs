@@ -147,8 +147,42 @@ pub(crate) async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u3
         let load_ends = (load_began + Duration::from_secs(d.seconds)).max(Instant::now() + d.spacing);
         tokio::time::sleep_until(load_ends.into()).await;
         workers.stop();
-        let tally = tokio::task::block_in_place(|| workers.finish());
+        let finished = tokio::task::block_in_place(|| workers.try_finish());
         let still = stretches.finish();
+        // A worker that could not start (its connection to a server
+        // starved of CPU outlasted its patience: a CPU-hog run of the test
+        // command saw it on PostgreSQL) says nothing about the lock.
+        let tally = match finished {
+            Ok(tally) => tally,
+            Err(failed) => {
+                let (late, servers_late) = (controller.worst(), controller.children_worst());
+                assert!(
+                    late > bound || servers_late > T / 4,
+                    "{}: {failed} (starved at most {late:?}, the servers {servers_late:?})",
+                    d.id
+                );
+                invalid_runs += 1;
+                eprintln!(
+                    "{} run {attempt} INVALID: {failed}; starved {late:?}, the servers {servers_late:?}",
+                    d.id
+                );
+                if attempt < 3 {
+                    continue;
+                }
+                report::write(
+                    d.id,
+                    json!({
+                        "scenario": d.name,
+                        "verdict": Verdict::Invalid.as_str(),
+                        "starved": true,
+                        "invalid_runs": invalid_runs,
+                        "worst_lateness_ms": (late.max(servers_late).as_secs_f64() * 1e5).round() / 100.0,
+                        "key_figure": failed,
+                    }),
+                );
+                return;
+            }
+        };
         let worst_late = tally.worst_late.max(controller.worst());
         let logged = analyze(board.path(), &checked).expect("analyze");
         let seen: Vec<_> = checked.iter().map(|k| board.witness.seen(k)).collect();

@@ -4,10 +4,18 @@
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError};
+use lock_tests::monitor::Monitor;
 use lock_tests::{Proxy, RedisServer, commands_between, eventually, free_port};
 
 async fn client(server: &RedisServer) -> LockClient {
     LockClient::connect(&server.url()).await.expect("connect")
+}
+
+/// Whether this process or a server it started waited long enough for a
+/// CPU, while `monitor` ran, to make a 1 s command timeout prove nothing
+/// (a quarter of it).
+fn starved(monitor: &Monitor) -> bool {
+    monitor.worst().max(monitor.children_worst()) > Duration::from_millis(250)
 }
 
 fn exists(server: &RedisServer, key: &str) -> bool {
@@ -415,16 +423,42 @@ async fn a_release_after_two_broken_connections_is_sent_again() {
             let server = RedisServer::start();
             let proxy = Proxy::start(server.port()).await;
             let locks = LockClient::connect(&proxy.url()).await.expect("connect");
+            let mut starved_rounds = 0;
             for round in 0..10 {
+                let monitor = Monitor::start();
                 let guard = locks.lock("released").acquire().await.expect("free");
                 proxy.close_next(1);
                 proxy.reset();
-                guard
-                    .release()
-                    .await
-                    .unwrap_or_else(|e| panic!("round {round}: {e}"));
-                assert!(!exists(&server, "lock:{released}"), "round {round}: still held");
+                match guard.release().await {
+                    Ok(()) => assert!(!exists(&server, "lock:{released}"), "round {round}: still held"),
+                    // A release whose reconnection outlasted the 1 s
+                    // command timeout because this process or the server
+                    // waited for a CPU (a CPU-hog run of the test command
+                    // saw it) proves nothing about the reconnection; it
+                    // is still sent again, so the lock is free well
+                    // before its 30 s ttl.
+                    Err(e) if starved(&monitor) => {
+                        eprintln!(
+                            "round {round} INVALID: starved {:?}, the server {:?}: {e}",
+                            monitor.worst(),
+                            monitor.children_worst()
+                        );
+                        starved_rounds += 1;
+                        assert!(
+                            eventually(Duration::from_secs(5), || !exists(&server, "lock:{released}"))
+                                .await
+                                .is_some(),
+                            "round {round}: a release that timed out was not sent again"
+                        );
+                    }
+                    Err(e) => panic!(
+                        "round {round}: {e} (starved at most {:?}, the server {:?})",
+                        monitor.worst(),
+                        monitor.children_worst()
+                    ),
+                }
             }
+            assert!(starved_rounds < 10, "INVALID: every round was starved");
         },
     )
     .await
