@@ -6,7 +6,11 @@
 //!   to the waiting candidate's election, against the bound the docs give:
 //!   the lease plus one second (the election's ttl on Redis and the SQL
 //!   stores, the session on ZooKeeper, the etcd lease on etcd; all three
-//!   are `WL_LEASE` here).
+//!   are `WL_LEASE` here), and how long after that the observer shows
+//!   the successor.
+//!
+//! Redis is measured on one node, through Sentinel (a master, two
+//! replicas, three sentinels) and on a Cluster of three masters.
 //!
 //! The crashed leader is this program run again as `--wl-candidate KIND
 //! TARGET`: it campaigns, prints `elected EPOCH`, and leads until killed.
@@ -34,6 +38,10 @@ const ELECTION: &str = "wl";
 enum Store {
     InProcess,
     Redis(String),
+    /// The master's name and the sentinels' URLs.
+    Sentinel(String, Vec<String>),
+    /// The seed URLs.
+    Cluster(Vec<String>),
     MariaDb(String),
     Postgres(String),
     ZooKeeper(String),
@@ -45,6 +53,8 @@ impl Store {
         match self {
             Store::InProcess => "WL in process: election failover",
             Store::Redis(_) => "WL Redis: election failover",
+            Store::Sentinel(..) => "WL Redis Sentinel: election failover",
+            Store::Cluster(_) => "WL Redis Cluster: election failover",
             Store::MariaDb(_) => "WL MariaDB: election failover",
             Store::Postgres(_) => "WL PostgreSQL: election failover",
             Store::ZooKeeper(_) => "WL ZooKeeper: election failover",
@@ -58,6 +68,8 @@ impl Store {
         let (kind, target) = match self {
             Store::InProcess => return None,
             Store::Redis(url) => ("redis", url.clone()),
+            Store::Sentinel(name, urls) => ("sentinel", format!("{name}@{}", urls.join(","))),
+            Store::Cluster(urls) => ("cluster", urls.join(",")),
             Store::MariaDb(url) => ("mysql", url.clone()),
             Store::Postgres(url) => ("postgres", url.clone()),
             Store::ZooKeeper(connect) => ("zookeeper", connect.clone()),
@@ -69,6 +81,11 @@ impl Store {
     fn parse(kind: &str, target: &str) -> Result<Store, Error> {
         Ok(match kind {
             "redis" => Store::Redis(target.to_owned()),
+            "sentinel" => {
+                let (name, urls) = target.split_once('@').ok_or("sentinel: NAME@URL,URL…")?;
+                Store::Sentinel(name.to_owned(), urls.split(',').map(str::to_owned).collect())
+            }
+            "cluster" => Store::Cluster(target.split(',').map(str::to_owned).collect()),
             "mysql" => Store::MariaDb(target.to_owned()),
             "postgres" => Store::Postgres(target.to_owned()),
             "zookeeper" => Store::ZooKeeper(target.to_owned()),
@@ -82,6 +99,8 @@ impl Store {
         Ok(match self {
             Store::InProcess => builder.in_memory()?,
             Store::Redis(url) => builder.connect(url).await?,
+            Store::Sentinel(name, urls) => builder.sentinel(name, urls).await?,
+            Store::Cluster(urls) => builder.cluster(urls).await?,
             Store::MariaDb(url) => builder.mysql(url).await?,
             Store::Postgres(url) => builder.postgres(url).await?,
             Store::ZooKeeper(connect) => {
@@ -119,6 +138,18 @@ pub(crate) async fn wl_candidate(kind: &str, target: &str) -> Result<(), Error> 
 pub(crate) async fn wl_leader(redis_url: &str) -> Result<Vec<Report>, Error> {
     let mut reports = vec![wl_on(Store::InProcess).await?];
     reports.push(wl_on(Store::Redis(redis_url.to_owned())).await?);
+    let sentinel = tokio::task::block_in_place(|| lock_tests::Replicated::start_named(2));
+    reports.push(
+        wl_on(Store::Sentinel(
+            lock_tests::sentinel::MASTER_NAME.to_owned(),
+            sentinel.sentinel_urls(),
+        ))
+        .await?,
+    );
+    drop(sentinel);
+    let cluster = tokio::task::block_in_place(|| lock_tests::Cluster::start(3, 0));
+    reports.push(wl_on(Store::Cluster(cluster.urls())).await?);
+    drop(cluster);
     let mariadb = tokio::task::block_in_place(lock_tests::MariaDb::start);
     reports.push(wl_on(Store::MariaDb(mariadb.url())).await?);
     drop(mariadb);
@@ -178,11 +209,16 @@ async fn wl_on(store: Store) -> Result<Report, Error> {
     leading.resign().await?;
 
     let mut crashes = Vec::new();
+    let mut observer_lags_after_crashes = Vec::new();
     if let Some(args) = store.args() {
         for _ in 0..WL_CRASHES {
-            let (crash, epoch) = crash_round(&args, &a).await?;
+            let (crash, epoch, observer_lag) = crash_round(&args, &a, &seen).await?;
             crashes.push(crash);
             epochs.push(epoch);
+            match observer_lag {
+                Some(lag) => observer_lags_after_crashes.push(lag),
+                None => observers_missed += 1.0,
+            }
         }
     }
 
@@ -204,6 +240,10 @@ async fn wl_on(store: Store) -> Result<Report, Error> {
         extra.push(("crash_to_elected_median_ms", percentile(&crash_ms, 0.5)));
         extra.push(("crash_to_elected_max_ms", percentile(&crash_ms, 1.0)));
         extra.push(("crash_bound_ms", millis_f64(WL_LEASE) + 1000.0));
+        extra.push((
+            "observer_after_crash_election_max_ms",
+            percentile(&observer_lags_after_crashes, 1.0),
+        ));
     }
     Ok(Report {
         workload: store.workload(),
@@ -228,8 +268,14 @@ fn campaign_timed(
 
 /// One crash: a candidate process is elected, `follower` campaigns behind
 /// it, the process is killed. Returns the time from the kill to the
-/// follower's election, and the follower's epoch (it resigns).
-async fn crash_round(args: &[String; 2], follower: &LockClient) -> Result<(Duration, u64), Error> {
+/// follower's election, the follower's epoch, and how long after its
+/// election the observer showed it (`None`: not within 10 s). The follower
+/// resigns once the observer has shown it.
+async fn crash_round(
+    args: &[String; 2],
+    follower: &LockClient,
+    seen: &Seen,
+) -> Result<(Duration, u64, Option<f64>), Error> {
     let mut child = Command::new(std::env::current_exe()?)
         .arg("--wl-candidate")
         .args(args)
@@ -253,8 +299,9 @@ async fn crash_round(args: &[String; 2], follower: &LockClient) -> Result<(Durat
     tokio::task::spawn_blocking(move || child.wait()).await??;
     let (leadership, elected) = candidate.await??;
     let epoch = leadership.epoch();
+    let observer_lag = observed(seen, epoch).await.map(|at| signed_ms(elected, at));
     leadership.resign().await?;
-    Ok((elected.saturating_duration_since(killed), epoch))
+    Ok((elected.saturating_duration_since(killed), epoch, observer_lag))
 }
 
 /// An observer of `election`, recording when it first shows each epoch.

@@ -190,6 +190,13 @@ impl Replicated {
             .find(|n| n.port() == port)
     }
 
+    /// The server on `port`, to kill or revive.
+    pub fn node_mut(&mut self, port: u16) -> Option<&mut RedisServer> {
+        std::iter::once(&mut self.master)
+            .chain(&mut self.replicas)
+            .find(|n| n.port() == port)
+    }
+
     fn wait_for_replicas(&self, timeout: Duration) {
         wait_until_replicas_acknowledge(&self.master, self.replicas.len(), timeout);
     }

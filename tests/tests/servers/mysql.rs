@@ -627,18 +627,27 @@ async fn an_acquisition_dropped_mid_statement_gives_the_lock_back_after_it_lands
             };
             let call = lock_tests::call_holding_until_aborted(&locks, "k");
             let waiting = "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'";
-            // Once CI saw this call last 20 s (its command timeout) without
-            // the count ever being 1: what the count was says whether the
-            // statement waited on something else or beside another waiter.
+            // Once CI, and once a CPU-hog run, saw this call last 20 s (its
+            // command timeout) without the count ever being 1: what the
+            // count was, how the call ended and what the server's sessions
+            // were doing say whether the statement waited on something
+            // else (a metadata lock shows only in the process list) or
+            // beside another waiter.
+            let mut doing = Vec::new();
             loop {
                 let waiters = count(waiting).await;
                 if waiters == 1 {
                     break;
                 }
-                assert!(
-                    !call.is_finished(),
-                    "the acquisition ended before it waited ({waiters} transactions in LOCK WAIT): {call:?}"
-                );
+                if call.is_finished() {
+                    let ended = call.await.expect("the call's task");
+                    panic!(
+                        "the acquisition ended before it waited ({waiters} transactions in LOCK WAIT): {ended:?}; the sessions' last statements: {doing:?}"
+                    );
+                }
+                doing = server
+                    .sql("SELECT COMMAND, STATE, TIME, INFO FROM information_schema.PROCESSLIST WHERE INFO NOT LIKE '%PROCESSLIST%'")
+                    .await;
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let deletes = "SHOW GLOBAL STATUS LIKE 'Com_delete'";

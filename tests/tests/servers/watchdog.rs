@@ -327,21 +327,32 @@ async fn renewals_travel_apart_from_acquisitions_and_releases() {
                 .acquire()
                 .await
                 .expect("acquire");
-            let sent_from = |command: &str| -> Vec<String> {
+            // Each command on the lock's key: where it came from, and its
+            // first argument (a script's SHA).
+            let sent_from = |command: &str| -> Vec<(String, String)> {
                 server
                     .commands_logged_by_connection()
                     .into_iter()
                     .filter(|(_, args)| args.iter().any(|a| a == "lock:{lane}"))
                     .filter(|(_, args)| args.first().is_some_and(|c| c.eq_ignore_ascii_case(command)))
-                    .map(|(address, _)| address)
+                    .map(|(address, args)| (address, args.get(1).cloned().unwrap_or_default()))
                     .collect()
             };
-            // The watchdog renews at a third of the ttl.
+            // The watchdog renews at a third of the ttl: its script is the
+            // first one sent. Told apart from the release's by its SHA, not
+            // by when it came: a renewal logged after this look (a CPU-hog
+            // run saw one) is still a renewal.
             eventually(Duration::from_secs(5), || !sent_from("evalsha").is_empty()).await;
-            let renewed = sent_from("evalsha");
+            let renewal_script = sent_from("evalsha")[0].1.clone();
             guard.release().await.expect("release");
-            let acquired = sent_from("set");
-            let released: Vec<String> = sent_from("evalsha").split_off(renewed.len());
+            let addresses = |sent: Vec<(String, String)>| -> Vec<String> {
+                sent.into_iter().map(|(address, _)| address).collect()
+            };
+            let acquired = addresses(sent_from("set"));
+            let (renewed, released): (Vec<_>, Vec<_>) = sent_from("evalsha")
+                .into_iter()
+                .partition(|(_, script)| *script == renewal_script);
+            let (renewed, released) = (addresses(renewed), addresses(released));
             assert_eq!(acquired.len(), 1, "one SET: {acquired:?}");
             assert!(
                 renewed.iter().all(|a| *a != acquired[0]),
