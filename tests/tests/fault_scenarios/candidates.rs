@@ -4,7 +4,11 @@
 //! controller strikes whichever process leads: SIGKILLed (and replaced),
 //! stopped (SIGSTOP) inside its term past its lease, and cut off (its proxy
 //! blackholed) inside a term that works on until it is lost; on Redis, which runs with `appendfsync
-//! always`, the server is also killed and restarted. The checker asks:
+//! always`, the server is also killed and restarted. Through Sentinel (SCs)
+//! and on a Cluster (SCc) the leader is killed and stopped but not cut off
+//! (the client reaches the master the sentinels or the cluster name, past
+//! any proxy of this harness), and then the master is killed and a replica
+//! promoted, the candidates asking for `replica_acks(1)`. The checker asks:
 //! - no two terms overlap. A term lost while its process was stopped ends
 //!   at its validity deadline (a stopped process cannot be told anything:
 //!   `witness::analyze_with_pauses`); every other term ends when its
@@ -53,6 +57,10 @@ struct Candidates {
     /// The session or etcd lease the candidates ask for, where the backend
     /// has one.
     backend_lease: Option<Duration>,
+    /// Whether the workers can be reached through proxies of this harness
+    /// (not through Sentinel or on a Cluster, whose clients connect to the
+    /// addresses the servers name): the cut needs them.
+    proxied: bool,
 }
 
 /// What the controller does to the leader's process, or to the server.
@@ -62,6 +70,8 @@ enum Fault {
     Pause,
     Cut,
     ServerRestart,
+    /// The master killed and a replica promoted (Sentinel, Cluster).
+    Failover,
 }
 
 impl Fault {
@@ -72,6 +82,7 @@ impl Fault {
             Fault::Pause => "client-pause",
             Fault::Cut => "proxy-blackhole",
             Fault::ServerRestart => "kill-restart-aof",
+            Fault::Failover => "master-sigkill",
         }
     }
 }
@@ -127,39 +138,54 @@ fn signal(pid: u32, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(pid, signal).expect("signal the worker");
 }
 
-async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMut() + Send)>) {
+/// Runs `c`; `server_fault` (a restart, or a failover) strikes the
+/// server after the candidates' faults.
+async fn run_candidates(c: Candidates, mut server_fault: Option<(Fault, &mut (dyn FnMut() + Send))>) {
     let started = Instant::now();
     let bound = c.lease + Duration::from_secs(1);
     let observer = lab::connect(&c.target, LockClient::builder())
         .await
         .expect("connect the controller");
     let election = observer.election(ELECTION);
-    let mut faults = vec![Fault::Kill, Fault::Pause, Fault::Cut];
-    if restart_server.is_some() {
-        faults.push(Fault::ServerRestart);
+    let mut faults = vec![Fault::Kill, Fault::Pause];
+    if c.proxied {
+        faults.push(Fault::Cut);
+    }
+    if let Some((fault, _)) = &server_fault {
+        faults.push(*fault);
     }
     for attempt in 1..=3 {
         let board = Board::new();
         let watch = Watch::start();
         let children = Monitor::start();
         let mut proxies = Vec::new();
-        for _ in 0..PROCESSES {
-            proxies.push(Proxy::start(lab::port_of(&c.target)).await);
+        if c.proxied {
+            for _ in 0..PROCESSES {
+                proxies.push(Proxy::start(lab::port_of(&c.target)).await);
+            }
         }
-        let workloads: Vec<Workload> = proxies
+        let targets: Vec<String> = if c.proxied {
+            proxies
+                .iter()
+                .map(|p| lab::through(&c.target, p.port()))
+                .collect()
+        } else {
+            vec![c.target.clone(); PROCESSES]
+        };
+        let workloads: Vec<Workload> = targets
             .iter()
-            .map(|proxy| {
-                let mut w = broken_or_library(
-                    &lab::through(&c.target, proxy.port()),
-                    &[ELECTION],
-                    "library-election",
-                    Duration::from_secs(120),
-                );
+            .map(|target| {
+                let mut w =
+                    broken_or_library(target, &[ELECTION], "library-election", Duration::from_secs(120));
                 w.tasks = 2;
                 w.max_body = Duration::from_millis(5);
                 w.long_body_percent = 10;
                 w.wait = Some(CALL_WAIT);
                 w.lease = c.backend_lease;
+                // A failover must not lose a term's grant (P1's control).
+                if !c.proxied {
+                    w.replica_acks = Some(1);
+                }
                 w
             })
             .collect();
@@ -176,7 +202,7 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
         for &fault in &faults {
             tokio::time::sleep(SPACING).await;
             let process = match fault {
-                Fault::ServerRestart => None,
+                Fault::ServerRestart | Fault::Failover => None,
                 _ => {
                     let running: Vec<u32> = link.keys().copied().collect();
                     Some(
@@ -237,8 +263,8 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
                     board.witness.heal(fault.logged_as());
                     (began, None)
                 }
-                (Fault::ServerRestart, None) => {
-                    let restart = restart_server.as_mut().expect("a server to restart");
+                (Fault::ServerRestart | Fault::Failover, None) => {
+                    let (_, restart) = server_fault.as_mut().expect("a server to strike");
                     board.witness.fault(fault.logged_as());
                     let began = now_ns();
                     tokio::task::block_in_place(restart);
@@ -361,9 +387,14 @@ async fn run_candidates(c: Candidates, mut restart_server: Option<&mut (dyn FnMu
                 })).collect::<Vec<_>>(),
                 "starved_at_most_ms": starved.as_secs_f64() * 1e3,
                 "key_figure": format!(
-                    "{} terms, 0 overlaps, 0 epoch regressions, late write refused; next leader after kill/pause/cut{}: {} ms (bound {} ms)",
+                    "{} terms, 0 overlaps, 0 epoch regressions, late write refused; next leader after kill/pause{}: {} ms (bound {} ms)",
                     analysis.entries,
-                    if faults.len() > 3 { "/server restart" } else { "" },
+                    match (c.proxied, faults.last()) {
+                        (true, Some(Fault::ServerRestart)) => "/cut/server restart",
+                        (true, _) => "/cut",
+                        (false, Some(Fault::Failover)) => "/failover",
+                        _ => "",
+                    },
                     reelected.iter().map(|t| format!("{:.0}", ms(t))).collect::<Vec<_>>().join("/"),
                     bound.as_millis()
                 ),
@@ -386,9 +417,10 @@ async fn sc_candidates_killed_stopped_and_cut_off_on_redis() {
             target: server.url(),
             lease: T,
             backend_lease: None,
+            proxied: true,
         };
         let mut restart = || server.restart();
-        run_candidates(candidates, Some(&mut restart)).await;
+        run_candidates(candidates, Some((Fault::ServerRestart, &mut restart))).await;
     })
     .await
 }
@@ -406,6 +438,7 @@ async fn scmy_candidates_killed_stopped_and_cut_off_on_mariadb() {
                 target: server.url(),
                 lease: T,
                 backend_lease: None,
+                proxied: true,
             };
             run_candidates(candidates, None).await;
         },
@@ -426,6 +459,7 @@ async fn scpg_candidates_killed_stopped_and_cut_off_on_postgres() {
                 target: server.url(),
                 lease: T,
                 backend_lease: None,
+                proxied: true,
             };
             run_candidates(candidates, None).await;
         },
@@ -447,6 +481,7 @@ async fn sczk_candidates_killed_stopped_and_cut_off_on_zookeeper() {
                 target: zookeeper::target(&zk),
                 lease: session,
                 backend_lease: Some(session),
+                proxied: true,
             };
             run_candidates(candidates, None).await;
         },
@@ -468,8 +503,75 @@ async fn scetcd_candidates_killed_stopped_and_cut_off_on_etcd() {
                 target: etcd::target(&server),
                 lease,
                 backend_lease: Some(lease),
+                proxied: true,
             };
             run_candidates(candidates, None).await;
+        },
+    )
+    .await
+}
+
+/// SCs: through Sentinel (a master, two replicas, three sentinels): the
+/// leader killed and stopped, then the master killed and a replica
+/// promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scs_candidates_killed_and_stopped_through_a_sentinel_failover() {
+    scenario(
+        "scs_candidates_killed_and_stopped_through_a_sentinel_failover",
+        async move {
+            let mut group = tokio::task::block_in_place(|| lock_tests::Replicated::start(2));
+            let candidates = Candidates {
+                id: "SCs",
+                name: "SC elections through Sentinel, the leader killed and stopped past its lease, then the master killed and a replica promoted (replica_acks(1))",
+                target: format!(
+                    "sentinel={}@{}",
+                    lock_tests::sentinel::MASTER_NAME,
+                    group.sentinel_urls().join(",")
+                ),
+                lease: T,
+                backend_lease: None,
+                proxied: false,
+            };
+            let mut failover = || {
+                let master = group.master_port_by_sentinel().expect("the sentinels name a master");
+                group.node_mut(master).expect("the master").kill();
+                group.wait_for_failover(master, Duration::from_secs(30));
+            };
+            run_candidates(candidates, Some((Fault::Failover, &mut failover))).await;
+        },
+    )
+    .await
+}
+
+/// SCc: on a Cluster of three masters with two replicas each (so that the
+/// promoted one still has a replica to acknowledge): the leader killed and
+/// stopped, then the master of the election's slot killed and a replica
+/// promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scc_candidates_killed_and_stopped_through_a_cluster_failover() {
+    scenario(
+        "scc_candidates_killed_and_stopped_through_a_cluster_failover",
+        async move {
+            let mut cluster = tokio::task::block_in_place(|| lock_tests::Cluster::start(3, 2));
+            let candidates = Candidates {
+                id: "SCc",
+                name: "SC elections on a Redis Cluster, the leader killed and stopped past its lease, then the master of the election's slot killed and a replica promoted (replica_acks(1))",
+                target: format!("cluster={}", cluster.urls().join(",")),
+                lease: T,
+                backend_lease: None,
+                proxied: false,
+            };
+            let mut failover = || {
+                let slot_of = format!("lock:{{{ELECTION}}}");
+                let master = cluster.master_of(&slot_of);
+                cluster.nodes[master].kill();
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while cluster.master_of(&slot_of) == master {
+                    assert!(Instant::now() < deadline, "no replica promoted for {slot_of}");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            };
+            run_candidates(candidates, Some((Fault::Failover, &mut failover))).await;
         },
     )
     .await
