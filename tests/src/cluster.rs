@@ -202,6 +202,20 @@ impl Cluster {
         }
     }
 
+    /// Kills (SIGKILL) the master that owns `key`'s slot and waits, up to
+    /// `timeout`, until one of its replicas owns the slot; returns the
+    /// killed node's index in `nodes` (to [`revive`](RedisServer::revive)).
+    pub fn kill_master_of(&mut self, key: &str, timeout: Duration) -> usize {
+        let master = self.master_of(key);
+        self.nodes[master].kill();
+        let deadline = Instant::now() + timeout;
+        while self.master_of(key) == master {
+            assert!(Instant::now() < deadline, "no replica promoted for {key}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        master
+    }
+
     fn current_master_of(&self, key: &str) -> Option<usize> {
         let probe = self.nodes.iter().find(|n| n.is_running()).expect("a live node");
         let slot: i64 = probe.query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key));

@@ -562,14 +562,7 @@ async fn scc_candidates_killed_and_stopped_through_a_cluster_failover() {
                 proxied: false,
             };
             let mut failover = || {
-                let slot_of = format!("lock:{{{ELECTION}}}");
-                let master = cluster.master_of(&slot_of);
-                cluster.nodes[master].kill();
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while cluster.master_of(&slot_of) == master {
-                    assert!(Instant::now() < deadline, "no replica promoted for {slot_of}");
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                cluster.kill_master_of(&format!("lock:{{{ELECTION}}}"), Duration::from_secs(30));
             };
             run_candidates(candidates, Some((Fault::Failover, &mut failover))).await;
         },

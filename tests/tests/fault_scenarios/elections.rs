@@ -219,14 +219,7 @@ async fn sec_elections_through_cluster_failovers() {
             // The election's lease, epoch counter and record share its
             // name's slot.
             let slot_of = format!("lock:{{{}}}", ELECTIONS[round as usize % ELECTIONS.len()]);
-            let master = cluster.master_of(&slot_of);
-            cluster.nodes[master].kill();
-            killed = Some(master);
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while cluster.master_of(&slot_of) == master {
-                assert!(Instant::now() < deadline, "no replica promoted for {slot_of}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            killed = Some(cluster.kill_master_of(&slot_of, Duration::from_secs(30)));
         })
         .await;
     })
