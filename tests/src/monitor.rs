@@ -51,6 +51,15 @@ impl Monitor {
         Duration::from_micros(self.worst_us.load(Ordering::Relaxed))
     }
 
+    /// Whether a lease of `ttl` could have been lost to starvation while
+    /// this monitor ran: this process late past [`bound`]`(ttl)`, or a
+    /// server or worker it spawned kept from a CPU for a quarter of the
+    /// lease within a second (its answers, a renewal's among them, came
+    /// that late).
+    pub fn starved_for(&self, ttl: Duration) -> bool {
+        self.worst() > bound(ttl) || self.children_worst() > ttl / 4
+    }
+
     /// The most a thread of a process this one spawned (a server, a
     /// worker) waited, runnable, for a CPU within one second, since this
     /// monitor started: see [`watch_process`].

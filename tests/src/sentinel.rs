@@ -190,6 +190,19 @@ impl Replicated {
             .find(|n| n.port() == port)
     }
 
+    /// Kills (SIGKILL) the master the sentinels name and waits, up to
+    /// `timeout`, until they name a promoted replica; returns the killed
+    /// node's port (to [`revive`](RedisServer::revive) through
+    /// [`node_mut`](Self::node_mut)).
+    pub fn kill_master(&mut self, timeout: Duration) -> u16 {
+        let master = self
+            .master_port_by_sentinel()
+            .expect("the sentinels name a master");
+        self.node_mut(master).expect("the master").kill();
+        self.wait_for_failover(master, timeout);
+        master
+    }
+
     /// The server on `port`, to kill or revive.
     pub fn node_mut(&mut self, port: u16) -> Option<&mut RedisServer> {
         std::iter::once(&mut self.master)

@@ -533,9 +533,7 @@ async fn scs_candidates_killed_and_stopped_through_a_sentinel_failover() {
                 proxied: false,
             };
             let mut failover = || {
-                let master = group.master_port_by_sentinel().expect("the sentinels name a master");
-                group.node_mut(master).expect("the master").kill();
-                group.wait_for_failover(master, Duration::from_secs(30));
+                group.kill_master(Duration::from_secs(30));
             };
             run_candidates(candidates, Some((Fault::Failover, &mut failover))).await;
         },

@@ -164,7 +164,7 @@ pub(crate) async fn run_deaths(target: &str, d: Deaths, mut fault: impl FnMut(u3
             Err(failed) => {
                 let (late, servers_late) = (controller.worst(), controller.children_worst());
                 assert!(
-                    late > bound || servers_late > T / 4,
+                    controller.starved_for(T),
                     "{}: {failed} (starved at most {late:?}, the servers {servers_late:?})",
                     d.id
                 );

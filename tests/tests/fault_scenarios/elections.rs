@@ -175,15 +175,13 @@ async fn ses_elections_through_sentinel_failovers() {
         };
         let mut killed: Option<u16> = None;
         run_deaths(&target, deaths, |_| {
-            let master = group.master_port_by_sentinel().expect("the sentinels name a master");
             if let Some(port) = killed.take() {
                 group.node_mut(port).expect("a node of the group").revive();
+                let master = group.master_port_by_sentinel().expect("the sentinels name a master");
                 let current = group.node(master).expect("the master");
                 lock_tests::sentinel::wait_until_replicas_acknowledge(current, 2, Duration::from_secs(30));
             }
-            group.node_mut(master).expect("the master").kill();
-            killed = Some(master);
-            group.wait_for_failover(master, Duration::from_secs(30));
+            killed = Some(group.kill_master(Duration::from_secs(30)));
         })
         .await;
     })

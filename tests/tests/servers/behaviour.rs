@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockError, LostReason, fencing_token};
-use lock_tests::monitor::{self, Monitor};
+use lock_tests::monitor::Monitor;
 use lock_tests::{Etcd, MariaDb, Postgres, RedisServer, ZooKeeper};
 
 /// A client and whatever it needs kept alive.
@@ -710,7 +710,7 @@ async fn a_renewed_lease_outlives_its_ttl(f: Fixture) {
         let (late, server_late) = (monitor.worst(), monitor.children_worst());
         match outcome {
             Ok(()) => return,
-            Err(e) if late > monitor::bound(ttl) || server_late > ttl / 4 => {
+            Err(e) if monitor.starved_for(ttl) => {
                 eprintln!("run {run} INVALID: starved {late:?}, the server {server_late:?}: {e}");
             }
             Err(e) => {
