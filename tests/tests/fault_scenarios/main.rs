@@ -327,86 +327,30 @@ pub(crate) async fn run_s4_with(
     let mut gaps = Vec::new();
     let mut slacks = Vec::new();
     let mut invalid = Vec::new();
-    for trial in 0..max_trials {
-        if slacks.len() == trials {
-            break;
+    // The trials of a round run side by side, each on a key, a proxy and a
+    // holder of its own, started a fifth of the ttl apart so that no two
+    // holders stop at the same moment: most of a trial waits for a lease to
+    // end (on etcd 3.5 s a trial, 18 s for five one after another, with
+    // the machine to itself).
+    let mut started = 0;
+    while slacks.len() < trials && started < max_trials {
+        let round = (trials - slacks.len()).min(max_trials - started);
+        let outcomes = futures_util::future::join_all((started..started + round).map(|trial| {
+            let (board, through) = (&board, &through);
+            async move {
+                tokio::time::sleep(ttl / 5 * u32::try_from(trial - started).expect("few trials")).await;
+                s4_trial(trial, port, rival, through, ttl, board).await
+            }
+        }))
+        .await;
+        started += round;
+        for (stop, gap) in outcomes {
+            match stop {
+                Ok(slack) => slacks.push(slack),
+                Err(why) => invalid.push(why),
+            }
+            gaps.push(gap);
         }
-        let key = format!("s4:{trial}");
-        let proxy = Proxy::start(port).await;
-        let holder = through(&proxy).await;
-        // The lock is free; the wait only lets a first attempt that a
-        // loaded machine answered past the 100 ms command timeout be tried
-        // again rather than fail the scenario.
-        let asked = Instant::now();
-        let guard = holder
-            .lock(key.as_str())
-            .ttl(ttl)
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await
-            .expect("acquire");
-        // The lease the holder got (on etcd and ZooKeeper capped below
-        // `ttl`), and so how long before its deadline the runtime stops a
-        // body: a 200th of it, at least 5 ms (`timing::stop_margin`). A
-        // process late by more than that, less this loop's 1 ms steps
-        // (2 ms on tokio's timer), cannot stop in time: CI saw S4etcd's
-        // holder (a 1.33 s lease, a 6.7 ms margin) stop 1.3 ms late with
-        // the process 6.4 ms late, under the ttl's 16 ms bound.
-        let lease = guard.valid_until().into_std().saturating_duration_since(asked);
-        let stop_margin = (lease / 200).max(Duration::from_millis(5));
-        let starvation_bound = monitor::bound(ttl).min(stop_margin.saturating_sub(Duration::from_millis(2)));
-        board.witness.enter(&key, 1, 0);
-        let watch = Watch::start();
-        tokio::time::sleep(ttl / 2).await;
-        board.witness.fault("proxy-blackhole");
-        proxy.blackhole();
-        let rival_run = {
-            let (witness, key, rival) = (board.witness.clone(), key.clone(), rival.clone());
-            tokio::spawn(async move {
-                rival
-                    .lock(key.as_str())
-                    .wait(Duration::from_secs(5))
-                    .run(async {
-                        witness.enter(&key, 2, 0);
-                        let entered = Instant::now();
-                        witness.exit(&key, 2, 0);
-                        entered
-                    })
-                    .await
-            })
-        };
-        // The holder works in 1 ms steps, checking its lease before each.
-        let give_up = Instant::now() + Duration::from_secs(10);
-        while guard.is_held() {
-            assert!(
-                Instant::now() < give_up,
-                "the cut-off holder still believes it holds the lock after 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        let stopped = Instant::now();
-        let deadline = guard.valid_until().into_std();
-        let starved = watch.worst();
-        board.witness.lost(&key, 1, 0, deadline);
-        if stopped >= deadline {
-            assert!(
-                starved > starvation_bound,
-                "trial {trial}: the holder stopped {:?} after its deadline with no starvation (worst lateness {starved:?})",
-                stopped - deadline
-            );
-            invalid.push(format!(
-                "trial {trial}: stopped {:?} after D, starved {starved:?}",
-                stopped - deadline
-            ));
-        } else {
-            slacks.push(deadline - stopped);
-        }
-        let entered = rival_run.await.expect("join").expect("the rival gets the lock");
-        gaps.push(entered.saturating_duration_since(stopped));
-        assert_eq!(board.witness.seen(&key).overlaps, 0, "trial {trial}");
-        proxy.pass();
-        board.witness.heal("proxy-blackhole");
-        drop(guard);
     }
     // Fewer judged trials than asked: the scenario proved nothing (INVALID,
     // which fails the suite's summary), though what it saw held.
@@ -433,4 +377,94 @@ pub(crate) async fn run_s4_with(
             "key_figure": format!("stopped before D in {judged}/{judged} judged trials"),
         }),
     );
+}
+
+/// One trial of S4 on its own key: how long before its deadline the
+/// cut-off holder stopped (or why the trial could not be judged: the
+/// holder stopped late while this process was starved), and how long after
+/// that stop the rival entered.
+async fn s4_trial(
+    trial: usize,
+    port: u16,
+    rival: &LockClient,
+    through: &impl AsyncFn(&Proxy) -> LockClient,
+    ttl: Duration,
+    board: &Board,
+) -> (Result<Duration, String>, Duration) {
+    let key = format!("s4:{trial}");
+    let proxy = Proxy::start(port).await;
+    let holder = through(&proxy).await;
+    // The lock is free; the wait only lets a first attempt that a
+    // loaded machine answered past the 100 ms command timeout be tried
+    // again rather than fail the scenario.
+    let asked = Instant::now();
+    let guard = holder
+        .lock(key.as_str())
+        .ttl(ttl)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("acquire");
+    // The lease the holder got (on etcd and ZooKeeper capped below
+    // `ttl`), and so how long before its deadline the runtime stops a
+    // body: a 200th of it, at least 5 ms (`timing::stop_margin`). A
+    // process late by more than that, less this loop's 1 ms steps
+    // (2 ms on tokio's timer), cannot stop in time: CI saw S4etcd's
+    // holder (a 1.33 s lease, a 6.7 ms margin) stop 1.3 ms late with
+    // the process 6.4 ms late, under the ttl's 16 ms bound.
+    let lease = guard.valid_until().into_std().saturating_duration_since(asked);
+    let stop_margin = (lease / 200).max(Duration::from_millis(5));
+    let starvation_bound = monitor::bound(ttl).min(stop_margin.saturating_sub(Duration::from_millis(2)));
+    board.witness.enter(&key, 1, 0);
+    let watch = Watch::start();
+    tokio::time::sleep(ttl / 2).await;
+    board.witness.fault("proxy-blackhole");
+    proxy.blackhole();
+    let rival_run = {
+        let (witness, key, rival) = (board.witness.clone(), key.clone(), rival.clone());
+        tokio::spawn(async move {
+            rival
+                .lock(key.as_str())
+                .wait(Duration::from_secs(5))
+                .run(async {
+                    witness.enter(&key, 2, 0);
+                    let entered = Instant::now();
+                    witness.exit(&key, 2, 0);
+                    entered
+                })
+                .await
+        })
+    };
+    // The holder works in 1 ms steps, checking its lease before each.
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while guard.is_held() {
+        assert!(
+            Instant::now() < give_up,
+            "the cut-off holder still believes it holds the lock after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let stopped = Instant::now();
+    let deadline = guard.valid_until().into_std();
+    let starved = watch.worst();
+    board.witness.lost(&key, 1, 0, deadline);
+    let stop = if stopped >= deadline {
+        assert!(
+            starved > starvation_bound,
+            "trial {trial}: the holder stopped {:?} after its deadline with no starvation (worst lateness {starved:?})",
+            stopped - deadline
+        );
+        Err(format!(
+            "trial {trial}: stopped {:?} after D, starved {starved:?}",
+            stopped - deadline
+        ))
+    } else {
+        Ok(deadline - stopped)
+    };
+    let entered = rival_run.await.expect("join").expect("the rival gets the lock");
+    assert_eq!(board.witness.seen(&key).overlaps, 0, "trial {trial}");
+    proxy.pass();
+    board.witness.heal("proxy-blackhole");
+    drop(guard);
+    (stop, entered.saturating_duration_since(stopped))
 }
