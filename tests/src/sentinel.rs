@@ -80,7 +80,13 @@ impl Replicated {
     }
 
     /// A master with `replicas` replicas and three sentinels that agree on
-    /// a failover once two of them see the master down for 2 s. Not less:
+    /// a failover once two of them see the master down for 2 s. A sentinel
+    /// whose failover attempt was given up (its election split or timed
+    /// out, as under a loaded machine) tries again only after twice the
+    /// failover timeout (Sentinel's documentation). With 30 s, a `.ci/run`
+    /// saw no failover within a test's 30 s once (its sentinels' logs were
+    /// gone with the test; a given-up attempt is the cause Sentinel
+    /// allows), so theirs is 5 s. Down-after is not less:
     /// a sentinel reconnects to an instance at most once a second, and with
     /// a shorter down-after it can judge a just-promoted master down before
     /// its link is up, and fail over again and again (seen with 500 ms).
@@ -365,7 +371,7 @@ fn start_sentinel(master_port: u16, more: &str) -> SentinelProcess {
                 "port {port}\nbind 127.0.0.1\ndaemonize no\nlogfile sentinel.log\n\
                  sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
                  sentinel down-after-milliseconds {MASTER_NAME} 2000\n\
-                 sentinel failover-timeout {MASTER_NAME} 30000\n\
+                 sentinel failover-timeout {MASTER_NAME} 5000\n\
                  sentinel parallel-syncs {MASTER_NAME} 1\n{more}"
             ),
         )
