@@ -137,13 +137,17 @@ elif [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then
 else
   everything=1
   # Everything: the doctests (nextest does not run those; they compile the
-  # README's and the docs' code blocks), then the tests. The tests are
-  # built first: built for the doctests first, the runtime's library
-  # compiled alone, its tests after it (294 s against 260 s on a clean
-  # checkout).
-  cargo nextest run --workspace --no-run || status=$?
-  cargo test --workspace --doc || status=$?
-  cargo nextest run --workspace --no-fail-fast "$@" || status=$?
+  # README's and the docs' code blocks), then the tests. Everything is
+  # built first, in one build: built for the doctests first, the runtime's
+  # library was compiled alone and its tests after it (294 s on a clean
+  # checkout, against 260 s). A build that fails is reported once, not
+  # again by the doctests and the runner.
+  if cargo nextest run --workspace --no-run; then
+    cargo test --workspace --doc || status=$?
+    cargo nextest run --workspace --no-fail-fast "$@" || status=$?
+  else
+    status=$?
+  fi
 fi
 # A scenario that ran starved and could not be judged (INVALID) proved
 # nothing: it fails the command, as a FAIL does, whatever was selected (a
