@@ -567,6 +567,74 @@ fn a_refused_release_is_sent_again_until_it_lands() {
     });
 }
 
+/// A release refused for longer than five minutes is sent again for five
+/// minutes at most: a lock with a long ttl (up to a day) is left to it
+/// after that, not resent once a second all day.
+#[test]
+fn a_release_refused_for_long_is_sent_again_for_five_minutes_at_most() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(19);
+        let guard = locks
+            .lock("long")
+            .ttl(Duration::from_secs(3600))
+            .acquire()
+            .await
+            .expect("free");
+        sim.fail_next(1_000_000);
+        guard.release().await.expect_err("the release was refused");
+        tokio::time::sleep(Duration::from_secs(1200)).await;
+        let refused: Vec<Duration> = sim
+            .history()
+            .iter()
+            .filter(|e| e.what == SimEventKind::Refused)
+            .map(|e| e.at)
+            .collect();
+        // Copies 0.5 to 1 s apart (the longest gap, jittered).
+        assert!(refused.len() >= 300, "{} copies", refused.len());
+        let resent_for = refused[refused.len() - 1] - refused[0];
+        assert!(
+            (Duration::from_secs(298)..=Duration::from_secs(301)).contains(&resent_for),
+            "copies sent for {resent_for:?} after the release"
+        );
+        drop(locks);
+    });
+}
+
+/// A refused release's copies stop once its client is dropped: the task
+/// that sends them holds the client weakly, so a dropped client's
+/// connections are not kept open for the rest of the ttl.
+#[test]
+fn a_dropped_client_sends_no_more_copies_of_a_refused_release() {
+    runtime().block_on(async {
+        let (locks, sim) = testing::simulated(23);
+        let guard = locks
+            .lock("dropped")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .expect("free");
+        sim.fail_next(1_000_000);
+        guard.release().await.expect_err("the release was refused");
+        let refused = || {
+            sim.history()
+                .iter()
+                .filter(|e| e.what == SimEventKind::Refused)
+                .count()
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let while_alive = refused();
+        assert!(while_alive >= 5, "{while_alive} copies while the client lived");
+        drop(locks);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        // A copy already on its way when the client went still lands.
+        assert!(
+            refused() <= while_alive + 1,
+            "{} copies sent after the client was dropped",
+            refused() - while_alive
+        );
+    });
+}
+
 /// Found by the simulation: a renewal the server refused was tried again
 /// at once, every round trip, rather than after a tenth of the renewal
 /// interval, because the watchdog took leases due within its batching

@@ -35,10 +35,10 @@ struct Target {
     #[arg(long, global = true, default_value = "redis://127.0.0.1:6379/", conflicts_with_all = ["cluster", "redlock", "sentinel", "postgres", "mysql", "etcd", "zookeeper"])]
     url: String,
     /// A Redis Cluster: one or more seed URLs (comma-separated or repeated).
-    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["redlock", "sentinel", "postgres", "mysql", "etcd", "zookeeper"])]
+    #[arg(long, global = true, value_delimiter = ',', conflicts_with_all = ["redlock", "sentinel", "postgres", "mysql", "etcd", "zookeeper"])]
     cluster: Vec<String>,
     /// A Redlock: every master's URL (comma-separated or repeated).
-    #[arg(long, global = true, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["sentinel", "postgres", "mysql", "etcd", "zookeeper"])]
+    #[arg(long, global = true, value_delimiter = ',', conflicts_with_all = ["sentinel", "postgres", "mysql", "etcd", "zookeeper"])]
     redlock: Vec<String>,
     /// A master found through Sentinel, as `NAME@URL,URL,...` (the master's
     /// name, then the sentinels' URLs).

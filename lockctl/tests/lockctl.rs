@@ -259,6 +259,8 @@ async fn no_output_or_error_shows_a_password() {
     .await
 }
 
+/// On a cluster, `list` reads every master (an election's term included,
+/// wherever its slot is), and `unlock --force` finds the key's master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_list_covers_every_master() {
     lock_tests::bounded("on_a_cluster_list_covers_every_master", async move {
@@ -297,6 +299,13 @@ async fn on_a_cluster_list_covers_every_master() {
             json_lines(&lockctl(&["--cluster", &seeds, "--json", "list"])).len(),
             2
         );
+        // An election's term, on whichever master holds its slot.
+        common::an_election_is_listed_with_its_leader(&locks, |args| {
+            let mut all = vec!["--cluster", seeds.as_str()];
+            all.extend_from_slice(args);
+            lockctl(&all)
+        })
+        .await;
     })
     .await
 }
@@ -329,6 +338,14 @@ async fn on_a_redlock_each_master_shows_its_copy_and_unlock_frees_them_all() {
             let joined = urls.join(",");
             let listed = json_lines(&lockctl(&["--redlock", &joined, "--json", "list"]));
             assert_eq!(listed.len(), 3, "one row per master: {listed:?}");
+            // As docs/operations.md writes it, the subcommand right after
+            // the URLs (which once took it for one more URL), and the URLs
+            // given one by one.
+            let shown = stdout(&lockctl(&["--redlock", &joined, "inspect", "report"]));
+            assert!(shown.contains("report"), "{shown}");
+            let mut one_by_one: Vec<&str> = urls.iter().flat_map(|u| ["--redlock", u.as_str()]).collect();
+            one_by_one.extend(["--json", "list"]);
+            assert_eq!(json_lines(&lockctl(&one_by_one)).len(), 3);
             let forced = json_lines(&lockctl(&[
                 "--redlock",
                 &joined,
@@ -403,6 +420,8 @@ async fn a_fair_lock_shows_its_line_and_a_forced_unlock_hands_it_to_the_first_wa
     .await
 }
 
+/// Through Sentinel, `lockctl` reads the master the sentinels name: its
+/// locks and its elections' terms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_sentinel_it_reads_the_master_the_sentinels_name() {
     lock_tests::bounded(
@@ -422,6 +441,12 @@ async fn through_sentinel_it_reads_the_master_the_sentinels_name() {
             assert_eq!(bad.status.code(), Some(1));
             assert!(String::from_utf8_lossy(&bad.stderr).contains("NAME@URL"));
             guard.release().await.expect("release");
+            common::an_election_is_listed_with_its_leader(&locks, |args| {
+                let mut all = vec!["--sentinel", target.as_str()];
+                all.extend_from_slice(args);
+                lockctl(&all)
+            })
+            .await;
         },
     )
     .await

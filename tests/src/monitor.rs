@@ -143,6 +143,12 @@ impl Watch {
     pub fn worst(&self) -> Duration {
         self.thread.worst().max(self.runtime.worst())
     }
+
+    /// The children's watch since this one started: see
+    /// [`Monitor::children_worst`].
+    pub fn children_worst(&self) -> Duration {
+        self.thread.children_worst()
+    }
 }
 
 /// The starvation bound: half the lock's drift allowance δ for a

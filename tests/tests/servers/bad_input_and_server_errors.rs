@@ -18,6 +18,26 @@ fn starved(monitor: &Monitor) -> bool {
     monitor.worst().max(monitor.children_worst()) > Duration::from_millis(250)
 }
 
+/// Judges round `round`, whose call failed with `e`: a failure while this
+/// process or the server was starved (see [`starved`]) proves nothing and
+/// the round is INVALID, provided the lock `key` is free again within 5 s
+/// (a call that timed out is sent again, or given back); any other
+/// failure fails the test.
+async fn invalid_if_starved(round: usize, e: &LockError, monitor: &Monitor, server: &RedisServer, key: &str) {
+    let (worst, server_worst) = (monitor.worst(), monitor.children_worst());
+    assert!(
+        starved(monitor),
+        "round {round}: {e} (starved at most {worst:?}, the server {server_worst:?})"
+    );
+    eprintln!("round {round} INVALID: starved {worst:?}, the server {server_worst:?}: {e}");
+    assert!(
+        eventually(Duration::from_secs(5), || !exists(server, key))
+            .await
+            .is_some(),
+        "round {round}: still held 5 s after a call that timed out"
+    );
+}
+
 fn exists(server: &RedisServer, key: &str) -> bool {
     server.query::<i64>(redis::cmd("EXISTS").arg(key)) == 1
 }
@@ -391,6 +411,10 @@ async fn a_restarted_server_is_reconnected() {
 /// A lock taken with no wait after its connection broke and the client's
 /// first new connection was closed at once: two broken connections in a row
 /// are not a failed attempt (a server restart can leave the client both).
+/// A round whose reconnection outlasted the 1 s command timeout while this
+/// process or the server waited for a CPU (`.ci/run` saw one, `timed
+/// out`, beside JVMs starting) proves nothing and is INVALID; the lock
+/// its unanswered attempt may have taken is given back before the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_broken_connections_in_a_row_are_reconnected() {
     lock_tests::bounded("two_broken_connections_in_a_row_are_reconnected", async move {
@@ -398,13 +422,17 @@ async fn two_broken_connections_in_a_row_are_reconnected() {
         let proxy = Proxy::start(server.port()).await;
         let locks = LockClient::connect(&proxy.url()).await.expect("connect");
         lock_once(&locks, "relinked").await.expect("before the cut");
+        let mut starved_rounds = 0;
         for round in 0..10 {
+            let monitor = Monitor::start();
             proxy.close_next(1);
             proxy.reset();
-            lock_once(&locks, "relinked")
-                .await
-                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            if let Err(e) = lock_once(&locks, "relinked").await {
+                invalid_if_starved(round, &e, &monitor, &server, "lock:{relinked}").await;
+                starved_rounds += 1;
+            }
         }
+        assert!(starved_rounds < 10, "INVALID: every round was starved");
         assert!(!exists(&server, "lock:{relinked}"));
     })
     .await
@@ -437,25 +465,10 @@ async fn a_release_after_two_broken_connections_is_sent_again() {
                     // saw it) proves nothing about the reconnection; it
                     // is still sent again, so the lock is free well
                     // before its 30 s ttl.
-                    Err(e) if starved(&monitor) => {
-                        eprintln!(
-                            "round {round} INVALID: starved {:?}, the server {:?}: {e}",
-                            monitor.worst(),
-                            monitor.children_worst()
-                        );
+                    Err(e) => {
+                        invalid_if_starved(round, &e, &monitor, &server, "lock:{released}").await;
                         starved_rounds += 1;
-                        assert!(
-                            eventually(Duration::from_secs(5), || !exists(&server, "lock:{released}"))
-                                .await
-                                .is_some(),
-                            "round {round}: a release that timed out was not sent again"
-                        );
                     }
-                    Err(e) => panic!(
-                        "round {round}: {e} (starved at most {:?}, the server {:?})",
-                        monitor.worst(),
-                        monitor.children_worst()
-                    ),
                 }
             }
             assert!(starved_rounds < 10, "INVALID: every round was starved");

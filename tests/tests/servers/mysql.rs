@@ -738,11 +738,42 @@ async fn the_rows_of_past_ticks_are_swept() {
 /// Tables made by an earlier version, the members table before fair locks
 /// (no `queued_at` column) and the lock table before elections (no
 /// `record`), are migrated when a client connects: fair locks and
-/// elections then work on them.
+/// elections then work on them. A user without the ALTER grant still
+/// starts on a table without `record` and warns; its locks work, and its
+/// elections fail with the server's "unknown column" until the column is
+/// added.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_made_by_an_earlier_version_is_migrated() {
     lock_tests::bounded("a_table_made_by_an_earlier_version_is_migrated", async move {
         let server = MariaDb::start();
+        server
+            .sql(
+                "CREATE TABLE before_elections (name VARBINARY(2048) NOT NULL PRIMARY KEY, \
+                 holder VARBINARY(255) NOT NULL, expires_at DATETIME(6) NOT NULL, \
+                 fence BIGINT UNSIGNED NOT NULL DEFAULT 0) ENGINE=InnoDB",
+            )
+            .await;
+        server.sql("CREATE USER 'app'@'%' IDENTIFIED BY 'app-Pa55'").await;
+        server
+            .sql("GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON locks.* TO 'app'@'%'")
+            .await;
+        let (captured, _tracing) = lock_tests::secrets::capture_tracing();
+        let app = LockClient::builder()
+            .mysql_table("before_elections")
+            .mysql(&server.url_as("app", "app-Pa55"))
+            .await
+            .expect("a user who may not alter the table still starts");
+        crate::election::elections_wait_for_the_record_column(
+            &app,
+            &captured,
+            "Unknown column 'record'",
+            async || {
+                server
+                    .sql("ALTER TABLE before_elections ADD COLUMN record MEDIUMBLOB NULL")
+                    .await;
+            },
+        )
+        .await;
         server
             .sql(
                 "CREATE TABLE distributed_locks_members (name VARBINARY(1024) NOT NULL, \

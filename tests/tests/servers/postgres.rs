@@ -1030,11 +1030,39 @@ async fn the_rows_of_past_ticks_are_swept() {
 /// to waiters and before elections (no `waiting`, no `record` column), is
 /// migrated when a client connects:
 /// its rows stay (a fenced key's counter goes on from where it was), and a
-/// waiter is woken by the release it waits for.
+/// waiter is woken by the release it waits for. A role that may not alter
+/// the table (only its owner may) still starts on a table without
+/// `record` and warns; its locks work, and its elections fail with the
+/// server's "column does not exist" until the owner adds the column.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_made_by_an_earlier_version_is_migrated() {
     lock_tests::bounded("a_table_made_by_an_earlier_version_is_migrated", async move {
         let server = Postgres::start();
+        server.sql(
+            "CREATE TABLE before_elections (name text PRIMARY KEY, holder text NOT NULL, \
+             expires_at timestamptz NOT NULL, fence bigint NOT NULL DEFAULT 0, \
+             waiting boolean NOT NULL DEFAULT false)",
+        );
+        server.add_password_role("app", "app-Pa55");
+        server.sql("GRANT SELECT, INSERT, UPDATE, DELETE ON before_elections TO app");
+        let (captured, _tracing) = lock_tests::secrets::capture_tracing();
+        let app = LockClient::builder()
+            .postgres_table("before_elections")
+            .postgres(&format!(
+                "host=127.0.0.1 port={} user=app password=app-Pa55 dbname=locks",
+                server.port()
+            ))
+            .await
+            .expect("a role that may not alter the table still starts");
+        crate::election::elections_wait_for_the_record_column(
+            &app,
+            &captured,
+            "column \"record\" of relation \"before_elections\" does not exist",
+            async || {
+                server.sql("ALTER TABLE before_elections ADD COLUMN record text");
+            },
+        )
+        .await;
         server.sql(
             "CREATE TABLE distributed_locks (name text PRIMARY KEY, holder text NOT NULL, \
              expires_at timestamptz NOT NULL, fence bigint NOT NULL DEFAULT 0)",
