@@ -140,7 +140,8 @@ impl<'c> LockAdmin<'c> {
         Ok(locks)
     }
 
-    /// The lock `key` (`name#i` for segment `i` of a segmented lock) on
+    /// The lock `key` (`name#i` for segment `i` of a segmented lock,
+    /// `name (election)` for an election's term, as `list` shows them) on
     /// each node that has it: empty when it is free.
     pub async fn inspect(&self, key: &str) -> Result<Vec<LockInfo>, LockError> {
         let mut found = Vec::new();
@@ -170,10 +171,16 @@ impl<'c> LockAdmin<'c> {
         Ok(0)
     }
 
-    /// `key` as a plain lock, then, when it ends in `#i`, as segment `i`.
+    /// `key` as a plain lock, then, when it ends in `#i`, as segment `i`;
+    /// `NAME (election)`, as [`list`](Self::list) shows a term, first as
+    /// the election `NAME`'s term (then as a lock so named).
     fn candidates(&self, key: &str) -> Result<Vec<LockKey>, LockError> {
         let prefix = &self.client.config.prefix;
-        let mut candidates = vec![LockKey::new(prefix, key.to_owned())?];
+        let mut candidates = Vec::new();
+        if let Some(name) = key.strip_suffix(" (election)") {
+            candidates.push(LockKey::election(prefix, name)?);
+        }
+        candidates.push(LockKey::new(prefix, key.to_owned())?);
         if let Some((base, i)) = key.rsplit_once('#')
             && let Ok(i) = i.parse::<u32>()
             && let Ok(lock) = LockKey::new(prefix, base.to_owned())

@@ -136,7 +136,8 @@ enum Command {
         /// A glob over keys as services render them.
         pattern: Option<String>,
     },
-    /// One lock in full (`KEY#i` for segment i of a segmented lock).
+    /// One lock in full (`KEY#i` for segment i of a segmented lock, `NAME
+    /// (election)` for an election's term, as `list` shows it).
     Inspect {
         /// The lock's key as services render it.
         key: String,

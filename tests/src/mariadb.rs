@@ -143,13 +143,18 @@ impl MariaDb {
         self.wait_until_ready()
     }
 
-    /// Waits until the server answers a query; false if it exited first.
+    /// Waits until this server answers a query on its port; false if it
+    /// exited first. The answer must come from this server (its data
+    /// directory): a port found free can be taken by another test's server
+    /// before this one binds it, and that one answers while this one is
+    /// still failing to bind.
     fn wait_until_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(30);
         let opts = mysql_async::OptsBuilder::default()
             .ip_or_hostname("127.0.0.1")
             .tcp_port(self.port)
             .user(Some("root"));
+        let ours = self.dir.path().join("data");
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(_)) = child.try_wait()
@@ -157,13 +162,13 @@ impl MariaDb {
                 return false;
             }
             let opts = opts.clone();
-            let answered = block_on(async move {
+            let answered = block_on(async {
                 let Ok(mut conn) = mysql_async::Conn::new(opts).await else {
                     return false;
                 };
-                let ok = conn.query_drop("SELECT 1").await.is_ok();
+                let datadir: Option<String> = conn.query_first("SELECT @@datadir").await.ok().flatten();
                 let _ = conn.disconnect().await;
-                ok
+                datadir.is_some_and(|d| std::path::Path::new(d.trim_end_matches('/')) == ours)
             });
             if answered {
                 return true;

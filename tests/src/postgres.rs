@@ -156,6 +156,10 @@ impl Postgres {
     }
 
     /// Waits until the server accepts connections; false if it exited first.
+    /// Asked through its own socket directory, so that the answer is this
+    /// server's: a port found free can be taken by another test's server
+    /// before this one binds it, and that one answers on the port while
+    /// this one is still failing to bind (it exits when it cannot).
     fn wait_until_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
@@ -165,7 +169,10 @@ impl Postgres {
                 return false;
             }
             let ready = Command::new(program("pg_isready"))
-                .args(["-q", "-h", "127.0.0.1", "-U", USER, "-d", "postgres", "-p"])
+                .arg("-q")
+                .arg("-h")
+                .arg(self.dir.path())
+                .args(["-U", USER, "-d", "postgres", "-p"])
                 .arg(self.port.to_string())
                 .stdin(Stdio::null())
                 .status()

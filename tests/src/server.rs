@@ -170,8 +170,16 @@ impl RedisServer {
         self.wait_until_ready()
     }
 
-    /// Waits until the server answers PING; false if it exited first.
+    /// Waits until this server answers on its port; false if it exited
+    /// first. The answer must come from this process: a port found free
+    /// can be taken by another test's server before this one binds it, and
+    /// that server answers while this one is still failing to bind (a
+    /// Redlock test once found a master it had killed still answering: the
+    /// port was another test's server all along).
     fn wait_until_ready(&mut self) -> bool {
+        let Some(ours) = self.child.as_ref().map(Child::id) else {
+            return false;
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut()
@@ -180,9 +188,15 @@ impl RedisServer {
                 return false;
             }
             if let Ok(mut conn) = self.sync_connection()
-                && redis::cmd("PING").query::<String>(&mut conn).is_ok()
+                && let Ok(info) = redis::cmd("INFO").arg("server").query::<String>(&mut conn)
             {
-                return true;
+                let answering = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("process_id:"))
+                    .and_then(|pid| pid.trim().parse::<u32>().ok());
+                if answering == Some(ours) {
+                    return true;
+                }
             }
             std::thread::sleep(Duration::from_millis(5));
         }

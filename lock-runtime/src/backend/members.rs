@@ -20,13 +20,16 @@ pub(crate) fn is_member(holder: &str) -> bool {
 /// their leases end), in the shape the Redis backend reads: a gate is a
 /// shared lock whose members hold it (a writer's claim among them); any
 /// other live row is held by `holder`, with a fair lock's unlapsed places
-/// as its line. `None`: the lock is free.
+/// as its line, and `marked` when a waiter asked for its release to be
+/// announced (PostgreSQL's `waiting`; shown as Redis shows it, `+w` after
+/// the holder). `None`: the lock is free.
 pub(crate) fn found_in_table(
     holder: String,
     left_ms: i64,
     fence: Option<u64>,
     now_ms: i64,
     members: Vec<(String, i64)>,
+    marked: bool,
 ) -> Option<Found> {
     if holder.starts_with('#') {
         return Some(Found {
@@ -49,7 +52,7 @@ pub(crate) fn found_in_table(
         pttl_ms: left_ms,
         fence,
         in_line: u64::try_from(in_line).unwrap_or(u64::MAX),
-        value: Some(holder),
+        value: Some(if marked { format!("{holder}+w") } else { holder }),
         members: Vec::new(),
     })
 }

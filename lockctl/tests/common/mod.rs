@@ -183,8 +183,8 @@ pub(crate) async fn watch_prints_the_lock_coming_and_going(
 
 /// An election's term as `lockctl list` shows it, on a backend it reads:
 /// the key `<name> (election)`, kind `election`, the leader's id (role
-/// `leader`), the value it proclaimed, its epoch as the fence; gone from
-/// the list once the leader resigns.
+/// `leader`), the value it proclaimed, its epoch as the fence; inspected
+/// by that key; gone from the list once the leader resigns.
 pub(crate) async fn an_election_is_listed_with_its_leader(
     locks: &LockClient,
     lockctl: impl Fn(&[&str]) -> Output,
@@ -201,6 +201,15 @@ pub(crate) async fn an_election_is_listed_with_its_leader(
     assert_eq!(found["holders"][0]["role"], "leader", "{found}");
     let narrowed = json_lines(&lockctl(&["--json", "list", "sched*"]));
     assert_eq!(narrowed.len(), 1, "{narrowed:?}");
+    // Inspected by the key the listing shows.
+    let inspected = json_lines(&lockctl(&["--json", "inspect", "scheduler (election)"]));
+    assert_eq!(inspected[0]["held"], true, "{inspected:?}");
+    let shown = find(
+        inspected[0]["locks"].as_array().expect("the term's locks"),
+        "scheduler (election)",
+    );
+    assert_eq!(shown["kind"], "election", "{shown}");
+    assert_eq!(shown["value"], "10.0.0.7:8080", "{shown}");
     let table = stdout(&lockctl(&["list"]));
     assert!(
         table.contains("scheduler (election)") && table.contains("(leader: 10.0.0.7:8080)"),

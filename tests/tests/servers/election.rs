@@ -470,6 +470,70 @@ mod watched_observers {
     on_backends!(an_observer_is_woken_by_the_stores_watch: zookeeper, etcd);
 }
 
+/// Where the store announces a release a candidate waits for (Redis
+/// pub/sub on one node, through Sentinel and on a cluster; PostgreSQL's
+/// `LISTEN`), an observer in the waiting candidate's client is
+/// woken by that announcement: after each of 5 resignations in the other
+/// client it shows the waiting candidate's term in under 500 ms. Each
+/// resignation comes just after the observer's read of the resigning
+/// term, so an observer that read only by its clock (once a second) would
+/// take about a second every time.
+async fn an_observer_hears_a_release_a_candidate_waits_for(replicas: Replicas) {
+    let Replicas { a, b, .. } = replicas;
+    let (leaving, waiting) = (a.election("announced"), b.election("announced"));
+    let mut seen = waiting.observe().await.expect("observe");
+    let admin = a.admin();
+    on_time_unless_starved("read by the clock, not woken by the announcement", async || {
+        let mut late = Vec::new();
+        for i in 1..=5 {
+            let term = leaving.campaign(format!("a{i}")).await.expect("elected");
+            let epoch = term.epoch();
+            until(&mut seen, "the leader", |l| {
+                l.as_ref().is_some_and(|l| l.epoch == epoch)
+            })
+            .await;
+            let candidate = tokio::spawn({
+                let waiting = waiting.clone().wait(Duration::from_secs(10));
+                async move { waiting.campaign("b").await }
+            });
+            // The release is announced only once the candidate has marked
+            // the term as waited for.
+            let marked = Instant::now();
+            loop {
+                let term_now = admin.inspect("announced (election)").await.expect("inspect");
+                if term_now.iter().any(|l| l.waiters) {
+                    break;
+                }
+                assert!(
+                    marked.elapsed() < Duration::from_secs(10),
+                    "the candidate did not mark the term: {term_now:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let resigned = Instant::now();
+            term.resign().await.expect("resign");
+            until(&mut seen, "the waiting candidate's term", |l| {
+                l.as_ref().is_some_and(|l| l.epoch > epoch)
+            })
+            .await;
+            if resigned.elapsed() >= Duration::from_millis(500) {
+                late.push(resigned.elapsed());
+            }
+            let next = candidate.await.expect("the candidate").expect("elected");
+            assert_eq!(seen.borrow().as_ref().map(|l| l.epoch), Some(next.epoch()));
+            next.resign().await.expect("resign");
+        }
+        late
+    })
+    .await;
+}
+
+mod announced_observers {
+    on_backends!(
+        an_observer_hears_a_release_a_candidate_waits_for: redis, sentinel, cluster, postgres
+    );
+}
+
 /// An observer cut off from its store keeps the last leader it read and
 /// says it is cut off (never `None`); reconnected, it reads again.
 async fn an_observer_cut_off_keeps_its_last_value_and_says_so(target: String) {

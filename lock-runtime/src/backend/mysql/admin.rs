@@ -137,6 +137,8 @@ impl MysqlBackend {
             Some(fence).filter(|f| *f > 0),
             now_ms,
             members,
+            // MySQL's waiters poll: nothing is marked.
+            false,
         ))
     }
 

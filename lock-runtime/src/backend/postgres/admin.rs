@@ -20,8 +20,8 @@ use crate::redact::redact_secrets;
 /// A lock name's parts, read in one statement: the row's holder, what is
 /// left of its lease in ms (-1 for a shared lock's gate, -2 when it
 /// ended), its fence counter, the database's clock in ms since the epoch,
-/// and the members (holders of a shared lock, or a fair lock's line) with
-/// the ms their leases end.
+/// the members (holders of a shared lock, or a fair lock's line) with
+/// the ms their leases end, and whether a waiter marked the row.
 fn inspect_sql(table: &str) -> String {
     let t = format!("\"{table}\"");
     let m = format!("\"{table}_members\"");
@@ -33,7 +33,8 @@ fn inspect_sql(table: &str) -> String {
                 ELSE ceil(extract(epoch from (l.expires_at - clock_timestamp())) * 1000)::bigint END, \
            l.fence, {now}, \
            array(SELECT m.member FROM {m} m WHERE m.name = l.name ORDER BY m.expires_at, m.member), \
-           array(SELECT {ends} FROM {m} m WHERE m.name = l.name ORDER BY m.expires_at, m.member) \
+           array(SELECT {ends} FROM {m} m WHERE m.name = l.name ORDER BY m.expires_at, m.member), \
+           l.waiting \
          FROM {t} l WHERE l.name = $1",
         now = epoch_ms("clock_timestamp()"),
         ends = epoch_ms("m.expires_at"),
@@ -145,9 +146,10 @@ impl PostgresBackend {
                 row.try_get::<_, i64>(3)?,
                 row.try_get::<_, Vec<String>>(4)?,
                 row.try_get::<_, Vec<i64>>(5)?,
+                row.try_get::<_, bool>(6)?,
             ))
         };
-        let (holder, left_ms, fence, now_ms, members, ends) = read()
+        let (holder, left_ms, fence, now_ms, members, ends, marked) = read()
             .map_err(|e| LockError::backend(&self.node, Some(&key.name), format!("unexpected row: {e}")))?;
         Ok(found_in_table(
             holder,
@@ -155,6 +157,7 @@ impl PostgresBackend {
             u64::try_from(fence).ok().filter(|f| *f > 0),
             now_ms,
             members.into_iter().zip(ends).collect(),
+            marked,
         ))
     }
 
