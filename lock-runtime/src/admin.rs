@@ -145,7 +145,7 @@ impl<'c> LockAdmin<'c> {
     /// each node that has it: empty when it is free.
     pub async fn inspect(&self, key: &str) -> Result<Vec<LockInfo>, LockError> {
         let mut found = Vec::new();
-        for candidate in self.candidates(key)? {
+        for candidate in self.term_named(key).into_iter().chain(self.candidates(key)?) {
             found = self.read(&candidate, None).await?;
             if !found.is_empty() {
                 break;
@@ -171,16 +171,18 @@ impl<'c> LockAdmin<'c> {
         Ok(0)
     }
 
-    /// `key` as a plain lock, then, when it ends in `#i`, as segment `i`;
-    /// `NAME (election)`, as [`list`](Self::list) shows a term, first as
-    /// the election `NAME`'s term (then as a lock so named).
+    /// The election term `key` names as [`list`](Self::list) shows one
+    /// (`NAME (election)`), read before a lock so named. Only `inspect`
+    /// looks for it: freeing a term by force is not offered.
+    fn term_named(&self, key: &str) -> Option<LockKey> {
+        let name = key.strip_suffix(" (election)")?;
+        LockKey::election(&self.client.config.prefix, name).ok()
+    }
+
+    /// `key` as a plain lock, then, when it ends in `#i`, as segment `i`.
     fn candidates(&self, key: &str) -> Result<Vec<LockKey>, LockError> {
         let prefix = &self.client.config.prefix;
-        let mut candidates = Vec::new();
-        if let Some(name) = key.strip_suffix(" (election)") {
-            candidates.push(LockKey::election(prefix, name)?);
-        }
-        candidates.push(LockKey::new(prefix, key.to_owned())?);
+        let mut candidates = vec![LockKey::new(prefix, key.to_owned())?];
         if let Some((base, i)) = key.rsplit_once('#')
             && let Ok(i) = i.parse::<u32>()
             && let Ok(lock) = LockKey::new(prefix, base.to_owned())
