@@ -34,7 +34,9 @@ struct Spent {
 
 /// `INFO commandstats`: per command, its calls and its µs, without the
 /// commands the measuring itself sends.
-async fn command_stats(conn: &mut MultiplexedConnection) -> Result<BTreeMap<String, (u64, u64)>, Error> {
+pub(crate) async fn command_stats(
+    conn: &mut MultiplexedConnection,
+) -> Result<BTreeMap<String, (u64, u64)>, Error> {
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
     Ok(info
         .lines()

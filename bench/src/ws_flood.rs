@@ -242,6 +242,12 @@ pub(crate) async fn ws_busy_runtime(url: &str, lags: &Lags) -> Result<Report, Er
     })
 }
 
+/// How many `PEXPIRE`s the server has run, in scripts or not.
+async fn expires(conn: &mut MultiplexedConnection) -> Result<u64, Error> {
+    let stats = w1_accounting::command_stats(conn).await?;
+    Ok(stats.get("pexpire").map_or(0, |&(calls, _)| calls))
+}
+
 /// WSC: a million leases of ttl 30 s held through three renewal rounds.
 pub(crate) async fn ws_capacity(url: &str, lags: &Lags) -> Result<Report, Error> {
     let locks = LockClient::connect(url).await?;
@@ -251,9 +257,17 @@ pub(crate) async fn ws_capacity(url: &str, lags: &Lags) -> Result<Report, Error>
     let acquire_time = acquired.elapsed();
     let resident_held = resident_bytes();
     lags.take();
+    // While the leases are only held, the server runs nothing but their
+    // renewals, and each renewal one `PEXPIRE` (two only when its lease is
+    // already longer, which a watchdog's renewal never finds).
+    let mut server = floor::raw_connection(url).await?;
+    let (server_before, expires_before) =
+        (floor::server_cpu(&mut server).await?, expires(&mut server).await?);
     let cpu_before = cpu_time();
     tokio::time::sleep(CAPACITY_HOLD).await;
     let cpu = cpu_time() - cpu_before;
+    let server_cpu = floor::server_cpu(&mut server).await? - server_before;
+    let renewals = expires(&mut server).await? - expires_before;
     let still_held = guards.iter().filter(|g| g.is_held()).count();
     let lags = lags.take();
     let lost_by_release = release_counting_lost(guards).await?;
@@ -269,6 +283,11 @@ pub(crate) async fn ws_capacity(url: &str, lags: &Lags) -> Result<Report, Error>
             (
                 "client_bytes_per_held_lock",
                 (resident_held - resident_before) / CAPACITY_HELD as f64,
+            ),
+            ("renewals", renewals as f64),
+            (
+                "server_us_per_renewal",
+                server_cpu.as_secs_f64() * 1e6 / renewals.max(1) as f64,
             ),
             ("still_held", still_held as f64),
             ("lost_by_release", lost_by_release as f64),

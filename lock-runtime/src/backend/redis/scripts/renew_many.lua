@@ -53,7 +53,7 @@ for i, key in ipairs(KEYS) do
   else
     local current = redis.pcall('GET', key)
     if current == holder or current == holder .. '+w' then
-      lengthen(key, tonumber(ARGV[2 * i]))
+      lengthen(key, ARGV[2 * i])
       renewed[i] = 1
     else
       renewed[i] = 0
