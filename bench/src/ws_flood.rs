@@ -6,6 +6,9 @@
 //!   client lets them. Every held lease must still be held at the end; the
 //!   renewal lag (from when a lease's renewal fell due to the server's
 //!   confirmation) is read from the library's own metric.
+//! - WSG, WSM: the same on PostgreSQL and MariaDB, at a database's
+//!   scale: 2,000 held leases (ttl 3 s) under 1,000 flooding tasks, on a
+//!   server the bench starts, with the client's default pool.
 //! - WSB: 10,000 leases (ttl 3 s) held for `BUSY_HOLD` while the
 //!   caller's runtime is kept busy: `BUSY_TASKS` tasks that each compute
 //!   for `BUSY_SLICE` between yields (a service doing blocking work on its
@@ -126,7 +129,59 @@ async fn release_counting_lost(guards: Vec<lock_runtime::LockGuard>) -> Result<u
 /// WSF: held leases renewed under an acquisition flood.
 pub(crate) async fn ws_flood(url: &str, lags: &Lags) -> Result<Report, Error> {
     let locks = LockClient::connect(url).await?;
-    let guards = hold(&locks, "wsf-held", FLOOD_HELD, FLOOD_TTL).await?;
+    flood_on(
+        &locks,
+        (FLOOD_HELD, FLOOD_TASKS),
+        "WSF 100k leases held under 100k tasks taking and releasing",
+        lags,
+    )
+    .await
+}
+
+/// Held leases and flooding tasks on a database.
+const SQL_FLOOD: (usize, usize) = (2_000, 1_000);
+
+/// WSG: WSF's shape on a PostgreSQL the bench starts.
+pub(crate) async fn ws_flood_postgres(lags: &Lags) -> Result<Report, Error> {
+    let server = tokio::task::block_in_place(lock_tests::Postgres::start);
+    let locks = LockClient::postgres(&server.url()).await?;
+    let report = flood_on(
+        &locks,
+        SQL_FLOOD,
+        "WSG PostgreSQL 2k leases held under 1k tasks taking and releasing",
+        lags,
+    )
+    .await;
+    drop(locks);
+    drop(server);
+    report
+}
+
+/// WSM: WSF's shape on a MariaDB the bench starts.
+pub(crate) async fn ws_flood_mysql(lags: &Lags) -> Result<Report, Error> {
+    let server = tokio::task::block_in_place(lock_tests::MariaDb::start);
+    let locks = LockClient::mysql(&server.url()).await?;
+    let report = flood_on(
+        &locks,
+        SQL_FLOOD,
+        "WSM MariaDB 2k leases held under 1k tasks taking and releasing",
+        lags,
+    )
+    .await;
+    drop(locks);
+    drop(server);
+    report
+}
+
+/// `held` leases (ttl 3 s) held for `FLOOD_HOLD` while `tasks` other tasks
+/// each take and release a key of their own in a loop.
+async fn flood_on(
+    locks: &LockClient,
+    (held, tasks): (usize, usize),
+    workload: &'static str,
+    lags: &Lags,
+) -> Result<Report, Error> {
+    let guards = hold(locks, "wsf-held", held, FLOOD_TTL).await?;
     lags.take();
     let stop = Arc::new(AtomicBool::new(false));
     let pairs = Arc::new(AtomicUsize::new(0));
@@ -136,7 +191,7 @@ pub(crate) async fn ws_flood(url: &str, lags: &Lags) -> Result<Report, Error> {
     // take longer than the command timeout. Counted; the task goes on.
     let flood_errors = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
-    let flood: Vec<_> = (0..FLOOD_TASKS)
+    let flood: Vec<_> = (0..tasks)
         .map(|task| {
             let (locks, stop, pairs, flood_lost, flood_errors) = (
                 locks.clone(),
@@ -180,8 +235,8 @@ pub(crate) async fn ws_flood(url: &str, lags: &Lags) -> Result<Report, Error> {
     let lags = lags.take();
     let lost_by_release = release_counting_lost(guards).await?;
     Ok(Report {
-        workload: "WSF 100k leases held under 100k tasks taking and releasing",
-        ops: FLOOD_HELD,
+        workload,
+        ops: held,
         elapsed: started.elapsed(),
         extra: vec![
             ("flood_pairs_per_s", flood_pairs as f64 / FLOOD_HOLD.as_secs_f64()),

@@ -221,7 +221,7 @@ impl LockClient {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct LockClientBuilder {
-    config: ClientConfig,
+    pub(crate) config: ClientConfig,
 }
 
 impl LockClientBuilder {

@@ -84,6 +84,17 @@ impl SimOptions {
         self.faults.duplicated_per_mille = per_mille.min(1000);
         self
     }
+
+    /// Out of 1,000 replies, this many are stale: the request is applied
+    /// when it lands, and its reply then takes a random time up to `max`
+    /// longer on its way back (a reply queued behind others on a busy
+    /// connection, a slow network back), so that the grant or renewal it
+    /// reports is that old when it arrives.
+    pub fn random_stale_replies(mut self, per_mille: u32, max: Duration) -> Self {
+        self.faults.stale_per_mille = per_mille.min(1000);
+        self.faults.max_stale = max;
+        self
+    }
 }
 
 /// A client of a new simulated server, and the control of that server.
@@ -131,9 +142,11 @@ impl SimControl {
     /// prefix, default ttl and wait, retry and command timeouts).
     pub fn client_with(&self, builder: LockClientBuilder) -> LockClient {
         let n = self.clients.fetch_add(1, Ordering::Relaxed);
+        let command_timeout = builder.config.command_timeout;
         builder.build_with(
             AnyBackend::Sim(SimBackend {
                 server: Arc::clone(&self.server),
+                command_timeout,
             }),
             Arc::clone(&self.notifier),
             "simulated".into(),
@@ -188,6 +201,15 @@ impl SimControl {
     /// the copies' replies go nowhere.
     pub fn duplicate_next(&self, n: u32) {
         self.server.duplicate_next(n);
+    }
+
+    /// The next `n` requests are applied when they land, and their replies
+    /// take `by` longer on their way back: what a stale reply says (a
+    /// grant, a renewal) is that old when its caller reads it, if its
+    /// caller still waits for it (a command timeout shorter than `by`
+    /// makes it a lost reply).
+    pub fn delay_replies(&self, n: u32, by: Duration) {
+        self.server.stale_next(n, by);
     }
 
     /// From now, every request and every reply takes `each_way` longer.

@@ -2,7 +2,7 @@
 //! over thousands of seeded schedules: clients and tasks taking every kind
 //! of lock, nested, handed between a client's tasks and all at once, some given up on mid-call, with random
 //! delays, refused requests, lost replies (with their connections or
-//! not), requests applied twice, pauses,
+//! not), stale replies, requests applied twice, pauses,
 //! restarts with the server's state and without it, expired and stolen
 //! leases, and a server clock running faster than the client's. Each seed checks that every body ran inside its lease
 //! on the server's clock (a lease the schedule ended by force: inside the
@@ -62,7 +62,10 @@ type StatelessRestarts = Arc<AtomicU32>;
 /// task, every choice drawn from the seed.
 async fn schedule(seed: u64, options: SimOptions) -> (SimControl, Tokens) {
     // Every client with the command timeout the wait bound assumes (the
-    // first client's default of 1 s would not).
+    // first client's default of 1 s would not). One timeout for all: the
+    // simulated clients share one notifier, so a waiter of one can be
+    // handed a lock by another and hear of it within the giver's timeout
+    // (a real client hands over only among its own tasks).
     let (_, sim) = testing::simulated_with(seed, options);
     let builder = || LockClient::builder().command_timeout(COMMAND_TIMEOUT);
     let clients = [
@@ -99,7 +102,7 @@ async fn schedule(seed: u64, options: SimOptions) -> (SimControl, Tokens) {
                     ["rw", "p", "f", "x", "s"][rng.random_range(0..5)],
                     rng.random_range(0..3)
                 );
-                match rng.random_range(0..11) {
+                match rng.random_range(0..12) {
                     0 => sim.pause(Duration::from_millis(rng.random_range(0..400))),
                     1 => sim.lose_replies(rng.random_range(1..3)),
                     9 => sim.cut_replies(rng.random_range(1..3)),
@@ -113,6 +116,13 @@ async fn schedule(seed: u64, options: SimOptions) -> (SimControl, Tokens) {
                         sim.restart_without_state(Duration::from_millis(rng.random_range(0..300)));
                     }
                     5 => sim.duplicate_next(rng.random_range(1..3)),
+                    // Stale replies, within the command timeout and past it
+                    // (then lost to their callers, as a driver's response
+                    // timeout loses them).
+                    11 => sim.delay_replies(
+                        rng.random_range(1..4),
+                        Duration::from_millis(rng.random_range(0..400)),
+                    ),
                     6 => {
                         sim.expire(&key);
                     }
@@ -233,9 +243,14 @@ async fn one_call(
     // timeout) and its retry's pause; a pause of the server is a command
     // that gets no reply in that time.
     let bound = wait + COMMAND_TIMEOUT * 2 + Duration::from_millis(50);
+    if waited > bound && std::env::var("LOCK_SIM_SEED").is_ok() {
+        for event in sim.history() {
+            println!("{event:?}");
+        }
+    }
     assert!(
         waited <= bound,
-        "seed {}: {who:?} waited {waited:?} for {key}, past its wait of {wait:?}: {outcome:?}",
+        "seed {}: {who:?} (kind {kind}) waited {waited:?} for {key}, past its wait of {wait:?}: {outcome:?}",
         sim.seed()
     );
     match outcome {
@@ -311,6 +326,7 @@ fn faulty() -> SimOptions {
         .random_refusals(20)
         .random_lost_replies(20)
         .random_duplicates(10)
+        .random_stale_replies(10, Duration::from_millis(150))
 }
 
 #[test]
@@ -970,6 +986,150 @@ fn an_acquisition_applied_twice_is_freed_by_one_release() {
         drop(next);
         sim.assert_leases_respected();
         sim.assert_no_overlap();
+    });
+}
+
+/// A grant whose reply comes back after the lease it grants has ended on
+/// the server (a stale reply: applied at once, its answer queued behind
+/// others for 1.5 s of a 1 s lease) runs no body: another client took the
+/// lock meanwhile, and the stale grant is given back and asked for again,
+/// and its body runs only once a later grant arrives in time.
+#[test]
+fn a_grant_that_comes_back_after_its_lease_runs_no_body() {
+    runtime().block_on(async {
+        let (_, sim) = testing::simulated(21);
+        let patient = sim.client_with(LockClient::builder().command_timeout(Duration::from_secs(5)));
+        let ttl = Duration::from_secs(1);
+        sim.delay_replies(1, Duration::from_millis(1_500));
+        let started = Instant::now();
+        let late = tokio::spawn(async move {
+            patient
+                .lock("k")
+                .ttl(ttl)
+                .wait(Duration::from_secs(10))
+                .run(async { Instant::now() })
+                .await
+        });
+        // The next holder takes the lock once the stale grant's lease has
+        // run out on the server, while that grant's reply is still on its
+        // way, and holds it past the reply's arrival.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let next = sim
+            .client()
+            .lock("k")
+            .ttl(ttl)
+            .acquire()
+            .await
+            .expect("free once the first lease ran out");
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        next.release().await.expect("released");
+        let began = late.await.expect("no panic").expect("granted again in time");
+        assert!(
+            began - started >= Duration::from_millis(1_900),
+            "the body began {:?} in, with the stale grant or beside the next holder",
+            began - started
+        );
+        let grants = sim
+            .history()
+            .iter()
+            .filter(|e| e.key == "lock:{k}" && matches!(e.what, SimEventKind::Granted { .. }))
+            .count();
+        assert_eq!(grants, 3, "{:?}", sim.history());
+        sim.assert_leases_respected();
+        sim.assert_no_overlap();
+    });
+}
+
+/// A renewal whose confirmation is stale (the server renewed the lease at
+/// once; the reply takes 2 s of a 1 s lease to come back) is given up on
+/// at the renewal interval, not at the command timeout (5 s here), and
+/// sent again: the lease is kept, its body never stopped.
+#[test]
+fn a_renewal_whose_reply_is_stale_is_sent_again_and_the_lease_kept() {
+    runtime().block_on(async {
+        let (_, sim) = testing::simulated(22);
+        let patient = sim.client_with(LockClient::builder().command_timeout(Duration::from_secs(5)));
+        let guard = patient
+            .lock("k")
+            .ttl(Duration::from_secs(1))
+            .acquire()
+            .await
+            .expect("free");
+        // The watchdog's first renewal goes at a third of the lease.
+        sim.delay_replies(1, Duration::from_secs(2));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(guard.is_held(), "the lease was lost to one stale reply");
+        let renewals = sim
+            .history()
+            .iter()
+            .filter(|e| matches!(e.what, SimEventKind::Renewed { .. }))
+            .count();
+        assert!(renewals >= 12, "{renewals} renewals in 5 s of a 1 s lease");
+        guard.release().await.expect("released");
+        sim.assert_leases_respected();
+    });
+}
+
+/// A nested call's extension whose reply is stale ends at the client's
+/// command timeout, as on a real server, where the driver gives the reply
+/// up: the simulated server made its callers wait for any reply however
+/// late, so a caller waited 951 ms for a lock with a `wait` of 326 ms and
+/// a command timeout of 200 ms (seed 1035, once replies could be stale).
+#[test]
+fn a_stale_reply_to_an_extension_ends_at_the_command_timeout() {
+    runtime().block_on(async {
+        let (_, sim) = testing::simulated(24);
+        let locks = sim.client_with(LockClient::builder().command_timeout(COMMAND_TIMEOUT));
+        let (inner, inner_sim) = (locks.clone(), sim.clone());
+        let outcome = locks
+            .lock("k")
+            .ttl(Duration::from_secs(1))
+            .run(async move {
+                inner_sim.delay_replies(1, Duration::from_secs(1));
+                let asked = Instant::now();
+                let extended = inner.lock("k").ttl(Duration::from_secs(30)).run(async {}).await;
+                (asked.elapsed(), extended)
+            })
+            .await;
+        let (took, extended) = outcome.expect("the outer call ran");
+        assert!(
+            took <= COMMAND_TIMEOUT + Duration::from_millis(5),
+            "the extension took {took:?}: {extended:?}"
+        );
+        assert!(matches!(extended, Err(LockError::Backend { .. })), "{extended:?}");
+        sim.assert_leases_respected();
+    });
+}
+
+/// A lease all of whose renewals are confirmed too late (the server
+/// renews it each time; every reply takes 2 s of a 1 s lease) is lost at
+/// its validity deadline, counted from the grant: the body is stopped
+/// while the server still holds the lease, never after it let it go.
+#[test]
+fn renewals_confirmed_only_past_the_lease_stop_the_body_at_its_deadline() {
+    runtime().block_on(async {
+        let (_, sim) = testing::simulated(23);
+        let patient = sim.client_with(LockClient::builder().command_timeout(Duration::from_secs(5)));
+        let ttl = Duration::from_secs(1);
+        let guard = patient.lock("k").ttl(ttl).acquire().await.expect("free");
+        let granted = Instant::now();
+        sim.delay_replies(1_000, Duration::from_secs(2));
+        assert_eq!(guard.lost().await, LostReason::Expired);
+        assert!(
+            granted.elapsed() < ttl,
+            "told {:?} after the grant",
+            granted.elapsed()
+        );
+        assert!(
+            sim.history()
+                .iter()
+                .any(|e| matches!(e.what, SimEventKind::Renewed { .. })),
+            "no renewal was applied: {:?}",
+            sim.history()
+        );
+        assert!(!guard.is_held());
+        drop(guard);
+        sim.assert_leases_respected();
     });
 }
 

@@ -4,7 +4,8 @@
 //! tests run on the paused clock, with a server clock that may run at
 //! another rate than the client's, and faults injected between the client
 //! and the server: delays, refused requests, requests applied whose reply
-//! is lost, requests applied twice, pauses, restarts with or without the
+//! is lost, requests applied twice, stale replies (applied at once, their
+//! reply long on its way back), pauses, restarts with or without the
 //! server's state. A request once sent travels on its own: it lands even
 //! if its caller gave up on it (a command timeout, a dropped future), as on
 //! a real connection. Every random choice comes from one seed, and the
@@ -45,6 +46,11 @@ pub(crate) struct RandomFaults {
     /// Out of 1,000 requests, how many are applied a second time, before
     /// the reply reaches the caller (a copy a driver sent again).
     pub(crate) duplicated_per_mille: u32,
+    /// Out of 1,000 replies, how many are stale: delayed on their way back
+    /// by a time drawn from `[0, max_stale]` more, so that what they say
+    /// (a grant, a renewal) is that old when it arrives.
+    pub(crate) stale_per_mille: u32,
+    pub(crate) max_stale: Duration,
 }
 
 /// One thing the server did, at its own clock's time since it started.
@@ -150,6 +156,9 @@ struct World {
     /// The next this many requests take `slow_by` longer on their way.
     slow_next: u32,
     slow_by: Duration,
+    /// The next this many replies take `stale_by` longer on their way back.
+    stale_next: u32,
+    stale_by: Duration,
     delay: Duration,
     paused_until: Option<Instant>,
     /// Until when the server is down (restarting): requests are refused
@@ -350,6 +359,8 @@ impl SimServer {
                 cut_next: 0,
                 slow_next: 0,
                 slow_by: Duration::ZERO,
+                stale_next: 0,
+                stale_by: Duration::ZERO,
                 delay: Duration::ZERO,
                 paused_until: None,
                 down_until: None,
@@ -387,7 +398,14 @@ impl SimServer {
             w.slow_next -= 1;
             there += w.slow_by;
         }
-        let back = leg(&mut w);
+        let mut back = leg(&mut w);
+        if w.stale_next > 0 {
+            w.stale_next -= 1;
+            back += w.stale_by;
+        } else if w.random.stale_per_mille > 0 && w.rng.random_range(0..1000) < w.random.stale_per_mille {
+            let max = u64::try_from(w.random.max_stale.as_nanos()).unwrap_or(u64::MAX);
+            back += Duration::from_nanos(w.rng.random_range(0..=max));
+        }
         let (refused_rate, lost_rate) = (w.random.refused_per_mille, w.random.lost_reply_per_mille);
         let draw = w.rng.random_range(0..1000);
         let refused = if w.refuse_next > 0 {
@@ -601,6 +619,12 @@ impl SimServer {
         w.slow_by = by;
     }
 
+    pub(crate) fn stale_next(&self, n: u32, by: Duration) {
+        let mut w = self.world();
+        w.stale_next += n;
+        w.stale_by = by;
+    }
+
     pub(crate) fn set_delay(&self, each_way: Duration) {
         self.world().delay = each_way;
     }
@@ -810,6 +834,34 @@ fn broken(key: &LockKey, why: &str) -> Failure {
 #[derive(Debug, Clone)]
 pub(crate) struct SimBackend {
     pub(crate) server: Arc<SimServer>,
+    /// The client's command timeout: how long it waits for a reply, as
+    /// every real backend's driver does (Redis's response timeout, the
+    /// SQL and ZooKeeper backends' own), whichever call it is.
+    pub(crate) command_timeout: Duration,
+}
+
+impl SimBackend {
+    /// A request through [`SimServer::call`], given up on after the
+    /// command timeout: it still lands, and its reply goes nowhere. Without
+    /// this, a call the runtime does not time out itself (a nested call's
+    /// extension) waited for a stale reply as long as it took (the
+    /// simulation's seed 1035, once replies could be stale: a caller
+    /// waited 951 ms for a lock with a `wait` of 326 ms and a command
+    /// timeout of 200 ms).
+    async fn call<T, F>(&self, key: &LockKey, holder: &str, apply: F) -> Result<T, Failure>
+    where
+        T: Send + 'static,
+        F: FnMut(&mut World, Instant, Duration) -> Result<T, Failure> + Send + 'static,
+    {
+        tokio::time::timeout(self.command_timeout, self.server.call(key, holder, apply))
+            .await
+            .unwrap_or_else(|_| {
+                Err(transient(
+                    key,
+                    &format!("no reply within {}ms", self.command_timeout.as_millis()),
+                ))
+            })
+    }
 }
 
 /// The keys a granted acquisition holds leases at.
@@ -841,18 +893,17 @@ impl SimBackend {
         fencing: bool,
     ) -> Result<HandOver, Failure> {
         let (owned_key, giver, taker) = (key.redis_key.clone(), from.to_owned(), to.to_owned());
-        self.server
-            .call(key, from, move |w, now, sent| {
-                let Some(token) = w.locks.hand_over(&owned_key, &giver, &taker, now + ttl, now) else {
-                    return Ok(HandOver::NotHeld);
-                };
-                w.observe(&owned_key, &giver, Op::Release { sent });
-                w.observe(&owned_key, &taker, Op::Acquire { sent });
-                Ok(HandOver::Handed {
-                    token: fencing.then_some(token),
-                })
+        self.call(key, from, move |w, now, sent| {
+            let Some(token) = w.locks.hand_over(&owned_key, &giver, &taker, now + ttl, now) else {
+                return Ok(HandOver::NotHeld);
+            };
+            w.observe(&owned_key, &giver, Op::Release { sent });
+            w.observe(&owned_key, &taker, Op::Acquire { sent });
+            Ok(HandOver::Handed {
+                token: fencing.then_some(token),
             })
-            .await
+        })
+        .await
     }
 }
 
@@ -861,42 +912,39 @@ impl SimBackend {
     /// client's hold ended; the server's lease goes on.
     pub(crate) async fn keep(&self, key: &LockKey, holder: &str, left: Duration) -> Result<bool, Failure> {
         let (owned_key, owned_holder) = (key.clone(), holder.to_owned());
-        self.server
-            .call(key, holder, move |w, now, _| {
-                let kept = w.locks.keep(&owned_key, &owned_holder, left, now);
-                w.observe(&owned_key.redis_key, &owned_holder, Op::Other);
-                Ok(kept)
-            })
-            .await
+        self.call(key, holder, move |w, now, _| {
+            let kept = w.locks.keep(&owned_key, &owned_holder, left, now);
+            w.observe(&owned_key.redis_key, &owned_holder, Op::Other);
+            Ok(kept)
+        })
+        .await
     }
 }
 
 impl Backend for SimBackend {
     async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<AcquireReply, Failure> {
         let sent = OwnedAcquireRequest::new(req);
-        self.server
-            .call(req.key, req.holder, move |w, now, at| {
-                let req = sent.borrowed();
-                let reply = w.locks.acquire(&req, now)?;
-                if matches!(reply, AcquireReply::Acquired { .. }) {
-                    for key in granted_keys(&req, &reply) {
-                        w.observe(&key, req.holder, Op::Acquire { sent: at });
-                    }
+        self.call(req.key, req.holder, move |w, now, at| {
+            let req = sent.borrowed();
+            let reply = w.locks.acquire(&req, now)?;
+            if matches!(reply, AcquireReply::Acquired { .. }) {
+                for key in granted_keys(&req, &reply) {
+                    w.observe(&key, req.holder, Op::Acquire { sent: at });
                 }
-                Ok(reply)
-            })
-            .await
+            }
+            Ok(reply)
+        })
+        .await
     }
 
     async fn release(&self, key: &LockKey, holder: &str) -> Result<bool, Failure> {
         let (owned_key, owned_holder) = (key.clone(), holder.to_owned());
-        self.server
-            .call(key, holder, move |w, now, sent| {
-                let released = w.locks.release_key(&owned_key, &owned_holder, now);
-                w.observe(&owned_key.redis_key, &owned_holder, Op::Release { sent });
-                Ok(released)
-            })
-            .await
+        self.call(key, holder, move |w, now, sent| {
+            let released = w.locks.release_key(&owned_key, &owned_holder, now);
+            w.observe(&owned_key.redis_key, &owned_holder, Op::Release { sent });
+            Ok(released)
+        })
+        .await
     }
 
     async fn release_many(&self, keys: &[LockKey], holder: &str) -> Result<bool, Failure> {
@@ -904,39 +952,36 @@ impl Backend for SimBackend {
             return Ok(false);
         };
         let (keys, owned_holder) = (keys.to_vec(), holder.to_owned());
-        self.server
-            .call(first, holder, move |w, now, sent| {
-                let released = w.locks.release_many(&keys, &owned_holder, now);
-                for key in &keys {
-                    w.observe(&key.redis_key, &owned_holder, Op::Release { sent });
-                }
-                Ok(released)
-            })
-            .await
+        self.call(first, holder, move |w, now, sent| {
+            let released = w.locks.release_many(&keys, &owned_holder, now);
+            for key in &keys {
+                w.observe(&key.redis_key, &owned_holder, Op::Release { sent });
+            }
+            Ok(released)
+        })
+        .await
     }
 
     async fn release_segments(&self, key: &LockKey, count: u32, holder: &str) -> Result<bool, Failure> {
         let (owned_key, owned_holder) = (key.clone(), holder.to_owned());
-        self.server
-            .call(key, holder, move |w, now, sent| {
-                let released = w.locks.release_segments(&owned_key, count, &owned_holder, now);
-                for segment in owned_key.segment_keys(count) {
-                    w.observe(&segment, &owned_holder, Op::Release { sent });
-                }
-                Ok(released)
-            })
-            .await
+        self.call(key, holder, move |w, now, sent| {
+            let released = w.locks.release_segments(&owned_key, count, &owned_holder, now);
+            for segment in owned_key.segment_keys(count) {
+                w.observe(&segment, &owned_holder, Op::Release { sent });
+            }
+            Ok(released)
+        })
+        .await
     }
 
     async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
         let (owned_key, owned_holder) = (key.clone(), holder.to_owned());
-        self.server
-            .call(key, holder, move |w, now, _| {
-                let renewed = w.locks.renew_key(&owned_key, &owned_holder, ttl, now);
-                w.observe(&owned_key.redis_key, &owned_holder, Op::Other);
-                Ok(renewed)
-            })
-            .await
+        self.call(key, holder, move |w, now, _| {
+            let renewed = w.locks.renew_key(&owned_key, &owned_holder, ttl, now);
+            w.observe(&owned_key.redis_key, &owned_holder, Op::Other);
+            Ok(renewed)
+        })
+        .await
     }
 
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
@@ -947,23 +992,22 @@ impl Backend for SimBackend {
             .iter()
             .map(|item| (item.key.clone(), item.holder.to_owned(), item.ttl))
             .collect();
-        self.server
-            .call(first.key, first.holder, move |w, now, _| {
-                let items: Vec<RenewItem<'_>> = owned
-                    .iter()
-                    .map(|(key, holder, ttl)| RenewItem {
-                        key,
-                        holder,
-                        ttl: *ttl,
-                    })
-                    .collect();
-                let renewals = w.locks.renew_many(&items, now);
-                for (key, holder, _) in &owned {
-                    w.observe(&key.redis_key, holder, Op::Other);
-                }
-                Ok(renewals)
-            })
-            .await
+        self.call(first.key, first.holder, move |w, now, _| {
+            let items: Vec<RenewItem<'_>> = owned
+                .iter()
+                .map(|(key, holder, ttl)| RenewItem {
+                    key,
+                    holder,
+                    ttl: *ttl,
+                })
+                .collect();
+            let renewals = w.locks.renew_many(&items, now);
+            for (key, holder, _) in &owned {
+                w.observe(&key.redis_key, holder, Op::Other);
+            }
+            Ok(renewals)
+        })
+        .await
     }
 }
 
@@ -989,6 +1033,7 @@ mod tests {
     fn backend() -> SimBackend {
         SimBackend {
             server: SimServer::new(1, 0, RandomFaults::default()),
+            command_timeout: Duration::from_secs(1),
         }
     }
 
