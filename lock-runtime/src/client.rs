@@ -370,9 +370,10 @@ impl LockClientBuilder {
         self
     }
 
-    /// The most connections the PostgreSQL backend opens at once (default
-    /// 16): each operation takes one for a round trip, so a few serve many
-    /// locks.
+    /// The most connections the PostgreSQL backend opens at once for
+    /// acquisitions and releases (default 16): each operation takes one
+    /// for a round trip, so a few serve many locks. Renewals have two
+    /// more of their own, so that they never wait behind acquisitions.
     #[cfg(feature = "postgres")]
     pub fn pool_size(mut self, connections: usize) -> Self {
         self.config.pool_size = connections;

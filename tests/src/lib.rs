@@ -331,6 +331,66 @@ pub async fn check_a_renewal_keeps_a_longer_lease(
     guard.release().await.expect("release");
 }
 
+/// Renewals do not queue behind acquisitions for the client's pooled
+/// connections (issue 57). The caller holds `guard` (a lease of a few
+/// seconds) and keeps the rows of `busy` locked in the server, so that
+/// every attempt at one of them waits there, holding a pooled connection
+/// (a key each: a client's callers of one key may queue in the client).
+/// This starts a caller per key, waits until `waiting` (how many
+/// statements wait for a row lock in the server) counts `pool_size` of
+/// them, and then requires two renewals of `guard` while they still wait.
+/// With the renewals on the same pool they would queue behind the callers
+/// for the command timeout, and the lease would end first.
+pub async fn check_renewals_pass_a_full_pool(
+    locks: &lock_runtime::LockClient,
+    guard: &lock_runtime::LockGuard,
+    busy: &[String],
+    pool_size: usize,
+    waiting: impl AsyncFn() -> usize,
+) {
+    assert!(busy.len() > pool_size, "more keys than the pool has connections");
+    let callers: Vec<_> = busy
+        .iter()
+        .map(|key| {
+            let (locks, key) = (locks.clone(), key.clone());
+            tokio::spawn(async move {
+                locks
+                    .lock(key)
+                    .wait(Duration::from_secs(60))
+                    .run(std::future::pending::<()>())
+                    .await
+            })
+        })
+        .collect();
+    let full_by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stuck = waiting().await;
+        if stuck >= pool_size {
+            break;
+        }
+        assert!(
+            Instant::now() < full_by,
+            "only {stuck} of {} callers wait in the server after 20 s",
+            callers.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for nth in ["first", "second"] {
+        assert!(
+            renewed(guard, Duration::from_secs(10)).await,
+            "no {nth} renewal in 10 s while the pool's {pool_size} connections wait in the server; lost: {}",
+            !guard.is_held()
+        );
+    }
+    assert!(
+        waiting().await >= pool_size,
+        "the callers stopped waiting before the renewals were seen"
+    );
+    for caller in &callers {
+        caller.abort();
+    }
+}
+
 /// The mutual-exclusion workload: `tasks` tasks each increment the Redis
 /// counter `counter` `per_task` times under the lock `counter`, by GET, a
 /// yield, then SET, which loses updates unless the holders exclude each

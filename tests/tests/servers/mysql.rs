@@ -594,6 +594,147 @@ async fn a_renewal_never_shortens_a_longer_lease() {
     .await
 }
 
+/// The watchdog renews a client's leases a few statements at a time (up
+/// to 256 leases each, by table and lease length): each lease still gets
+/// its own answer. Of 300 locks, 5 readers and 3 locks of another length,
+/// those taken over on the server are told they are lost, those made a
+/// minute long keep their minute (their statement changes nothing, so the
+/// count of changed rows falls short and the rows are read), and the rest
+/// stay held through their renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_renewals_answers_for_each_lease() {
+    lock_tests::bounded("a_batch_of_renewals_answers_for_each_lease", async move {
+        let server = MariaDb::start();
+        let locks = LockClient::mysql(&server.url()).await.expect("connect");
+        let take = |key: String, ttl: u64, mode: Option<LockMode>| {
+            let call = locks.lock(key).ttl(Duration::from_millis(ttl));
+            match mode {
+                Some(mode) => call.mode(mode),
+                None => call,
+            }
+            .acquire()
+        };
+        let mut calls = Vec::new();
+        calls.extend((0..300).map(|i| take(format!("b{i}"), 1000, None)));
+        calls.extend((0..5).map(|i| take(format!("r{i}"), 1000, Some(LockMode::Read))));
+        calls.extend((0..3).map(|i| take(format!("t{i}"), 1500, None)));
+        let guards: Vec<_> = futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .map(|g| g.expect("acquire"))
+            .collect();
+        let stolen = ["lock:{b7}", "lock:{b290}", "lock:{t1}"];
+        let lengthened = ["lock:{b11}", "lock:{b299}", "lock:{t2}"];
+        let quoted = |names: &[&str]| names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ");
+        server
+            .sql(&format!(
+                "UPDATE distributed_locks SET holder = 'thief', expires_at = NOW(6) + INTERVAL 60 SECOND \
+                 WHERE name IN ({})",
+                quoted(&stolen)
+            ))
+            .await;
+        server
+            .sql(&format!(
+                "UPDATE distributed_locks SET expires_at = NOW(6) + INTERVAL 60 SECOND WHERE name IN ({})",
+                quoted(&lengthened)
+            ))
+            .await;
+        server
+            .sql("DELETE FROM distributed_locks_members WHERE name = 'lock:{r2}'")
+            .await;
+        let lost: Vec<&str> = ["b7", "b290", "t1", "r2"].into();
+        let told = guards.iter().map(async |guard| {
+            let key = guard.key();
+            if lost.contains(&key) {
+                let told = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await;
+                assert!(told.is_ok(), "{key}, taken on the server, was not told it is lost");
+            } else {
+                assert!(
+                    lock_tests::renewed(guard, Duration::from_secs(5)).await,
+                    "{key} was not renewed"
+                );
+            }
+        });
+        futures_util::future::join_all(told).await;
+        for guard in &guards {
+            assert_eq!(guard.is_held(), !lost.contains(&guard.key()), "{}", guard.key());
+        }
+        let left = server
+            .sql(&format!(
+                "SELECT name, TIMESTAMPDIFF(SECOND, NOW(6), expires_at) FROM distributed_locks WHERE name IN ({})",
+                quoted(&lengthened)
+            ))
+            .await;
+        assert_eq!(left.len(), 3, "{left:?}");
+        for row in left {
+            let secs: i64 = row[1].as_deref().expect("seconds").parse().expect("a number");
+            assert!(secs > 50, "a renewal cut {:?}'s minute to {secs} s", row[0]);
+        }
+        for guard in guards {
+            let _ = guard.release().await;
+        }
+    })
+    .await
+}
+
+/// Renewals do not queue behind acquisitions for the pool's connections:
+/// with all 64 of them waiting in the server for a row another session
+/// keeps locked, a held lock is still renewed (issue 57: a flood of
+/// acquisitions cost a MariaDB client a third of its held leases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_pass_acquisitions_that_hold_every_pooled_connection() {
+    lock_tests::bounded(
+        "renewals_pass_acquisitions_that_hold_every_pooled_connection",
+        async move {
+            use mysql_async::prelude::Queryable;
+            let server = MariaDb::start();
+            // The stuck attempts wait out the test, not a command timeout.
+            let locks = LockClient::builder()
+                .command_timeout(Duration::from_secs(30))
+                .mysql(&server.url())
+                .await
+                .expect("connect");
+            let guard = locks
+                .lock("held")
+                .ttl(Duration::from_secs(2))
+                .acquire()
+                .await
+                .expect("acquire");
+            let busy: Vec<String> = (0..80).map(|i| format!("busy{i}")).collect();
+            let rows: Vec<String> = busy.iter().map(|k| format!("('lock:{{{k}}}', '', '2000-01-01')")).collect();
+            server
+                .sql(&format!(
+                    "INSERT INTO distributed_locks (name, holder, expires_at) VALUES {}",
+                    rows.join(", ")
+                ))
+                .await;
+            let mut blocker = mysql_async::Conn::from_url(server.url()).await.expect("connect");
+            // Row locks only: no next-key lock on the held lock's row.
+            blocker
+                .query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                .await
+                .expect("isolation");
+            blocker.query_drop("BEGIN").await.expect("begin");
+            blocker
+                .query_drop("SELECT name FROM distributed_locks WHERE name LIKE 'lock:{busy%' FOR UPDATE")
+                .await
+                .expect("lock the rows");
+            let waiting = async || -> usize {
+                server
+                    .value("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'INSERT INTO `distributed_locks`%'")
+                    .await
+                    .expect("a count")
+                    .parse()
+                    .expect("a number")
+            };
+            lock_tests::check_renewals_pass_a_full_pool(&locks, &guard, &busy, 64, waiting).await;
+            blocker.query_drop("COMMIT").await.expect("commit");
+            guard.release().await.expect("release");
+        },
+    )
+    .await
+}
+
 /// An acquisition dropped while its statement waits in the server gives the
 /// lock back after the statement lands, not before (see
 /// `backend/unanswered.rs`; PostgreSQL's test of the same is in

@@ -978,6 +978,57 @@ async fn an_acquisition_dropped_mid_statement_gives_the_lock_back_after_it_lands
     .await
 }
 
+/// Renewals do not queue behind acquisitions for the pool's connections:
+/// with all 16 of them waiting in the server for rows another session
+/// keeps locked, a held lock is still renewed (issue 57).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_pass_acquisitions_that_hold_every_pooled_connection() {
+    lock_tests::bounded(
+        "renewals_pass_acquisitions_that_hold_every_pooled_connection",
+        async move {
+            let server = Postgres::start();
+            // The stuck attempts wait out the test, not a command timeout.
+            let locks = LockClient::builder()
+                .command_timeout(Duration::from_secs(30))
+                .postgres(&server.url())
+                .await
+                .expect("connect");
+            let guard = locks
+                .lock("held")
+                .ttl(Duration::from_secs(2))
+                .acquire()
+                .await
+                .expect("acquire");
+            // Someone else's expired leases: each acquisition's upsert must
+            // lock its row, and the session below keeps them locked.
+            let busy: Vec<String> = (0..32).map(|i| format!("busy{i}")).collect();
+            tokio::task::block_in_place(|| {
+                server.sql(
+                    "INSERT INTO distributed_locks (name, holder, expires_at) \
+                     SELECT 'lock:{busy' || i || '}', 'gone', clock_timestamp() - interval '1 second' \
+                     FROM generate_series(0, 31) AS i",
+                );
+            });
+            let mut blocker = server.session();
+            blocker.send("BEGIN; SELECT 1 FROM distributed_locks WHERE name LIKE 'lock:{busy%' FOR UPDATE;");
+            let count = |sql: &str| tokio::task::block_in_place(|| server.sql(sql)).concat();
+            while count("SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'") != "1" {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let waiting = async || -> usize {
+                count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                    .parse()
+                    .expect("a count")
+            };
+            lock_tests::check_renewals_pass_a_full_pool(&locks, &guard, &busy, 16, waiting).await;
+            blocker.send("COMMIT;");
+            tokio::task::block_in_place(|| blocker.finish());
+            guard.release().await.expect("release");
+        },
+    )
+    .await
+}
+
 /// A job whose key names its run (`Tick`) never takes that key again, so
 /// each kept row (`hold_at_least`) would stay for good: a later kept
 /// release sweeps the rows whose holds ended over a second ago (the holds

@@ -24,15 +24,16 @@
 //! cache, which serves MySQL 8 and MariaDB alike. (`sqlx` would bring a
 //! query macro layer and an `Any` driver this backend does not use.)
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use mysql_async::TxOpts;
 use mysql_async::prelude::Queryable;
 
 use self::shared::is_member;
-use self::sql::GATE_LEFT;
+use self::sql::{GATE_LEFT, RENEWAL_SIZES, Renewals};
 pub(crate) use self::table::MysqlBackend;
-use self::table::{as_micros, conflict, held, micros};
+use self::table::{LANE_CONNECTIONS, as_micros, conflict, held, micros};
 use super::contract::{
     AcquireReply, AcquireRequest, Backend, Failure, LeaderRecord, RenewItem, Renewal, recorded_value,
 };
@@ -251,7 +252,7 @@ impl MysqlBackend {
         self.after_unanswered(holder).await;
         let kept = self
             .run(key, "keep", || async {
-                let conn = &mut self.pool.get_conn().await?;
+                let conn = &mut self.lane.get_conn().await?;
                 conn.exec_drop(&self.sql.keep, (left_us, name, holder)).await?;
                 if conn.affected_rows() > 0 {
                     return Ok(true);
@@ -275,6 +276,102 @@ impl MysqlBackend {
         }
         Ok(kept)
     }
+}
+
+impl MysqlBackend {
+    /// Renews `items` on the renewal lane, a statement per table, lease
+    /// length and [`RENEWAL_SIZES`]' largest: whether each is still held.
+    async fn renew_leases(&self, items: &[RenewItem<'_>]) -> Result<Vec<bool>, Failure> {
+        let Some(first) = items.first() else {
+            return Ok(Vec::new());
+        };
+        // The items of one table and lease length, in the batch's order.
+        let mut groups: Vec<((bool, Duration), Vec<usize>)> = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let group = (is_member(item.holder), item.ttl);
+            match groups.iter_mut().find(|(g, _)| *g == group) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((group, vec![i])),
+            }
+        }
+        let largest = RENEWAL_SIZES[RENEWAL_SIZES.len() - 1];
+        let statements: Vec<(&Renewals, Duration, &[usize])> = groups
+            .iter()
+            .flat_map(|((member, ttl), indices)| {
+                let renewals = if *member {
+                    &self.shared.renew
+                } else {
+                    &self.sql.renew
+                };
+                indices.chunks(largest).map(move |chunk| (renewals, *ttl, chunk))
+            })
+            .collect();
+        let statements = statements.as_slice();
+        self.run(first.key, "renew", || async {
+            // Side by side on the lane's connections, each taking every
+            // so many: under load each statement waits for the server's
+            // CPU beside every other session's, and the lease that waits
+            // longest decides.
+            let side_by_side = (0..LANE_CONNECTIONS.min(statements.len())).map(|first| async move {
+                let conn = &mut self.lane.get_conn().await?;
+                let mut answers = Vec::new();
+                for &(renewals, ttl, chunk) in statements.iter().skip(first).step_by(LANE_CONNECTIONS) {
+                    let leases: Vec<(&str, &str)> = chunk
+                        .iter()
+                        .map(|&i| (items[i].key.redis_key.as_str(), items[i].holder))
+                        .collect();
+                    answers.push((chunk, renew_chunk(conn, renewals, ttl, &leases).await?));
+                }
+                Ok::<_, mysql_async::Error>(answers)
+            });
+            let answers = futures_util::future::try_join_all(side_by_side).await?;
+            let mut renewed = vec![false; items.len()];
+            for (chunk, held) in answers.into_iter().flatten() {
+                for (&i, held) in chunk.iter().zip(held) {
+                    renewed[i] = held;
+                }
+            }
+            Ok(renewed)
+        })
+        .await
+    }
+}
+
+/// Renews `leases` (name, holder; at most the largest of
+/// [`RENEWAL_SIZES`]) for `ttl` with one statement, and reads which are
+/// held only when it changed fewer rows than it named.
+async fn renew_chunk(
+    conn: &mut mysql_async::Conn,
+    statements: &Renewals,
+    ttl: Duration,
+    leases: &[(&str, &str)],
+) -> Result<Vec<bool>, mysql_async::Error> {
+    let size = RENEWAL_SIZES
+        .iter()
+        .position(|&n| n >= leases.len())
+        .unwrap_or(RENEWAL_SIZES.len() - 1);
+    // Padded by naming the first leases again: a lease named twice is
+    // changed, and counted, once.
+    let padded: Vec<&(&str, &str)> = leases.iter().cycle().take(RENEWAL_SIZES[size]).collect();
+    let mut named: Vec<mysql_async::Value> = padded.iter().map(|(name, _)| (*name).into()).collect();
+    for (name, holder) in &padded {
+        named.push((*name).into());
+        named.push((*holder).into());
+    }
+    let mut lengthen = Vec::with_capacity(named.len() + 1);
+    lengthen.push(as_micros(ttl).into());
+    lengthen.extend(named.iter().cloned());
+    conn.exec_drop(&statements.lengthen[size], lengthen).await?;
+    let distinct: HashSet<&(&str, &str)> = leases.iter().collect();
+    if usize::try_from(conn.affected_rows()).is_ok_and(|n| n == distinct.len()) {
+        return Ok(vec![true; leases.len()]);
+    }
+    let held: Vec<(Vec<u8>, Vec<u8>)> = conn.exec(&statements.held[size], named).await?;
+    let held: HashSet<(&[u8], &[u8])> = held.iter().map(|(n, h)| (n.as_slice(), h.as_slice())).collect();
+    Ok(leases
+        .iter()
+        .map(|(name, holder)| held.contains(&(name.as_bytes(), holder.as_bytes())))
+        .collect())
 }
 
 /// Which attempt a transaction runs.
@@ -391,44 +488,16 @@ impl Backend for MysqlBackend {
     }
 
     async fn renew(&self, key: &LockKey, holder: &str, ttl: Duration) -> Result<bool, Failure> {
-        // A shared lock's holder is a row of the members table.
-        let (renew, still_held) = if is_member(holder) {
-            (&self.shared.renew, &self.shared.still_held)
-        } else {
-            (&self.sql.renew, &self.sql.still_held)
-        };
-        let name = key.redis_key.as_str();
-        self.run(key, "renew", || async {
-            let conn = &mut self.pool.get_conn().await?;
-            conn.exec_drop(renew, (as_micros(ttl), name, holder)).await?;
-            if conn.affected_rows() > 0 {
-                return Ok(true);
-            }
-            // Nothing changed: not ours, or ours with the expiry already
-            // past what was asked (a renewal that did not lengthen).
-            let held: Option<i64> = conn.exec_first(still_held, (name, holder)).await?;
-            Ok(held.is_some())
-        })
-        .await
+        let renewed = self.renew_leases(&[RenewItem { key, holder, ttl }]).await?;
+        Ok(renewed == [true])
     }
 
     async fn renew_many(&self, items: &[RenewItem<'_>]) -> Result<Vec<Renewal>, Failure> {
-        // One statement per lease, concurrently on pooled connections: a
-        // multi-row UPDATE could not say which rows it found.
-        let renewals = items
-            .iter()
-            .map(|item| self.renew(item.key, item.holder, item.ttl));
-        let outcomes = futures_util::future::join_all(renewals).await;
-        let mut out = Vec::with_capacity(items.len());
-        for outcome in outcomes {
-            out.push(match outcome {
-                Ok(renewed) => Renewal::from(renewed),
-                // One lease's failure is that lease's: unconfirmed, and
-                // retried until its deadline.
-                Err(f) if f.transient => Renewal::Unconfirmed,
-                Err(f) => return Err(f),
-            });
+        match self.renew_leases(items).await {
+            Ok(renewed) => Ok(renewed.into_iter().map(Renewal::from).collect()),
+            // Unconfirmed, and retried until the leases' deadlines.
+            Err(f) if f.transient => Ok(vec![Renewal::Unconfirmed; items.len()]),
+            Err(f) => Err(f),
         }
-        Ok(out)
     }
 }

@@ -34,8 +34,7 @@ fn swept() -> String {
 pub(super) struct Statements {
     pub(super) create: String,
     pub(super) acquire: String,
-    /// Lengthens a lease, never shortens it (`Backend::renew`).
-    pub(super) renew: String,
+    pub(super) renew: Renewals,
     pub(super) still_held: String,
     pub(super) delete: String,
     pub(super) free_fenced: String,
@@ -96,10 +95,7 @@ impl Statements {
                    GREATEST(expires_at + INTERVAL 1 MICROSECOND, NOW(6) + INTERVAL ? MICROSECOND), \
                    expires_at)"
             ),
-            renew: format!(
-                "UPDATE {t} SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \
-                 WHERE name = ? AND holder = ? AND expires_at > NOW(6)"
-            ),
+            renew: Renewals::new(&t, "holder"),
             still_held: format!("SELECT 1 FROM {t} WHERE name = ? AND holder = ? AND expires_at > NOW(6)"),
             delete: format!("DELETE FROM {t} WHERE name = ? AND holder = ? AND fence = 0"),
             free_fenced: format!(
@@ -170,9 +166,7 @@ pub(super) struct SharedStatements {
     pub(super) count_members: String,
     pub(super) put_member: String,
     pub(super) delete_member: String,
-    /// Lengthens a lease, never shortens it (`Backend::renew`).
-    pub(super) renew: String,
-    pub(super) still_held: String,
+    pub(super) renew: Renewals,
 }
 
 impl SharedStatements {
@@ -222,11 +216,59 @@ impl SharedStatements {
                  ON DUPLICATE KEY UPDATE expires_at = GREATEST(expires_at, VALUES(expires_at))"
             ),
             delete_member: format!("DELETE FROM {m} WHERE name = ? AND member = ?"),
-            renew: format!(
-                "UPDATE {m} SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \
-                 WHERE name = ? AND member = ? AND expires_at > NOW(6)"
-            ),
-            still_held: format!("SELECT 1 FROM {m} WHERE name = ? AND member = ? AND expires_at > NOW(6)"),
+            renew: Renewals::new(&m, "member"),
+        }
+    }
+}
+
+/// How many leases one renewal statement names: a batch is cut into
+/// statements of at most the last, each padded to the next size up by
+/// naming its leases again, so that a connection prepares five statements,
+/// not one per batch length.
+pub(super) const RENEWAL_SIZES: [usize; 5] = [1, 4, 16, 64, 256];
+
+/// The renewal statements of one table, a pair per size of
+/// [`RENEWAL_SIZES`].
+#[derive(Debug)]
+pub(super) struct Renewals {
+    /// Parameters: ttl µs, the names, then each lease's name and holder.
+    /// Lengthens the live leases named, never shortens one. Only rows it
+    /// changes count in its reply, so when the count falls short of the
+    /// leases named, `held` says which are still held (a lease already
+    /// longer than asked, as an extension leaves it, changes nothing).
+    pub(super) lengthen: Vec<String>,
+    /// Parameters: the names, then each lease's name and holder. The live
+    /// leases among them.
+    pub(super) held: Vec<String>,
+}
+
+impl Renewals {
+    /// `holder` is the column naming a lease's holder in `table`.
+    fn new(table: &str, holder: &str) -> Self {
+        // `name IN` lets the server look the rows up by primary key; the
+        // pairs then pick out the holders.
+        let leases = |n: usize| {
+            format!(
+                "name IN ({}) AND (name, {holder}) IN ({}) AND expires_at > NOW(6)",
+                vec!["?"; n].join(", "),
+                vec!["(?, ?)"; n].join(", ")
+            )
+        };
+        Renewals {
+            lengthen: RENEWAL_SIZES
+                .iter()
+                .map(|&n| {
+                    format!(
+                        "UPDATE {table} SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND) \
+                         WHERE {}",
+                        leases(n)
+                    )
+                })
+                .collect(),
+            held: RENEWAL_SIZES
+                .iter()
+                .map(|&n| format!("SELECT name, {holder} FROM {table} WHERE {}", leases(n)))
+                .collect(),
         }
     }
 }

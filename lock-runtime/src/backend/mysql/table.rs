@@ -12,6 +12,7 @@ use mysql_async::{Conn, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
 
 use super::sql::{FairStatements, MAX_NAME_BYTES, SharedStatements, Statements};
 use crate::backend::contract::{AcquireReply, Failure};
+use crate::backend::lane::on_renewal_thread;
 use crate::backend::unanswered::{Answering, Attempt, Unanswered};
 use crate::backend::{startup, tls};
 use crate::error::LockError;
@@ -21,6 +22,12 @@ use crate::redact::{redact_secrets, redact_url, unparsed_hint};
 /// A MySQL / MariaDB lock table.
 pub(crate) struct MysqlBackend {
     pub(super) pool: Pool,
+    /// The renewal lane: a pool of its own for renewals and the `keep` of a
+    /// `hold_at_least`, so that they never queue behind acquisitions and
+    /// releases for a connection (issue 57: under a flood of acquisitions
+    /// renewals waited past their leases). Its connections are made on the
+    /// renewal thread (`backend/lane.rs`), which reads their replies.
+    pub(super) lane: Pool,
     pub(super) sql: Statements,
     /// Boxed: read only by shared locks, and it would double the size of
     /// every client's backend.
@@ -73,6 +80,27 @@ fn table_problem(name: &str) -> Option<String> {
     (!ok).then(|| format!("the MySQL table name `{name}` must be 1 to 56 ASCII letters, digits or `_`"))
 }
 
+/// The renewal lane's connections at most: a watchdog batch's statements
+/// run this many at a time.
+pub(super) const LANE_CONNECTIONS: usize = 4;
+
+/// A pool of at most `max` connections.
+fn pool_opts(max: usize) -> PoolOpts {
+    // No session reset when a connection goes back to the pool: a reset
+    // would drop the prepared statements, costing two more round trips per
+    // operation, and every statement here leaves the session as it found
+    // it (the driver rolls back a transaction a dropped operation left
+    // open).
+    //
+    // Idle connections stay a minute: the driver's default closes every
+    // connection above the pool's minimum as soon as it is idle, which
+    // made each operation a new connection.
+    PoolOpts::default()
+        .with_reset_connection(false)
+        .with_inactive_connection_ttl(Duration::from_secs(60))
+        .with_constraints(PoolConstraints::new(1, max).unwrap_or_default())
+}
+
 impl MysqlBackend {
     /// Parses `url` (`mysql://user:password@host:port/database`) and builds
     /// the pool; connects nothing yet.
@@ -119,28 +147,15 @@ impl MysqlBackend {
                 "SET time_zone = '+00:00'",
                 "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
             ])
-            // No session reset when a connection goes back to the pool:
-            // a reset would drop the prepared statements, costing two more
-            // round trips per operation, and every statement here leaves
-            // the session as it found it (the driver rolls back a
-            // transaction a dropped operation left open).
-            //
-            // Idle connections stay a minute: the driver's default closes
-            // every connection above the pool's minimum as soon as it is
-            // idle, which made each operation a new connection.
-            .pool_opts(
-                PoolOpts::default()
-                    .with_reset_connection(false)
-                    .with_inactive_connection_ttl(Duration::from_secs(60))
-                    .with_constraints(PoolConstraints::new(1, 64).unwrap_or_default()),
-            )
             // The address given, always: not a Unix socket the server
             // names when it is on this host (a proxy or tunnel in the URL
             // would be bypassed, silently).
             .prefer_socket(false);
-        let pool = Pool::new(opts);
+        let pool = Pool::new(opts.clone().pool_opts(pool_opts(64)));
+        let lane = Pool::new(opts.pool_opts(pool_opts(LANE_CONNECTIONS)));
         Ok(MysqlBackend {
             pool: pool.clone(),
+            lane,
             sql: Statements::new(table),
             shared: Box::new(SharedStatements::new(table)),
             fair: Box::new(FairStatements::new(table)),
@@ -166,9 +181,11 @@ impl MysqlBackend {
     /// that refuses connections, is shutting down or does not answer is
     /// `transient`, to be waited for (`startup::when_ready`).
     pub(crate) async fn verify(&self) -> Result<(), Failure> {
+        let lane = self.lane.clone();
         let result = tokio::time::timeout(self.timeout, async {
             let mut conn = self.pool.get_conn().await?;
-            self.create_tables(&mut conn).await
+            self.create_tables(&mut conn).await?;
+            on_renewal_thread(async move { lane.get_conn().await.map(drop) }).await
         })
         .await;
         match result {

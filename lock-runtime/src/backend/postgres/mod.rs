@@ -323,7 +323,7 @@ impl PostgresBackend {
         self.after_unanswered(holder).await;
         let kept = self
             .run(key, "keep", || async {
-                let client = self.pool.get().await?;
+                let client = self.lane.get().await?;
                 let statement = client.prepare_cached(&self.sql.keep).await?;
                 Ok(client
                     .query_opt(&statement, &[&name, &holder, &left_us])
@@ -359,7 +359,7 @@ impl PostgresBackend {
         let holders: Vec<&str> = items.iter().map(|i| i.holder).collect();
         let ttls: Vec<i64> = items.iter().map(|i| as_micros(i.ttl)).collect();
         self.run(first.key, "renew", || async {
-            let client = self.pool.get().await?;
+            let client = self.lane.get().await?;
             let statement = client.prepare_cached(sql).await?;
             let rows = client.query(&statement, &[&names, &holders, &ttls]).await?;
             rows.iter()

@@ -12,6 +12,7 @@ use tokio_postgres::error::SqlState;
 
 use super::sql::{MAX_NAME_BYTES, MemberStatements, Statements};
 use crate::backend::contract::{AcquireReply, Failure};
+use crate::backend::lane::on_renewal_thread;
 use crate::backend::startup::{self, tls_refused};
 use crate::backend::unanswered::{Answering, Attempt, Unanswered};
 use crate::error::LockError;
@@ -21,6 +22,11 @@ use crate::redact::{redact_secrets, redact_url, unparsed_hint};
 /// A PostgreSQL lock table.
 pub(crate) struct PostgresBackend {
     pub(super) pool: Pool,
+    /// The renewal lane: a pool of its own for renewals and the `keep` of a
+    /// `hold_at_least`, so that they never queue behind acquisitions and
+    /// releases for a connection (issue 57). Its connections are made on
+    /// the renewal thread (`backend/lane.rs`), where their tasks then run.
+    pub(super) lane: Pool,
     /// Where the pool connects, for the release listener's connection.
     /// Boxed: read once, and it would double the size of every client's
     /// backend.
@@ -218,14 +224,18 @@ impl PostgresBackend {
         };
         let port = config.get_ports().first().copied().unwrap_or(5432);
         let node = format!("{host}:{port}/{db}");
-        let manager = connector.manager(config.clone());
-        let pool = Pool::builder(manager)
-            .max_size(pool_size)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| invalid(e.to_string()))?;
+        let pool = |size: usize| {
+            Pool::builder(connector.manager(config.clone()))
+                .max_size(size)
+                .runtime(deadpool_postgres::Runtime::Tokio1)
+                .build()
+                .map_err(|e| invalid(e.to_string()))
+        };
+        // Two: a watchdog's batch is one statement, and two go out at once.
+        let (pool, lane) = (pool(pool_size)?, pool(2)?);
         Ok(PostgresBackend {
             pool,
+            lane,
             config: Box::new(config),
             connector,
             listener: std::sync::Mutex::new(None),
@@ -249,7 +259,12 @@ impl PostgresBackend {
     /// shutting down, or does not answer is `transient`, to be waited for
     /// (`startup::when_ready`).
     pub(crate) async fn verify(&self) -> Result<(), Failure> {
-        let result = tokio::time::timeout(self.timeout, self.create_table()).await;
+        let lane = self.lane.clone();
+        let result = tokio::time::timeout(self.timeout, async {
+            self.create_table().await?;
+            on_renewal_thread(async move { lane.get().await.map(drop) }).await
+        })
+        .await;
         match result {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(self.startup_failure(e)),
