@@ -517,6 +517,9 @@ impl<'a> Acquisition<'a> {
                 }
             }
             Err(failure) if failure.transient => {
+                // Said, so that an operator (and the server-death tests)
+                // can see what a call that succeeded went through.
+                tracing::debug!(key = %self.pending.key.name, error = %failure.error, "attempt failed; trying again within the wait");
                 // A first attempt that met a broken connection is not a real
                 // try: the client reconnects on that error, so try again now
                 // (a few times: see `RECONNECTS_AT_ONCE`).

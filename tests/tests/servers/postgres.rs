@@ -387,6 +387,47 @@ async fn a_database_restart_costs_time_not_errors() {
     .await
 }
 
+/// A PostgreSQL started again after a crash replays its write-ahead log
+/// before it serves, and meanwhile refuses connections with SQLSTATE 57P03
+/// ("the database system is starting up", or "… not yet accepting
+/// connections"): a call made while it recovers meets that refusal, tries
+/// again within its `wait` as after a transport error, and succeeds
+/// (issue 57, item 3). The retried attempts' errors are read from the
+/// runtime's traces, so the test fails if the call never met the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_made_while_the_database_recovers_waits_for_it() {
+    lock_tests::bounded("a_call_made_while_the_database_recovers_waits_for_it", async move {
+        let (captured, _tracing) = lock_tests::secrets::capture_tracing();
+        let mut server = Postgres::start();
+        let locks = LockClient::postgres(&server.url()).await.expect("connect");
+        // Write-ahead log to replay: three million rows since the last
+        // checkpoint (a few seconds of recovery here).
+        tokio::task::block_in_place(|| {
+            server.sql("CREATE TABLE filler AS SELECT g, md5(g::text) AS h FROM generate_series(1, 3000000) AS g");
+        });
+        tokio::task::block_in_place(|| server.kill());
+        let call = {
+            let locks = locks.clone();
+            tokio::spawn(async move { locks.lock("during").wait(Duration::from_secs(60)).run(async {}).await })
+        };
+        tokio::task::block_in_place(|| server.revive());
+        call.await
+            .expect("the caller's task")
+            .expect("a call made while the server recovered succeeds once it serves");
+        let traces = captured.text();
+        let refused = traces
+            .lines()
+            .filter(|l| {
+                l.contains("trying again within the wait")
+                    && (l.contains("starting up") || l.contains("not yet accepting connections"))
+            })
+            .count();
+        eprintln!("{refused} attempts met the recovering server");
+        assert!(refused > 0, "the call never met the server recovering");
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_clear_errors_and_no_password_shows() {
     lock_tests::bounded("bad_input_gets_clear_errors_and_no_password_shows", async move {
