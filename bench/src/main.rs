@@ -17,6 +17,7 @@
 //! cargo run --release -p lock-bench -- --only W1,W2,W3,W4,WP   # against rslock 0.10
 //! cargo run --release -p lock-bench -- --pin --only WSF,WSB,WSC   # renewals under load, leases per core
 //! cargo run --release -p lock-bench -- --only WSG,WSM   # renewals under load on PostgreSQL, MariaDB
+//! cargo run --release -p lock-bench -- --only WSZ,WSE   # the same on ZooKeeper, etcd
 //! ```
 //!
 //! Prints one JSON line per workload as it finishes, then a markdown table
@@ -252,11 +253,16 @@ async fn main() -> Result<(), Error> {
     }
     // Last: they install a recorder of the library's metrics (for the
     // renewal lag), which the workloads above must not pay for.
-    if ["WSF", "WSG", "WSM", "WSB", "WSC"].into_iter().any(wanted) {
+    if ["WSF", "WSG", "WSM", "WSZ", "WSE", "WSB", "WSC"]
+        .into_iter()
+        .any(wanted)
+    {
         let lags = Lags::install();
         run!("WSF", ws_flood(&url, &lags));
         run!("WSG", ws_flood_postgres(&lags));
         run!("WSM", ws_flood_mysql(&lags));
+        run!("WSZ", ws_flood_zookeeper(&lags));
+        run!("WSE", ws_flood_etcd(&lags));
         run!("WSB", ws_busy_runtime(&url, &lags));
         run!("WSC", ws_capacity(&url, &lags));
     }

@@ -140,7 +140,8 @@ pub(crate) async fn ws_flood(url: &str, lags: &Lags) -> Result<Report, Error> {
     .await
 }
 
-/// Held leases and flooding tasks on a database.
+/// Held leases and flooding tasks on a database (and on ZooKeeper and
+/// etcd).
 const SQL_FLOOD: (usize, usize) = (2_000, 1_000);
 
 /// WSG: WSF's shape on a PostgreSQL the bench starts.
@@ -158,6 +159,26 @@ pub(crate) async fn ws_flood_mysql(lags: &Lags) -> Result<Report, Error> {
     // Dropped before `server`, in reverse order of declaration.
     let locks = LockClient::mysql(&server.url()).await?;
     let workload = "WSM MariaDB 2k leases held under 1k tasks taking and releasing";
+    flood_on(&locks, SQL_FLOOD, workload, lags).await
+}
+
+/// WSZ: WSF's shape on a ZooKeeper the bench starts.
+pub(crate) async fn ws_flood_zookeeper(lags: &Lags) -> Result<Report, Error> {
+    let server = tokio::task::block_in_place(lock_tests::ZooKeeper::start);
+    // Dropped before `server`, in reverse order of declaration.
+    let locks = LockClient::zookeeper(&server.connect_string()).await?;
+    let workload = "WSZ ZooKeeper 2k leases held under 1k tasks taking and releasing";
+    flood_on(&locks, SQL_FLOOD, workload, lags).await
+}
+
+/// WSE: WSF's shape on an etcd the bench starts.
+pub(crate) async fn ws_flood_etcd(lags: &Lags) -> Result<Report, Error> {
+    let server = tokio::task::block_in_place(lock_tests::Etcd::start);
+    // Dropped before `server`, in reverse order of declaration.
+    let endpoints = server.endpoints();
+    let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let locks = LockClient::etcd(&endpoints).await?;
+    let workload = "WSE etcd 2k leases held under 1k tasks taking and releasing";
     flood_on(&locks, SQL_FLOOD, workload, lags).await
 }
 
