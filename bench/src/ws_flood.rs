@@ -140,9 +140,9 @@ pub(crate) async fn ws_flood(url: &str, lags: &Lags) -> Result<Report, Error> {
     .await
 }
 
-/// Held leases and flooding tasks on a database (and on ZooKeeper and
-/// etcd).
-const SQL_FLOOD: (usize, usize) = (2_000, 1_000);
+/// Held leases and flooding tasks on the servers the bench starts (the
+/// databases, ZooKeeper, etcd): WSF's shape, scaled to one such server.
+const SMALL_FLOOD: (usize, usize) = (2_000, 1_000);
 
 /// WSG: WSF's shape on a PostgreSQL the bench starts.
 pub(crate) async fn ws_flood_postgres(lags: &Lags) -> Result<Report, Error> {
@@ -150,7 +150,7 @@ pub(crate) async fn ws_flood_postgres(lags: &Lags) -> Result<Report, Error> {
     // Dropped before `server`, in reverse order of declaration.
     let locks = LockClient::postgres(&server.url()).await?;
     let workload = "WSG PostgreSQL 2k leases held under 1k tasks taking and releasing";
-    flood_on(&locks, SQL_FLOOD, workload, lags).await
+    flood_on(&locks, SMALL_FLOOD, workload, lags).await
 }
 
 /// WSM: WSF's shape on a MariaDB the bench starts.
@@ -159,7 +159,7 @@ pub(crate) async fn ws_flood_mysql(lags: &Lags) -> Result<Report, Error> {
     // Dropped before `server`, in reverse order of declaration.
     let locks = LockClient::mysql(&server.url()).await?;
     let workload = "WSM MariaDB 2k leases held under 1k tasks taking and releasing";
-    flood_on(&locks, SQL_FLOOD, workload, lags).await
+    flood_on(&locks, SMALL_FLOOD, workload, lags).await
 }
 
 /// WSZ: WSF's shape on a ZooKeeper the bench starts.
@@ -168,7 +168,7 @@ pub(crate) async fn ws_flood_zookeeper(lags: &Lags) -> Result<Report, Error> {
     // Dropped before `server`, in reverse order of declaration.
     let locks = LockClient::zookeeper(&server.connect_string()).await?;
     let workload = "WSZ ZooKeeper 2k leases held under 1k tasks taking and releasing";
-    flood_on(&locks, SQL_FLOOD, workload, lags).await
+    flood_on(&locks, SMALL_FLOOD, workload, lags).await
 }
 
 /// WSE: WSF's shape on an etcd the bench starts.
@@ -179,7 +179,7 @@ pub(crate) async fn ws_flood_etcd(lags: &Lags) -> Result<Report, Error> {
     let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
     let locks = LockClient::etcd(&endpoints).await?;
     let workload = "WSE etcd 2k leases held under 1k tasks taking and releasing";
-    flood_on(&locks, SQL_FLOOD, workload, lags).await
+    flood_on(&locks, SMALL_FLOOD, workload, lags).await
 }
 
 /// `held` leases (ttl 3 s) held for `FLOOD_HOLD` while `tasks` other tasks

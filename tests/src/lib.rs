@@ -332,23 +332,30 @@ pub async fn check_a_renewal_keeps_a_longer_lease(
 }
 
 /// Renewals do not queue behind acquisitions for the client's pooled
-/// connections (issue 57). The caller holds `guard` (a lease of a few
-/// seconds) and keeps the rows of `busy` locked in the server, so that
-/// every attempt at one of them waits there, holding a pooled connection
-/// (a key each: a client's callers of one key may queue in the client).
-/// This starts a caller per key, waits until `waiting` (how many
-/// statements wait for a row lock in the server) counts `pool_size` of
-/// them, and then requires two renewals of `guard` while they still wait.
-/// With the renewals on the same pool they would queue behind the callers
-/// for the command timeout, and the lease would end first.
+/// connections (issue 57). The caller keeps the rows of `busy` locked in
+/// the server, so that every attempt at one of them waits there, holding a
+/// pooled connection (a key each: a client's callers of one key may queue
+/// in the client). This takes the lock `held` (a 2 s lease), starts a
+/// caller per key of `busy`, waits until `waiting` (how many of their
+/// statements the server is running) counts `pool_size`, and then
+/// requires two renewals of `held` while they still wait. With the
+/// renewals on the same pool they would queue behind the callers for the
+/// command timeout, and the lease would end first. Returns `held`'s guard,
+/// for the caller to release once the rows are free again (the pool is
+/// full until then).
 pub async fn check_renewals_pass_a_full_pool(
     locks: &lock_runtime::LockClient,
-    guard: &lock_runtime::LockGuard,
     busy: &[String],
     pool_size: usize,
     waiting: impl AsyncFn() -> usize,
-) {
+) -> lock_runtime::LockGuard {
     assert!(busy.len() > pool_size, "more keys than the pool has connections");
+    let guard = locks
+        .lock("held")
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("acquire");
     let callers: Vec<_> = busy
         .iter()
         .map(|key| {
@@ -377,7 +384,7 @@ pub async fn check_renewals_pass_a_full_pool(
     }
     for nth in ["first", "second"] {
         assert!(
-            renewed(guard, Duration::from_secs(10)).await,
+            renewed(&guard, Duration::from_secs(10)).await,
             "no {nth} renewal in 10 s while the pool's {pool_size} connections wait in the server; lost: {}",
             !guard.is_held()
         );
@@ -389,6 +396,7 @@ pub async fn check_renewals_pass_a_full_pool(
     for caller in &callers {
         caller.abort();
     }
+    guard
 }
 
 /// The mutual-exclusion workload: `tasks` tasks each increment the Redis

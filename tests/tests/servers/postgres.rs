@@ -1034,12 +1034,6 @@ async fn renewals_pass_acquisitions_that_hold_every_pooled_connection() {
                 .postgres(&server.url())
                 .await
                 .expect("connect");
-            let guard = locks
-                .lock("held")
-                .ttl(Duration::from_secs(2))
-                .acquire()
-                .await
-                .expect("acquire");
             // Someone else's expired leases: each acquisition's upsert must
             // lock its row, and the session below keeps them locked.
             let busy: Vec<String> = (0..32).map(|i| format!("busy{i}")).collect();
@@ -1061,7 +1055,7 @@ async fn renewals_pass_acquisitions_that_hold_every_pooled_connection() {
                     .parse()
                     .expect("a count")
             };
-            lock_tests::check_renewals_pass_a_full_pool(&locks, &guard, &busy, 16, waiting).await;
+            let guard = lock_tests::check_renewals_pass_a_full_pool(&locks, &busy, 16, waiting).await;
             blocker.send("COMMIT;");
             tokio::task::block_in_place(|| blocker.finish());
             guard.release().await.expect("release");

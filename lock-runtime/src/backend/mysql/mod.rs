@@ -350,23 +350,28 @@ async fn renew_chunk(
         .iter()
         .position(|&n| n >= leases.len())
         .unwrap_or(RENEWAL_SIZES.len() - 1);
-    // Padded by naming the first leases again: a lease named twice is
-    // changed, and counted, once.
-    let padded: Vec<&(&str, &str)> = leases.iter().cycle().take(RENEWAL_SIZES[size]).collect();
-    let mut named: Vec<mysql_async::Value> = padded.iter().map(|(name, _)| (*name).into()).collect();
-    for (name, holder) in &padded {
-        named.push((*name).into());
-        named.push((*holder).into());
-    }
-    let mut lengthen = Vec::with_capacity(named.len() + 1);
-    lengthen.push(as_micros(ttl).into());
-    lengthen.extend(named.iter().cloned());
-    conn.exec_drop(&statements.lengthen[size], lengthen).await?;
+    // The statements' parameters after the ttl: the names, then each
+    // lease's name and holder, padded by naming the first leases again (a
+    // lease named twice is changed, and counted, once). Made again for the
+    // rarely needed read rather than copied for every renewal.
+    let named = |first: Option<mysql_async::Value>| {
+        let padded: Vec<&(&str, &str)> = leases.iter().cycle().take(RENEWAL_SIZES[size]).collect();
+        let mut params: Vec<mysql_async::Value> = Vec::with_capacity(3 * padded.len() + 1);
+        params.extend(first);
+        params.extend(padded.iter().map(|(name, _)| mysql_async::Value::from(*name)));
+        for (name, holder) in &padded {
+            params.push((*name).into());
+            params.push((*holder).into());
+        }
+        params
+    };
+    conn.exec_drop(&statements.lengthen[size], named(Some(as_micros(ttl).into())))
+        .await?;
     let distinct: HashSet<&(&str, &str)> = leases.iter().collect();
     if usize::try_from(conn.affected_rows()).is_ok_and(|n| n == distinct.len()) {
         return Ok(vec![true; leases.len()]);
     }
-    let held: Vec<(Vec<u8>, Vec<u8>)> = conn.exec(&statements.held[size], named).await?;
+    let held: Vec<(Vec<u8>, Vec<u8>)> = conn.exec(&statements.held[size], named(None)).await?;
     let held: HashSet<(&[u8], &[u8])> = held.iter().map(|(n, h)| (n.as_slice(), h.as_slice())).collect();
     Ok(leases
         .iter()
